@@ -1,0 +1,200 @@
+"""Batches: ``KeyedJagged`` sparse ids and the ``Batch`` every model takes.
+
+``KeyedJagged`` is the layout of torchrec's KeyedJaggedTensor (seed 000 §3.3). For keys k_0..k_{F-1}
+and a batch of B rows, ``lengths`` has F*B entries, key-major: ``lengths[f*B + b]`` is how many ids
+row b has for key f. ``values`` holds the ids in the same order (all of key 0's rows, then key 1's,
+...), and ``offsets`` = [0, cumsum(lengths)] has F*B + 1 entries. Example from the seed, B = 2, four
+single-valued keys: values = [I00, I10, I01, I11, I02, I12, I03, I13], offsets = [0, 1, ..., 8];
+after multi-hot expansion of key 3 (3 ids per row) offsets become [0, 1, 2, 3, 4, 5, 6, 9, 12].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+
+class KeyedJagged:
+    """Jagged int64 ids for F keys over B rows, stored key-major (see module docstring)."""
+
+    def __init__(
+        self,
+        keys: Sequence[str],
+        values: torch.Tensor,
+        lengths: torch.Tensor | None = None,
+        offsets: torch.Tensor | None = None,
+        stride: int | None = None,
+        weights: torch.Tensor | None = None,
+    ) -> None:
+        self.keys: list[str] = list(keys)
+        if len(set(self.keys)) != len(self.keys):
+            raise ValueError(f"KeyedJagged keys must be unique, got {self.keys}")
+        if values.dtype != torch.int64:
+            raise TypeError(f"KeyedJagged values must be int64 ids, got {values.dtype}")
+        self.values = values
+        self.weights = weights
+        if lengths is None and offsets is None:
+            raise ValueError("KeyedJagged needs lengths or offsets")
+        if lengths is None:
+            lengths = torch.diff(offsets)
+        if offsets is None:
+            offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=lengths.device)
+            torch.cumsum(lengths, 0, out=offsets[1:])
+        self.lengths = lengths.to(torch.int64)
+        self.offsets = offsets.to(torch.int64)
+        F = len(self.keys)
+        if stride is None:
+            stride = self.lengths.numel() // F if F else 0
+        self.stride = int(stride)
+        if self.lengths.numel() != F * self.stride:
+            raise ValueError(
+                f"KeyedJagged has {self.lengths.numel()} lengths for {F} keys x stride {self.stride}; "
+                f"expected {F * self.stride}"
+            )
+        if self.offsets.numel() != self.lengths.numel() + 1:
+            raise ValueError("KeyedJagged offsets must have len(lengths) + 1 entries")
+        if weights is not None and weights.numel() != values.numel():
+            raise ValueError("KeyedJagged weights must have one entry per value")
+        self._length_per_key: list[int] | None = None
+
+    # ---- torchrec-style accessors --------------------------------------------------------------
+    @classmethod
+    def from_dense(cls, keys: Sequence[str], ids: torch.Tensor) -> KeyedJagged:
+        """Single-valued ids [B, F] (one per key and row) -> KeyedJagged with all lengths 1."""
+        B, F = ids.shape
+        if F != len(keys):
+            raise ValueError(f"from_dense: ids have {F} columns but {len(keys)} keys were given")
+        values = ids.t().reshape(-1).to(torch.int64)  # key-major ("column first", seed 000 §3.3)
+        lengths = torch.ones(F * B, dtype=torch.int64, device=ids.device)
+        return cls(keys, values, lengths=lengths, stride=B)
+
+    @classmethod
+    def from_per_key(
+        cls, per_key: dict[str, tuple[torch.Tensor, torch.Tensor]], stride: int | None = None
+    ) -> KeyedJagged:
+        """Build from {key: (values, lengths[B])} in the dict's order."""
+        keys = list(per_key)
+        if not keys:
+            return cls([], torch.zeros(0, dtype=torch.int64), lengths=torch.zeros(0, dtype=torch.int64),
+                       stride=stride or 0)
+        values = torch.cat([per_key[k][0].to(torch.int64) for k in keys])
+        lengths = torch.cat([per_key[k][1].to(torch.int64) for k in keys])
+        return cls(keys, values, lengths=lengths, stride=per_key[keys[0]][1].numel())
+
+    def length_per_key(self) -> list[int]:
+        if self._length_per_key is None:
+            self._length_per_key = self.lengths.view(len(self.keys), self.stride).sum(1).tolist()
+        return self._length_per_key
+
+    def offset_per_key(self) -> list[int]:
+        out = [0]
+        for n in self.length_per_key():
+            out.append(out[-1] + n)
+        return out
+
+    def lengths_2d(self) -> torch.Tensor:
+        """Lengths as [F, B]."""
+        return self.lengths.view(len(self.keys), self.stride)
+
+    def to_dict(self) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """{key: (values, lengths[B], offsets[B+1] starting at 0)} as in seed 000 §3.3."""
+        out = {}
+        opk = self.offset_per_key()
+        L = self.lengths_2d()
+        for i, k in enumerate(self.keys):
+            lengths = L[i]
+            offsets = self.offsets[i * self.stride : (i + 1) * self.stride + 1] - opk[i]
+            out[k] = (self.values[opk[i] : opk[i + 1]], lengths, offsets)
+        return out
+
+    def __getitem__(self, key: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        i = self._index(key)
+        opk = self.offset_per_key()
+        offsets = self.offsets[i * self.stride : (i + 1) * self.stride + 1] - opk[i]
+        return self.values[opk[i] : opk[i + 1]], self.lengths_2d()[i], offsets
+
+    def _index(self, key: str) -> int:
+        try:
+            return self.keys.index(key)
+        except ValueError:
+            raise KeyError(f"KeyedJagged has no key {key!r}; keys: {self.keys}") from None
+
+    def select(self, keys: Sequence[str]) -> KeyedJagged:
+        """A KeyedJagged with only ``keys``, in the order given (also a permutation)."""
+        idx = [self._index(k) for k in keys]
+        opk = self.offset_per_key()
+        vals = [self.values[opk[i] : opk[i + 1]] for i in idx]
+        wts = [self.weights[opk[i] : opk[i + 1]] for i in idx] if self.weights is not None else None
+        L = self.lengths_2d()
+        empty = self.values.new_zeros(0)
+        return KeyedJagged(
+            list(keys),
+            torch.cat(vals) if vals else empty,
+            lengths=L[idx].reshape(-1) if idx else self.lengths.new_zeros(0),
+            stride=self.stride,
+            weights=torch.cat(wts) if wts else None,
+        )
+
+    def permute(self, order: Sequence[int]) -> KeyedJagged:
+        return self.select([self.keys[i] for i in order])
+
+    def to_padded(self, key: str, max_len: int, pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Ids of ``key`` as ([B, T] ids, [B, T] bool mask), T = max_len; longer rows keep their last
+        ``max_len`` ids (the most recent, for histories stored oldest first)."""
+        values, lengths, offsets = self[key]
+        B = self.stride
+        T = int(max_len)
+        # position t of row b reads values[offsets[b] + start[b] + t], start = max(0, len - T)
+        start = (lengths - T).clamp(min=0)
+        kept = lengths.clamp(max=T)
+        t = torch.arange(T, device=values.device)
+        mask = t.unsqueeze(0) < kept.unsqueeze(1)  # (B, T)
+        idx = (offsets[:-1] + start).unsqueeze(1) + t.unsqueeze(0)  # (B, T)
+        idx = torch.where(mask, idx, torch.zeros_like(idx))
+        ids = values[idx] if values.numel() else values.new_zeros(B, T)
+        ids = torch.where(mask, ids, torch.full_like(ids, pad))
+        return ids, mask
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> KeyedJagged:
+        out = KeyedJagged(
+            self.keys,
+            self.values.to(device, non_blocking=non_blocking),
+            lengths=self.lengths.to(device, non_blocking=non_blocking),
+            offsets=self.offsets.to(device, non_blocking=non_blocking),
+            stride=self.stride,
+            weights=None if self.weights is None else self.weights.to(device, non_blocking=non_blocking),
+        )
+        out._length_per_key = self._length_per_key
+        return out
+
+    def __repr__(self) -> str:
+        return f"KeyedJagged(keys={self.keys}, stride={self.stride}, values={self.values.numel()})"
+
+
+@dataclass
+class Batch:
+    """One mini-batch. ``dense`` [B, Nd] float32, ``sparse`` KeyedJagged over the schema's sparse
+    keys, ``labels`` [B] float32, optional ``weights`` [B] and ``group_ids`` [B] (for GAUC)."""
+
+    dense: torch.Tensor
+    sparse: KeyedJagged
+    labels: torch.Tensor
+    weights: torch.Tensor | None = None
+    group_ids: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
+        def mv(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device, non_blocking=non_blocking)
+
+        return Batch(
+            dense=self.dense.to(device, non_blocking=non_blocking),
+            sparse=self.sparse.to(device, non_blocking=non_blocking),
+            labels=self.labels.to(device, non_blocking=non_blocking),
+            weights=mv(self.weights),
+            group_ids=mv(self.group_ids),
+        )

@@ -1,0 +1,343 @@
+"""Columnar store: a directory with ``manifest.json`` and one ``.npy`` per column, memory-mapped.
+
+Layout::
+
+    store/
+      manifest.json         schema, row count, per-column kind/dtype/shape/files/checksums,
+                            preprocessing options and statistics
+      label.npy             float32 [N]
+      I1.npy                float32 [N]          (dense; [N, dim] for vector features)
+      C1.npy                int32|int64 [N]      (single-valued sparse ids)
+      tags.values.npy       int32|int64 [nnz]    (multi-valued / sequence ids, jagged)
+      tags.offsets.npy      int64 [N + 1]
+
+Column kinds: ``label``, ``weight``, ``group``, ``dense``, ``sparse`` (one id per row) and ``jagged``
+(values + offsets). Sparse columns are exactly the key-major KeyedJagged layout once sliced and
+concatenated, which is why the loader needs no per-row work.
+
+Writing streams: :class:`StoreWriter` appends chunks to ``.npy`` files whose header is rewritten
+with the final row count on commit. Everything is written into a temporary sibling directory that
+is renamed into place only after the manifest is complete, so a failure never leaves a directory
+that opens as a valid store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ctrkit.schema import Schema
+
+FORMAT = "ctrkit-store"
+VERSION = 1
+KINDS = ("label", "weight", "group", "dense", "sparse", "jagged")
+_HEADER_BYTES = 128  # fixed .npy v1 header size, so the header can be rewritten in place
+
+
+class StoreError(RuntimeError):
+    """A store that cannot be opened or written; the message names the file and the fix."""
+
+
+def _npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+    d = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False, "shape": shape}
+    body = repr(d).encode("latin1")
+    pad = _HEADER_BYTES - 10 - len(body) - 1
+    if pad < 0:
+        raise StoreError(f"shape {shape} does not fit a {_HEADER_BYTES}-byte .npy header")
+    return b"\x93NUMPY\x01\x00" + (_HEADER_BYTES - 10).to_bytes(2, "little") + body + b" " * pad + b"\n"
+
+
+class _AppendArray:
+    """A .npy file that grows along axis 0; its header is fixed up on close."""
+
+    def __init__(self, path: Path, dtype: np.dtype, inner: tuple[int, ...] = ()) -> None:
+        self.path, self.dtype, self.inner, self.rows = path, np.dtype(dtype), tuple(inner), 0
+        self.f = open(path, "wb")
+        self.f.write(_npy_header(self.dtype, (0, *self.inner)))
+
+    def append(self, a: np.ndarray) -> None:
+        a = np.ascontiguousarray(a, dtype=self.dtype)
+        if a.shape[1:] != self.inner:
+            raise StoreError(f"{self.path.name}: chunk has inner shape {a.shape[1:]}, expected {self.inner}")
+        self.f.write(a.tobytes())
+        self.rows += a.shape[0]
+
+    def close(self) -> tuple[int, ...]:
+        shape = (self.rows, *self.inner)
+        self.f.seek(0)
+        self.f.write(_npy_header(self.dtype, shape))
+        self.f.flush()
+        os.fsync(self.f.fileno())
+        self.f.close()
+        return shape
+
+
+def file_checksum(path: Path, full: bool = False) -> str:
+    """sha256 of the whole file (``full``) or of its size + first and last MiB (cheap, checked on open)."""
+    h = hashlib.sha256()
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        if full:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                h.update(block)
+            return "sha256:" + h.hexdigest()
+        h.update(str(size).encode())
+        h.update(f.read(1 << 20))
+        if size > 1 << 20:
+            f.seek(max(1 << 20, size - (1 << 20)))
+            h.update(f.read(1 << 20))
+    return "quick:" + h.hexdigest()
+
+
+@dataclass
+class ColumnSpec:
+    name: str
+    kind: str
+    dtype: str
+    inner: tuple[int, ...] = ()
+
+
+class StoreWriter:
+    """Streams columns into a new store at ``path``; ``commit()`` publishes it atomically.
+
+    Use as a context manager: on an exception the temporary directory is removed and nothing is
+    published.
+
+        with StoreWriter(path, schema, columns) as w:
+            w.append({"label": y, "I1": x1, "tags": (values, lengths)})
+            w.set_meta(preprocessing={...}, stats={...})
+    """
+
+    def __init__(
+        self, path: str | Path, schema: Schema, columns: list[ColumnSpec], overwrite: bool = False,
+        full_checksums: bool = False,
+    ) -> None:
+        self.path = Path(path)
+        if self.path.exists() and not overwrite:
+            raise StoreError(f"output {self.path} already exists; choose another path or pass overwrite")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.tmp-", dir=self.path.parent))
+        self.schema, self.columns, self.overwrite, self.full = schema, columns, overwrite, full_checksums
+        self.meta: dict[str, Any] = {}
+        self.rows = 0
+        self._arrays: dict[str, dict[str, _AppendArray]] = {}
+        self._nnz: dict[str, int] = {}
+        for c in columns:
+            if c.kind not in KINDS:
+                raise StoreError(f"column {c.name!r}: kind {c.kind!r} is not one of {KINDS}")
+            if c.kind == "jagged":
+                self._arrays[c.name] = {
+                    "values": _AppendArray(self.tmp / f"{c.name}.values.npy", np.dtype(c.dtype)),
+                    "offsets": _AppendArray(self.tmp / f"{c.name}.offsets.npy", np.dtype(np.int64)),
+                }
+                self._arrays[c.name]["offsets"].append(np.zeros(1, np.int64))
+                self._nnz[c.name] = 0
+            else:
+                self._arrays[c.name] = {"data": _AppendArray(self.tmp / f"{c.name}.npy", np.dtype(c.dtype), c.inner)}
+        self._closed = False
+
+    def append(self, chunk: dict[str, Any]) -> None:
+        """Append one chunk of rows. Jagged columns take (values, lengths); others an array [n, ...]."""
+        missing = [c.name for c in self.columns if c.name not in chunk]
+        extra = sorted(set(chunk) - {c.name for c in self.columns})
+        if missing or extra:
+            raise StoreError(f"chunk columns mismatch: missing {missing}, unexpected {extra}")
+        n = None
+        for c in self.columns:
+            item = chunk[c.name]
+            if c.kind == "jagged":
+                values, lengths = item
+                lengths = np.asarray(lengths, dtype=np.int64)
+                rows = lengths.shape[0]
+                offs = self._nnz[c.name] + np.cumsum(lengths)
+                if len(values) != (offs[-1] - self._nnz[c.name] if rows else 0):
+                    raise StoreError(f"column {c.name!r}: {len(values)} values but lengths sum to another count")
+                self._arrays[c.name]["values"].append(np.asarray(values))
+                self._arrays[c.name]["offsets"].append(offs)
+                self._nnz[c.name] = int(offs[-1]) if rows else self._nnz[c.name]
+            else:
+                rows = len(item)
+                self._arrays[c.name]["data"].append(np.asarray(item))
+            if n is None:
+                n = rows
+            elif rows != n:
+                raise StoreError(f"column {c.name!r} has {rows} rows in this chunk, other columns {n}")
+        self.rows += n or 0
+
+    def set_meta(self, **meta: Any) -> None:
+        self.meta.update(meta)
+
+    def commit(self) -> Path:
+        cols: dict[str, Any] = {}
+        for c in self.columns:
+            files = {}
+            for part, arr in self._arrays[c.name].items():
+                shape = arr.close()
+                files[part] = {
+                    "file": arr.path.name,
+                    "dtype": np.dtype(arr.dtype).str,
+                    "shape": list(shape),
+                    "checksum": file_checksum(arr.path, self.full),
+                }
+            cols[c.name] = {"kind": c.kind, "files": files}
+        self._closed = True
+        manifest = {
+            "format": FORMAT,
+            "version": VERSION,
+            "num_rows": self.rows,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "schema": self.schema.to_dict(),
+            "columns": cols,
+            **self.meta,
+        }
+        (self.tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, default=_json_default))
+        if self.path.exists():
+            if not self.overwrite:
+                raise StoreError(f"output {self.path} appeared while writing; not replacing it")
+            old = self.path.with_name(f".{self.path.name}.old-{os.getpid()}")
+            os.replace(self.path, old)
+            os.replace(self.tmp, self.path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(self.tmp, self.path)
+        return self.path
+
+    def abort(self) -> None:
+        if not self._closed:
+            for parts in self._arrays.values():
+                for arr in parts.values():
+                    if not arr.f.closed:
+                        arr.f.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def __enter__(self) -> StoreWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.abort()
+        elif self.tmp.exists():
+            self.commit()
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.floating):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def write_store(
+    path: str | Path, schema: Schema, arrays: dict[str, Any], kinds: dict[str, str], overwrite: bool = False,
+    **meta: Any,
+) -> Path:
+    """Write in-memory columns in one go (tests, synthetic data). ``kinds`` maps column -> kind;
+    jagged columns are given as (values, lengths)."""
+    specs = []
+    for name, kind in kinds.items():
+        a = arrays[name]
+        if kind == "jagged":
+            specs.append(ColumnSpec(name, kind, np.asarray(a[0]).dtype.str))
+        else:
+            a = np.asarray(a)
+            specs.append(ColumnSpec(name, kind, a.dtype.str, tuple(a.shape[1:])))
+    with StoreWriter(path, schema, specs, overwrite=overwrite) as w:
+        w.append({n: arrays[n] for n in kinds})
+        w.set_meta(**meta)
+    return Path(path)
+
+
+class Store:
+    """A memory-mapped store. ``store["C1"]`` is a read-only array; jagged columns give
+    (values, offsets)."""
+
+    def __init__(self, path: str | Path, verify: bool = False) -> None:
+        self.path = Path(path)
+        mpath = self.path / "manifest.json"
+        if not mpath.is_file():
+            raise StoreError(
+                f"{self.path} is not a ctrkit store (no manifest.json); create one with `ctrkit preprocess`"
+            )
+        try:
+            self.manifest: dict[str, Any] = json.loads(mpath.read_text())
+        except json.JSONDecodeError as e:
+            raise StoreError(f"{mpath} is not valid JSON ({e}); re-run the preprocessing") from e
+        if self.manifest.get("format") != FORMAT or self.manifest.get("version") != VERSION:
+            raise StoreError(f"{mpath}: not a {FORMAT} v{VERSION} manifest; re-run the preprocessing")
+        self.schema = Schema.from_dict(self.manifest["schema"])
+        self.num_rows: int = int(self.manifest["num_rows"])
+        self.kinds: dict[str, str] = {n: c["kind"] for n, c in self.manifest["columns"].items()}
+        self._cols: dict[str, Any] = {}
+        for name, col in self.manifest["columns"].items():
+            parts = {}
+            for part, spec in col["files"].items():
+                parts[part] = self._open(spec, verify)
+            rows = parts["offsets"].shape[0] - 1 if "offsets" in parts else parts["data"].shape[0]
+            if rows != self.num_rows:
+                raise StoreError(
+                    f"{self.path}: column {name!r} has {rows} rows but the manifest says {self.num_rows}; "
+                    "the store is damaged, re-run the preprocessing"
+                )
+            self._cols[name] = parts
+
+    def _open(self, spec: dict[str, Any], verify: bool) -> np.ndarray:
+        f = self.path / spec["file"]
+        if not f.is_file():
+            raise StoreError(f"{f} listed in the manifest is missing; re-run the preprocessing")
+        want = spec["checksum"]
+        if want.startswith("quick:") or verify:
+            got = file_checksum(f, full=want.startswith("sha256:"))
+            if got != want:
+                raise StoreError(
+                    f"{f} does not match its checksum in manifest.json (file changed or truncated); "
+                    "re-run the preprocessing"
+                )
+        try:
+            arr = np.load(f, mmap_mode="r")
+        except ValueError as e:
+            raise StoreError(f"{f} is not a readable .npy file ({e}); re-run the preprocessing") from e
+        if list(arr.shape) != spec["shape"] or arr.dtype.str != spec["dtype"]:
+            raise StoreError(
+                f"{f} holds {arr.dtype.str}{list(arr.shape)} but the manifest says {spec['dtype']}{spec['shape']}"
+            )
+        return arr
+
+    def __len__(self) -> int:
+        return self.num_rows
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._cols
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._cols:
+            raise KeyError(f"store {self.path} has no column {name!r}; columns: {list(self._cols)}")
+        parts = self._cols[name]
+        return (parts["values"], parts["offsets"]) if "offsets" in parts else parts["data"]
+
+    def columns(self, kind: str | None = None) -> list[str]:
+        return [n for n, k in self.kinds.items() if kind is None or k == kind]
+
+    @property
+    def preprocessing(self) -> dict[str, Any]:
+        return self.manifest.get("preprocessing", {})
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        return self.manifest.get("stats", {})
+
+    def __repr__(self) -> str:
+        return f"Store({str(self.path)!r}, rows={self.num_rows}, columns={len(self._cols)})"

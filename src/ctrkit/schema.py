@@ -1,0 +1,282 @@
+"""Feature schema: what the columns are, how big their vocabularies are and which table embeds them.
+
+A schema is data. It is saved as JSON next to every store and inside every checkpoint, so a model
+can be rebuilt and a raw request can be scored with nothing else.
+
+Embedding dims may be ``"auto"``: seed 002 sizes an embedding from the feature's cardinality n as
+``k * n ** (1/4)`` (k <= 16; we use k = 6 and cap at 64) or ``log2(n)``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+
+GROUPS = ("user", "item", "context")
+POOLINGS = ("sum", "mean")
+SEQUENCE_POOLINGS = ("sum", "mean", "none")
+AUTO_RULES = ("fourth_root", "log2")
+
+
+class SchemaError(ValueError):
+    """A schema that cannot be used; the message names the feature and the fix."""
+
+
+def auto_embedding_dim(vocab_size: int, rule: str = "fourth_root", k: float = 6.0, cap: int = 64) -> int:
+    """Seed 002's sizing rule: ``k * n ** 0.25`` (capped) or ``log2(n)``; at least 1."""
+    n = max(int(vocab_size), 2)
+    if rule == "fourth_root":
+        return max(1, min(cap, int(round(k * n**0.25))))
+    if rule == "log2":
+        return max(1, min(cap, int(math.ceil(math.log2(n)))))
+    raise SchemaError(f"unknown auto embedding rule {rule!r}; use one of {AUTO_RULES}")
+
+
+@dataclass(frozen=True)
+class DenseFeature:
+    """A real-valued column (``dim`` > 1 for a fixed-width vector)."""
+
+    name: str
+    dim: int = 1
+    group: str = "context"
+
+
+@dataclass(frozen=True)
+class SparseFeature:
+    """A categorical column embedded by one table.
+
+    ``vocab_size`` counts every id, including 0 = missing and 1 = rare/unseen. ``table`` names the
+    embedding table (default: the feature's own name); features naming the same table share it.
+    ``multi_valued`` marks a column whose rows hold several ids (tags, multi-hot), pooled by
+    ``pooling``.
+    """
+
+    name: str
+    vocab_size: int
+    embedding_dim: int | Literal["auto"] = "auto"
+    table: str | None = None
+    group: str = "context"
+    pooling: str = "sum"
+    multi_valued: bool = False
+
+    @property
+    def table_name(self) -> str:
+        return self.table or self.name
+
+
+@dataclass(frozen=True)
+class SequenceFeature:
+    """A variable-length history of ids (e.g. clicked items) embedded by the table of ``shares``.
+
+    ``pooling`` = "none" keeps the sequence for attention layers (DIN, DIEN, ...); they pad it to
+    [B, T] with ``max_len`` themselves.
+    """
+
+    name: str
+    max_len: int
+    shares: str
+    pooling: str = "mean"
+    group: str = "user"
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One embedding table: its rows, width and the features it embeds (in schema order)."""
+
+    name: str
+    num_embeddings: int
+    embedding_dim: int
+    features: tuple[str, ...]
+
+
+@dataclass
+class Schema:
+    """Dense, sparse and sequence features, a label column and optional weight / group columns."""
+
+    dense: list[DenseFeature] = field(default_factory=list)
+    sparse: list[SparseFeature] = field(default_factory=list)
+    sequence: list[SequenceFeature] = field(default_factory=list)
+    label: str = "label"
+    weight: str | None = None
+    group_id: str | None = None
+    auto_dim_rule: str = "fourth_root"
+
+    def __post_init__(self) -> None:
+        self.dense = [d if isinstance(d, DenseFeature) else DenseFeature(**d) for d in self.dense]
+        self.sparse = [s if isinstance(s, SparseFeature) else SparseFeature(**s) for s in self.sparse]
+        self.sequence = [q if isinstance(q, SequenceFeature) else SequenceFeature(**q) for q in self.sequence]
+        self.validate()
+
+    # ---- derived views -------------------------------------------------------------------------
+    @property
+    def dense_names(self) -> list[str]:
+        return [d.name for d in self.dense]
+
+    @property
+    def num_dense(self) -> int:
+        """Width Nd of the dense block (a feature of dim k takes k columns)."""
+        return sum(d.dim for d in self.dense)
+
+    @property
+    def sparse_keys(self) -> list[str]:
+        """Keys of the batch's KeyedJagged, in order: sparse features, then sequences."""
+        return [s.name for s in self.sparse] + [q.name for q in self.sequence]
+
+    def feature(self, name: str) -> DenseFeature | SparseFeature | SequenceFeature:
+        for f in (*self.dense, *self.sparse, *self.sequence):
+            if f.name == name:
+                return f
+        raise SchemaError(f"no feature named {name!r}; known: {self.all_names()}")
+
+    def all_names(self) -> list[str]:
+        return self.dense_names + self.sparse_keys
+
+    def embedding_dim(self, sparse_name: str) -> int:
+        s = self.feature(sparse_name)
+        if isinstance(s, SequenceFeature):
+            s = self.feature(s.shares)
+        assert isinstance(s, SparseFeature)
+        return self.tables()[s.table_name].embedding_dim
+
+    def table_of(self, key: str) -> str:
+        """Table name that embeds sparse or sequence feature ``key``."""
+        f = self.feature(key)
+        if isinstance(f, SequenceFeature):
+            f = self.feature(f.shares)
+        if not isinstance(f, SparseFeature):
+            raise SchemaError(f"feature {key!r} is dense and has no embedding table")
+        return f.table_name
+
+    def tables(self) -> dict[str, TableSpec]:
+        """Embedding tables in first-use order. A shared table takes the largest vocabulary."""
+        rows: dict[str, int] = {}
+        dims: dict[str, int | str] = {}
+        feats: dict[str, list[str]] = {}
+        for s in self.sparse:
+            t = s.table_name
+            rows[t] = max(rows.get(t, 0), s.vocab_size)
+            if s.embedding_dim != "auto" or t not in dims:
+                dims[t] = s.embedding_dim
+            feats.setdefault(t, []).append(s.name)
+        for q in self.sequence:
+            feats[self.table_of(q.name)].append(q.name)
+        out = {}
+        for t, n in rows.items():
+            d = dims[t]
+            dim = auto_embedding_dim(n, self.auto_dim_rule) if d == "auto" else int(d)
+            out[t] = TableSpec(t, n, dim, tuple(feats[t]))
+        return out
+
+    def group(self, name: str) -> list[str]:
+        """Names of the features in group ``name`` (user / item / context)."""
+        if name not in GROUPS:
+            raise SchemaError(f"unknown feature group {name!r}; use one of {GROUPS}")
+        return [f.name for f in (*self.dense, *self.sparse, *self.sequence) if f.group == name]
+
+    # ---- validation ----------------------------------------------------------------------------
+    def validate(self) -> None:
+        seen: set[str] = set()
+        for f in (*self.dense, *self.sparse, *self.sequence):
+            if not isinstance(f.name, str) or not f.name:
+                raise SchemaError(f"feature {f!r} needs a non-empty string name")
+            if f.name in seen:
+                raise SchemaError(f"feature name {f.name!r} appears twice; feature names must be unique")
+            if f.name in (self.label, self.weight, self.group_id):
+                raise SchemaError(f"feature {f.name!r} has the same name as the label/weight/group column")
+            seen.add(f.name)
+            if f.group not in GROUPS:
+                raise SchemaError(f"feature {f.name!r}: group {f.group!r} is not one of {GROUPS}")
+        for d in self.dense:
+            if not isinstance(d.dim, int) or d.dim < 1:
+                raise SchemaError(f"dense feature {d.name!r}: dim must be a positive integer, got {d.dim!r}")
+        dims: dict[str, int] = {}
+        for s in self.sparse:
+            if not isinstance(s.vocab_size, int) or s.vocab_size < 2:
+                raise SchemaError(
+                    f"sparse feature {s.name!r}: vocab_size must be an integer >= 2 "
+                    f"(ids 0 = missing and 1 = rare are reserved), got {s.vocab_size!r}"
+                )
+            if s.embedding_dim != "auto":
+                if not isinstance(s.embedding_dim, int) or s.embedding_dim < 1:
+                    raise SchemaError(
+                        f"sparse feature {s.name!r}: embedding_dim must be a positive integer or 'auto', "
+                        f"got {s.embedding_dim!r}"
+                    )
+                prev = dims.setdefault(s.table_name, s.embedding_dim)
+                if prev != s.embedding_dim:
+                    raise SchemaError(
+                        f"sparse feature {s.name!r} shares table {s.table_name!r} with embedding_dim "
+                        f"{s.embedding_dim}, but an earlier feature of that table set {prev}; make them equal"
+                    )
+            if s.pooling not in POOLINGS:
+                raise SchemaError(f"sparse feature {s.name!r}: pooling {s.pooling!r} is not one of {POOLINGS}")
+        sparse_names = {s.name for s in self.sparse}
+        other_names = {d.name for d in self.dense} | {q.name for q in self.sequence}
+        for s in self.sparse:
+            if s.table in other_names:
+                raise SchemaError(
+                    f"sparse feature {s.name!r} names table {s.table!r}, which is a dense or sequence "
+                    "feature; a table is named after a sparse feature or given a name of its own"
+                )
+        for q in self.sequence:
+            if q.shares not in sparse_names:
+                raise SchemaError(
+                    f"sequence feature {q.name!r} shares the table of {q.shares!r}, which is not a sparse "
+                    f"feature; known sparse features: {sorted(sparse_names)}"
+                )
+            if not isinstance(q.max_len, int) or q.max_len < 1:
+                raise SchemaError(f"sequence feature {q.name!r}: max_len must be a positive integer")
+            if q.pooling not in SEQUENCE_POOLINGS:
+                raise SchemaError(
+                    f"sequence feature {q.name!r}: pooling {q.pooling!r} is not one of {SEQUENCE_POOLINGS}"
+                )
+        if self.auto_dim_rule not in AUTO_RULES:
+            raise SchemaError(f"auto_dim_rule {self.auto_dim_rule!r} is not one of {AUTO_RULES}")
+
+    # ---- (de)serialisation ---------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "dense": [asdict(d) for d in self.dense],
+            "sparse": [asdict(s) for s in self.sparse],
+            "sequence": [asdict(q) for q in self.sequence],
+            "label": self.label,
+            "weight": self.weight,
+            "group_id": self.group_id,
+            "auto_dim_rule": self.auto_dim_rule,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Schema:
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise SchemaError(f"unknown schema keys {sorted(unknown)}; valid keys: {sorted(known)}")
+        for kind, klass in (("dense", DenseFeature), ("sparse", SparseFeature), ("sequence", SequenceFeature)):
+            valid = {f.name for f in fields(klass)}
+            for i, entry in enumerate(d.get(kind, [])):
+                bad = set(entry) - valid
+                if bad:
+                    raise SchemaError(
+                        f"{kind} feature #{i} ({entry.get('name', '?')!r}) has unknown keys {sorted(bad)}; "
+                        f"valid keys: {sorted(valid)}"
+                    )
+        return cls(**d)
+
+    def to_json(self, path: str | Path | None = None) -> str:
+        text = json.dumps(self.to_dict(), indent=2)
+        if path is not None:
+            Path(path).write_text(text)
+        return text
+
+    @classmethod
+    def from_json(cls, text_or_path: str | Path) -> Schema:
+        p = Path(text_or_path) if not str(text_or_path).lstrip().startswith("{") else None
+        text = p.read_text() if p is not None else str(text_or_path)
+        try:
+            return cls.from_dict(json.loads(text))
+        except json.JSONDecodeError as e:
+            where = f"file {p}" if p else "schema text"
+            raise SchemaError(f"{where} is not valid JSON: {e}") from e
