@@ -15,13 +15,15 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
+from ctrkit.errors import CtrkitError
+
 GROUPS = ("user", "item", "context")
 POOLINGS = ("sum", "mean")
 SEQUENCE_POOLINGS = ("sum", "mean", "none")
 AUTO_RULES = ("fourth_root", "log2")
 
 
-class SchemaError(ValueError):
+class SchemaError(CtrkitError, ValueError):
     """A schema that cannot be used; the message names the feature and the fix."""
 
 

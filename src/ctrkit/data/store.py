@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from ctrkit.errors import CtrkitError
 from ctrkit.schema import Schema
 
 FORMAT = "ctrkit-store"
@@ -43,7 +44,7 @@ KINDS = ("label", "weight", "group", "dense", "sparse", "jagged")
 _HEADER_BYTES = 128  # fixed .npy v1 header size, so the header can be rewritten in place
 
 
-class StoreError(RuntimeError):
+class StoreError(CtrkitError, RuntimeError):
     """A store that cannot be opened or written; the message names the file and the fix."""
 
 

@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import difflib
 import inspect
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from torch import nn
 
+from ctrkit.errors import CtrkitError
 from ctrkit.schema import Schema
 
 _MODELS: dict[str, type[nn.Module]] = {}
 M = TypeVar("M", bound=type[nn.Module])
 
 
-class ConfigError(ValueError):
+class ConfigError(CtrkitError, ValueError):
     """A bad option: the message names the option and suggests the valid one."""
 
 

@@ -1,0 +1,24 @@
+# The two set-up commands of the README: `make demo` and `make test`.
+# Each creates .venv (if missing), installs torch 2.13.0 (the CPU wheel) first, then ctrkit, then runs.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/pip install -q --disable-pip-version-check
+
+$(BIN)/ctrkit: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(PIP) torch==2.13.0
+	$(PIP) -e '.[test,gbdt]'
+	touch $@
+
+.PHONY: install demo test lint
+install: $(BIN)/ctrkit
+
+demo: install
+	$(BIN)/ctrkit demo
+
+test: install
+	$(BIN)/python -m pytest -q
+
+lint: install
+	$(BIN)/pip install -q ruff && $(BIN)/ruff check src tests benchmarks
