@@ -1,0 +1,267 @@
+"""Attention layers of the CTR zoo: AFM attentional pooling of pairwise interactions, AutoInt's
+multi-head self-attention (interacting layer), a sinusoidal positional encoding and a small
+Transformer encoder layer (seed 002 "AFM", "AutoInt", "Transformer")."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from ctrkit.nn.fm import LayerConfigError, check_embeddings, pair_indices
+
+__all__ = ["AFMAttention", "MultiHeadSelfAttention", "TransformerEncoderLayer", "positional_encoding"]
+
+
+class AFMAttention(nn.Module):
+    """Attentional pooling of pairwise interactions (Xiao et al., "Attentional Factorization
+    Machines", IJCAI 2017; seed 002 "AFM").
+
+        p_ij  = v_i ⊙ v_j                                   pairs i < j          (B, P, D)
+        a'_ij = h^T ReLU(W p_ij + b),  W ∈ R^{A×D}, h ∈ R^A                        (B, P)
+        a_ij  = softmax over the P pairs of a'_ij                                   (B, P)
+        pooled = Σ_{i<j} a_ij p_ij                                                 (B, D)
+        y     = p^T dropout(pooled)                                                (B, 1)
+
+    Input (B, F, D) -> (B, 1) (``out_features = 1``), or (B, D) with ``use_projection=False``
+    (``out_features = D``). Dropout (the paper's dropout on the interaction layer) is applied to
+    the pooled vector before the projection. :meth:`pool` returns ``(pooled, a)`` for inspection.
+    Options (keyword-only): ``attention_dim`` A (default 16), ``dropout`` (0.0), ``use_projection`` (True),
+    ``num_fields`` (None: read F from the input; an int is checked at construction and on every input).
+    Needs F >= 2 (at least one pair).
+    """
+
+    def __init__(
+        self,
+        embedding_dim: int,
+        *,
+        attention_dim: int = 16,
+        dropout: float = 0.0,
+        use_projection: bool = True,
+        num_fields: int | None = None,
+    ) -> None:
+        super().__init__()
+        if num_fields is not None and num_fields < 2:
+            raise LayerConfigError(f"AFMAttention: num_fields must be >= 2 to form a pair, got {num_fields}")
+        self.num_fields = num_fields
+        if attention_dim < 1:
+            raise LayerConfigError(f"AFMAttention: attention_dim must be >= 1, got {attention_dim}")
+        if not 0.0 <= dropout < 1.0:
+            raise LayerConfigError(f"AFMAttention: dropout must be in [0, 1), got {dropout}")
+        self.embedding_dim, self.attention_dim = embedding_dim, attention_dim
+        self.attention = nn.Linear(embedding_dim, attention_dim)  # W, b
+        self.h = nn.Parameter(torch.empty(attention_dim))
+        self.dropout = nn.Dropout(dropout)
+        self.projection = nn.Parameter(torch.empty(embedding_dim)) if use_projection else None
+        self.out_features = 1 if use_projection else embedding_dim
+        self._pairs: dict[int, tuple[Tensor, Tensor]] = {}
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.xavier_uniform_(self.attention.weight)
+        nn.init.zeros_(self.attention.bias)
+        nn.init.normal_(self.h, std=self.attention_dim**-0.5)
+        if self.projection is not None:
+            nn.init.normal_(self.projection, std=self.embedding_dim**-0.5)
+
+    def _pair_indices(self, num_fields: int, device: torch.device) -> tuple[Tensor, Tensor]:
+        cached = self._pairs.get(num_fields)
+        if cached is None or cached[0].device != device:
+            rows, cols = pair_indices(num_fields)
+            cached = (rows.to(device), cols.to(device))
+            self._pairs[num_fields] = cached
+        return cached
+
+    def pool(self, emb: Tensor) -> tuple[Tensor, Tensor]:
+        """Attention-weighted sum of pairwise products ``(pooled (B, D), weights (B, P))``."""
+        check_embeddings("AFMAttention", emb, self.num_fields, self.embedding_dim)
+        if emb.shape[1] < 2:
+            raise LayerConfigError(
+                f"AFMAttention: needs at least 2 fields to form a pair, got input shape {tuple(emb.shape)}"
+            )
+        rows, cols = self._pair_indices(emb.shape[1], emb.device)
+        prods = emb[:, rows] * emb[:, cols]  # (B, P, D)
+        scores = torch.relu(self.attention(prods)) @ self.h  # (B, P, A) @ (A,) -> (B, P)
+        weights = torch.softmax(scores, dim=1)  # (B, P)
+        pooled = (weights.unsqueeze(2) * prods).sum(dim=1)  # (B, D)
+        return pooled, weights
+
+    def forward(self, emb: Tensor) -> Tensor:
+        pooled = self.dropout(self.pool(emb)[0])  # (B, D)
+        if self.projection is None:
+            return pooled
+        return (pooled @ self.projection).unsqueeze(1)  # (B, 1)
+
+    def extra_repr(self) -> str:
+        return f"embedding_dim={self.embedding_dim}, attention_dim={self.attention_dim}"
+
+
+class MultiHeadSelfAttention(nn.Module):
+    """Multi-head self-attention over fields — AutoInt's interacting layer (Song et al., "AutoInt:
+    Automatic Feature Interaction Learning via Self-Attentive Neural Networks", CIKM 2019).
+
+    For each head h (H heads of size d'), with ``E`` (B, F, D):
+
+        Q^h = E W_Q^h,  K^h = E W_K^h,  V^h = E W_V^h                  W^h ∈ R^{D×d'}
+        α^h_{m,k} = softmax_k( <Q^h_m, K^h_k> [/ sqrt(d')] )          over unmasked keys k
+        ẽ^h_m = Σ_k α^h_{m,k} V^h_k
+        out_m = ReLU( [ẽ^1_m; ...; ẽ^H_m] + E_m W_res )               W_res ∈ R^{D×H·d'}
+
+    Input (B, F, D) -> output (B, F, H·d'), ``out_features = H·d'`` (so layers stack with
+    ``embedding_dim = previous out_features``).
+
+    Options (keyword-only): ``num_heads`` (2), ``head_dim`` d' (default D // num_heads),
+    ``use_residual`` (True: W_res projection; False: no residual), ``scaled`` (False — AutoInt's
+    unscaled dot product; True divides by sqrt(d') as the Transformer), ``use_relu`` (True),
+    ``layer_norm`` (False: LayerNorm on the output), ``dropout`` on the attention weights (0.0).
+    ``forward(emb, mask)``: optional ``mask`` (B, F) bool, True = a real position. Masked keys get
+    no attention; a row whose keys are all masked attends to nothing (output = residual only);
+    outputs at masked query positions are computed but meaningless (pool them with the mask).
+    """
+
+    def __init__(
+        self,
+        embedding_dim: int,
+        *,
+        num_heads: int = 2,
+        head_dim: int | None = None,
+        use_residual: bool = True,
+        scaled: bool = False,
+        use_relu: bool = True,
+        layer_norm: bool = False,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if num_heads < 1:
+            raise LayerConfigError(f"MultiHeadSelfAttention: num_heads must be >= 1, got {num_heads}")
+        if head_dim is None:
+            head_dim = embedding_dim // num_heads
+        if head_dim < 1:
+            raise LayerConfigError(
+                f"MultiHeadSelfAttention: head_dim must be >= 1 (got {head_dim}; embedding_dim={embedding_dim}, "
+                f"num_heads={num_heads}); pass head_dim explicitly"
+            )
+        if not 0.0 <= dropout < 1.0:
+            raise LayerConfigError(f"MultiHeadSelfAttention: dropout must be in [0, 1), got {dropout}")
+        self.embedding_dim, self.num_heads, self.head_dim = embedding_dim, num_heads, head_dim
+        self.scaled, self.use_relu = scaled, use_relu
+        inner = num_heads * head_dim
+        self.w_q = nn.Linear(embedding_dim, inner, bias=False)
+        self.w_k = nn.Linear(embedding_dim, inner, bias=False)
+        self.w_v = nn.Linear(embedding_dim, inner, bias=False)
+        self.w_res = nn.Linear(embedding_dim, inner, bias=False) if use_residual else None
+        self.norm = nn.LayerNorm(inner) if layer_norm else None
+        self.dropout = nn.Dropout(dropout)
+        self.out_features = inner
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for lin in (self.w_q, self.w_k, self.w_v, self.w_res):
+            if lin is not None:
+                nn.init.xavier_uniform_(lin.weight)
+        if self.norm is not None:
+            self.norm.reset_parameters()
+
+    def attention_weights(self, emb: Tensor, mask: Tensor | None = None) -> Tensor:
+        """Attention weights α (B, H, F, F) (query m, key k)."""
+        return self._attend(emb, mask)[1]
+
+    def _attend(self, emb: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
+        check_embeddings("MultiHeadSelfAttention", emb, dim=self.embedding_dim)
+        b, f, _ = emb.shape
+        h, dh = self.num_heads, self.head_dim
+        q = self.w_q(emb).view(b, f, h, dh).transpose(1, 2)  # (B, H, F, d')
+        k = self.w_k(emb).view(b, f, h, dh).transpose(1, 2)  # (B, H, F, d')
+        v = self.w_v(emb).view(b, f, h, dh).transpose(1, 2)  # (B, H, F, d')
+        scores = q @ k.transpose(2, 3)  # (B, H, F, F)
+        if self.scaled:
+            scores = scores / math.sqrt(dh)
+        if mask is not None:
+            if mask.shape != (b, f):
+                raise LayerConfigError(
+                    f"MultiHeadSelfAttention: mask must have shape (B, F) = {(b, f)}, got {tuple(mask.shape)}"
+                )
+            keep = mask.to(torch.bool)[:, None, None, :]  # (B, 1, 1, F)
+            scores = scores.masked_fill(~keep, float("-inf"))
+            weights = torch.softmax(scores, dim=3).nan_to_num(0.0)  # all-masked rows -> 0
+        else:
+            weights = torch.softmax(scores, dim=3)  # (B, H, F, F)
+        out = self.dropout(weights) @ v  # (B, H, F, d')
+        return out.transpose(1, 2).reshape(b, f, h * dh), weights  # (B, F, H*d')
+
+    def forward(self, emb: Tensor, mask: Tensor | None = None) -> Tensor:
+        out, _ = self._attend(emb, mask)  # (B, F, H*d')
+        if self.w_res is not None:
+            out = out + self.w_res(emb)
+        if self.use_relu:
+            out = torch.relu(out)
+        if self.norm is not None:
+            out = self.norm(out)
+        return out
+
+    def extra_repr(self) -> str:
+        return (
+            f"embedding_dim={self.embedding_dim}, num_heads={self.num_heads}, head_dim={self.head_dim}, "
+            f"scaled={self.scaled}"
+        )
+
+
+def positional_encoding(length: int, dim: int, *, base: float = 10000.0) -> Tensor:
+    """Sinusoidal positional encoding (Vaswani et al., "Attention Is All You Need", 2017):
+
+        PE[t, 2i] = sin(t / base^{2i/D}),   PE[t, 2i+1] = cos(t / base^{2i/D})
+
+    Returns (T, D) float32 (odd D: the last column is a sin).
+    """
+    if length < 0 or dim < 1:
+        raise LayerConfigError(f"positional_encoding: need length >= 0 and dim >= 1, got T={length}, D={dim}")
+    pos = torch.arange(length, dtype=torch.float32).unsqueeze(1)  # (T, 1)
+    freq = torch.exp(-math.log(base) * torch.arange(0, dim, 2, dtype=torch.float32) / dim)  # (ceil(D/2),)
+    angles = pos * freq  # (T, ceil(D/2))
+    pe = torch.zeros(length, dim)
+    pe[:, 0::2] = torch.sin(angles)
+    pe[:, 1::2] = torch.cos(angles[:, : dim // 2])
+    return pe
+
+
+class TransformerEncoderLayer(nn.Module):
+    """A post-norm Transformer encoder layer (Vaswani et al. 2017) built on
+    :class:`MultiHeadSelfAttention` (scaled, no W_res, no ReLU) plus an output projection:
+
+        A = LayerNorm(X + Dropout(MHSA(X) W_O))
+        Y = LayerNorm(A + Dropout(W_2 ReLU(W_1 A)))          W_1: D -> ffn_dim, W_2: ffn_dim -> D
+
+    Input (B, T, D) -> (B, T, D), ``out_features = D``; optional ``mask`` (B, T) bool (True = real).
+    Options (keyword-only): ``num_heads`` (1; must divide D), ``ffn_dim`` (4·D), ``dropout`` (0.0).
+    Add :func:`positional_encoding` (or a learned one) to X before the first layer.
+    """
+
+    def __init__(self, embedding_dim: int, *, num_heads: int = 1, ffn_dim: int | None = None, dropout: float = 0.0):
+        super().__init__()
+        if num_heads < 1 or embedding_dim % num_heads:
+            raise LayerConfigError(
+                f"TransformerEncoderLayer: num_heads={num_heads} must be >= 1 and divide embedding_dim={embedding_dim}"
+            )
+        ffn_dim = 4 * embedding_dim if ffn_dim is None else ffn_dim
+        self.attn = MultiHeadSelfAttention(
+            embedding_dim, num_heads=num_heads, use_residual=False, scaled=True, use_relu=False, dropout=dropout
+        )
+        self.w_o = nn.Linear(embedding_dim, embedding_dim)
+        self.ffn = nn.Sequential(nn.Linear(embedding_dim, ffn_dim), nn.ReLU(), nn.Linear(ffn_dim, embedding_dim))
+        self.norm1, self.norm2 = nn.LayerNorm(embedding_dim), nn.LayerNorm(embedding_dim)
+        self.dropout = nn.Dropout(dropout)
+        self.out_features = embedding_dim
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        self.attn.reset_parameters()
+        for lin in (self.w_o, self.ffn[0], self.ffn[2]):
+            nn.init.xavier_uniform_(lin.weight)
+            nn.init.zeros_(lin.bias)
+        self.norm1.reset_parameters()
+        self.norm2.reset_parameters()
+
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        a = self.norm1(x + self.dropout(self.w_o(self.attn(x, mask))))  # (B, T, D)
+        return self.norm2(a + self.dropout(self.ffn(a)))  # (B, T, D)

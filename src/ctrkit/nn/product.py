@@ -1,0 +1,174 @@
+"""PNN product layers (Qu et al., "Product-based Neural Networks for User Response Prediction",
+ICDM 2016; seed 002 "PNN").
+
+Inputs are field embeddings ``E`` (B, F, D); pairs ``i < j`` in upper-triangle order, ``P = F(F-1)/2``.
+
+* :class:`InnerProduct` — IPNN signals ``p_ij = <v_i, v_j>`` -> (B, P).
+* :class:`OuterProduct` — per-pair kernel products ``p_ij = v_i^T W_ij v_j`` with the kernel types of
+  DeepCTR's OPNN ('mat' | 'vec' | 'num') -> (B, P).
+* :func:`pooled_outer_product` — the paper's (and the seed's) sum-pooled outer product
+  ``p = f_Σ f_Σ^T`` with ``f_Σ = Σ_f v_f`` -> (B, D, D).
+* :class:`PNNProductLayer` — the whole product layer ``l_1 = l_z + l_p + b`` -> (B, units).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ctrkit.nn.fm import LayerConfigError, check_embeddings, pair_indices
+
+__all__ = ["InnerProduct", "OuterProduct", "PNNProductLayer", "pooled_outer_product"]
+
+
+class InnerProduct(nn.Module):
+    """All pairwise inner products (IPNN): ``p_ij = <v_i, v_j>`` for ``i < j``.
+
+    Input (B, F, D) -> output (B, P), ``P = out_features = F(F-1)/2``. No parameters.
+    """
+
+    def __init__(self, num_fields: int) -> None:
+        super().__init__()
+        if num_fields < 2:
+            raise LayerConfigError(f"InnerProduct: num_fields must be >= 2, got {num_fields}")
+        self.num_fields = num_fields
+        rows, cols = pair_indices(num_fields)
+        self.register_buffer("rows", rows, persistent=False)
+        self.register_buffer("cols", cols, persistent=False)
+        self.out_features = rows.numel()
+
+    def reset_parameters(self) -> None:
+        """No parameters."""
+
+    def forward(self, emb: Tensor) -> Tensor:
+        check_embeddings("InnerProduct", emb, self.num_fields)
+        return (emb[:, self.rows] * emb[:, self.cols]).sum(dim=2)  # (B, P)
+
+    def extra_repr(self) -> str:
+        return f"num_fields={self.num_fields}"
+
+
+_KERNEL_TYPES = ("mat", "vec", "num")
+
+
+class OuterProduct(nn.Module):
+    """Pairwise outer-product signals with a learned kernel per pair (the OPNN variant of
+    DeepCTR / the PNN authors' released code), ``i < j``:
+
+        'mat':  p_ij = v_i^T W_ij v_j = Σ_{d,e} v_{i,d} W_ij[d,e] v_{j,e}   = <v_i v_j^T, W_ij>,  W_ij ∈ R^{D×D}
+        'vec':  p_ij = Σ_d v_{i,d} w_ij[d] v_{j,d}                            (diagonal W_ij),      w_ij ∈ R^D
+        'num':  p_ij = w_ij <v_i, v_j>                                        (scalar W_ij),        w_ij ∈ R
+
+    i.e. each pair's D×D outer product ``v_i v_j^T`` is reduced by its own kernel. Input (B, F, D)
+    -> output (B, P), ``out_features = P``. For the paper's sum-pooled outer product see
+    :func:`pooled_outer_product` / :class:`PNNProductLayer` (mode 'outer').
+    """
+
+    def __init__(self, num_fields: int, embedding_dim: int, *, kernel_type: str = "mat") -> None:
+        super().__init__()
+        if num_fields < 2:
+            raise LayerConfigError(f"OuterProduct: num_fields must be >= 2, got {num_fields}")
+        if kernel_type not in _KERNEL_TYPES:
+            raise LayerConfigError(
+                f"OuterProduct: unknown kernel_type={kernel_type!r}; valid: {', '.join(_KERNEL_TYPES)}"
+            )
+        self.num_fields, self.embedding_dim, self.kernel_type = num_fields, embedding_dim, kernel_type
+        rows, cols = pair_indices(num_fields)
+        self.register_buffer("rows", rows, persistent=False)
+        self.register_buffer("cols", cols, persistent=False)
+        p, d = rows.numel(), embedding_dim
+        shape = {"mat": (p, d, d), "vec": (p, d), "num": (p, 1)}[kernel_type]
+        self.kernel = nn.Parameter(torch.empty(shape))
+        self.out_features = p
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """'mat': N(0, 1/D), so p_ij has the scale of <v_i, v_j>; 'vec'/'num': ones (starts as <v_i, v_j>)."""
+        if self.kernel_type == "mat":
+            nn.init.normal_(self.kernel, mean=0.0, std=self.embedding_dim**-0.5)
+        else:
+            nn.init.ones_(self.kernel)
+
+    def forward(self, emb: Tensor) -> Tensor:
+        check_embeddings("OuterProduct", emb, self.num_fields, self.embedding_dim)
+        left, right = emb[:, self.rows], emb[:, self.cols]  # (B, P, D) each
+        if self.kernel_type == "mat":
+            return torch.einsum("bpd,pde,bpe->bp", left, self.kernel, right)  # (B, P)
+        if self.kernel_type == "vec":
+            return (left * right * self.kernel).sum(dim=2)  # (B, P)
+        return (left * right).sum(dim=2) * self.kernel.squeeze(1)  # (B, P)
+
+    def extra_repr(self) -> str:
+        return f"num_fields={self.num_fields}, embedding_dim={self.embedding_dim}, kernel_type={self.kernel_type!r}"
+
+
+def pooled_outer_product(emb: Tensor) -> Tensor:
+    """Sum-pooled outer product of the PNN paper (OPNN) and seed 002:
+
+        p = Σ_i Σ_j v_i v_j^T = f_Σ f_Σ^T,   f_Σ = Σ_f v_f
+
+    Input (B, F, D) -> (B, D, D). Reduces the F² outer products to one D×D matrix at O(F·D + D²).
+    """
+    f_sum = emb.sum(dim=1)  # (B, D)
+    return f_sum.unsqueeze(2) * f_sum.unsqueeze(1)  # (B, D, D)
+
+
+_MODES = ("inner", "outer", "both")
+
+
+class PNNProductLayer(nn.Module):
+    """The PNN product layer, seed 002: output = ``l_z + l_p + b`` (all with ``units`` neurons).
+
+        l_z^n = <W_z^n, z>,  z = E (the F×D linear signals, flattened)
+        inner:  l_p^n = Σ_{i<j} W_p^n[ij] <v_i, v_j>                (IPNN, full weight per pair)
+        outer:  l_p^n = <W_p^n, f_Σ f_Σ^T>                          (OPNN, sum-pooled outer product)
+        both:   l_p = l_p^inner + l_p^outer                         (PNN*)
+        l_1 = l_z + l_p + b
+
+    Input (B, F, D) -> output (B, units), ``out_features = units``. No activation here: the model
+    applies ReLU and its MLP on top (and may concat dense features, as the seed says).
+    Note: IPNN's inner-product weight is kept full-rank (F(F-1)/2 per unit) rather than the paper's
+    rank-1 ``θ_i θ_j`` factorisation; with F ≤ ~40 fields it is small.
+    """
+
+    def __init__(self, num_fields: int, embedding_dim: int, units: int, *, mode: str = "inner") -> None:
+        super().__init__()
+        if mode not in _MODES:
+            raise LayerConfigError(f"PNNProductLayer: unknown mode={mode!r}; valid: {', '.join(_MODES)}")
+        if num_fields < 2:
+            raise LayerConfigError(f"PNNProductLayer: num_fields must be >= 2, got {num_fields}")
+        if units < 1:
+            raise LayerConfigError(f"PNNProductLayer: units must be >= 1, got {units}")
+        self.num_fields, self.embedding_dim, self.units, self.mode = num_fields, embedding_dim, units, mode
+        self.linear_z = nn.Linear(num_fields * embedding_dim, units, bias=False)
+        self.inner = InnerProduct(num_fields) if mode in ("inner", "both") else None
+        self.linear_inner = (
+            nn.Linear(num_fields * (num_fields - 1) // 2, units, bias=False) if self.inner is not None else None
+        )
+        self.linear_outer = (
+            nn.Linear(embedding_dim * embedding_dim, units, bias=False) if mode in ("outer", "both") else None
+        )
+        self.bias = nn.Parameter(torch.zeros(units))
+        self.out_features = units
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for lin in (self.linear_z, self.linear_inner, self.linear_outer):
+            if lin is not None:
+                nn.init.xavier_uniform_(lin.weight)
+        nn.init.zeros_(self.bias)
+
+    def forward(self, emb: Tensor) -> Tensor:
+        check_embeddings("PNNProductLayer", emb, self.num_fields, self.embedding_dim)
+        out = self.linear_z(emb.flatten(1)) + self.bias  # (B, units)
+        if self.inner is not None and self.linear_inner is not None:
+            out = out + self.linear_inner(self.inner(emb))  # (B, P) -> (B, units)
+        if self.linear_outer is not None:
+            out = out + self.linear_outer(pooled_outer_product(emb).flatten(1))  # (B, D*D) -> (B, units)
+        return out
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_fields={self.num_fields}, embedding_dim={self.embedding_dim}, units={self.units}, "
+            f"mode={self.mode!r}"
+        )
