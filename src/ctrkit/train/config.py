@@ -1,0 +1,327 @@
+"""Run configuration: YAML -> validated dataclasses, with type-checked ``--train.lr=3e-4`` overrides.
+
+A config file has four blocks, each a dataclass below::
+
+    data:  {train: path/to/store, valid: ..., batch_size: 4096, shuffle: true}
+    model: {name: dlrm, params: {interaction: dot, over_arch: [512, 256, 1]}}
+    train: {epochs: 1, lr: 1.0e-3, sparse_optimizer: rowwise_adagrad, early_stopping: {patience: 2}}
+    run:   {dir: runs, name: criteo-dlrm}
+
+Every key is checked against the dataclass fields: an unknown key anywhere is a
+:class:`~ctrkit.models.registry.ConfigError` naming the full key path and the closest valid key;
+a value of the wrong type names the key, the expected type and the value. ``model.params`` is a
+free dict here; ``create_model`` checks it against the model's signature later.
+
+Overrides (from the command line) are ``key.path=value`` with an optional leading ``--``; the value
+is parsed for the field's type (``3e-4`` -> float, ``true`` -> bool, ``[64,32]`` -> list, ``null``
+-> None for Optional fields). Inside ``model.params`` values are parsed as YAML.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from ctrkit.models.registry import ConfigError, suggest
+
+DenseOptimizer = Literal["adam", "adamw", "sgd", "adagrad"]
+SparseOptimizer = Literal["adagrad", "rowwise_adagrad", "sparse_adam", "sgd"]
+
+
+@dataclass
+class DataConfig:
+    """Where the columnar stores are and how batches are cut from them."""
+
+    train: str | None = None
+    valid: str | None = None
+    test: str | None = None
+    batch_size: int = 2048
+    eval_batch_size: int | None = None  # None: 4 x batch_size
+    shuffle: bool = True
+    drop_last: bool = False
+    num_workers: int = 0
+    prefetch: int = 2
+    # multi-hot expansion of seed 000 (None: off)
+    multi_hot_size: int | None = None
+    multi_hot_min_table_size: int = 200
+    multi_hot_distribution: Literal["uniform", "pareto"] = "uniform"
+
+
+@dataclass
+class ModelConfig:
+    """A registered model name and its keyword parameters (checked by ``create_model``)."""
+
+    name: str = ""
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class EarlyStoppingConfig:
+    """Stop when ``metric`` has not improved for ``patience`` evaluations (0 = never stop).
+
+    ``mode`` "auto" maximises auc / gauc / accuracy and minimises everything else (logloss, loss).
+    """
+
+    metric: str = "auc"
+    patience: int = 0
+    mode: Literal["auto", "max", "min"] = "auto"
+    min_delta: float = 0.0
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation, evaluation cadence, checkpoints and reproducibility of one training run."""
+
+    epochs: int = 1
+    max_steps: int | None = None  # stop after this many optimizer steps (overrides epochs)
+    lr: float = 1e-3  # dense learning rate
+    dense_optimizer: DenseOptimizer = "adam"
+    sparse_optimizer: SparseOptimizer = "adagrad"
+    embedding_lr: float | None = None  # None: same as lr
+    weight_decay: float = 0.0  # L2 on dense parameters (decoupled for adamw)
+    embedding_l2: float = 0.0  # L2 on embedding rows seen in the batch (mini-batch aware)
+    grad_clip: float | None = None  # max global L2 norm of dense gradients
+    eval_every: int | None = None  # steps between evaluations; None: at the end of every epoch
+    checkpoint_every: int | None = None  # steps between last.pt saves (besides every evaluation)
+    early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
+    metrics: list[str] = field(default_factory=lambda: ["auc", "logloss"])
+    seed: int = 42
+    log_every: int = 50
+    precision: Literal["fp32", "bf16"] = "fp32"
+    device: str = "cpu"
+    progress: bool = True  # tqdm progress bar
+
+
+@dataclass
+class RunConfig:
+    """Run directory ``dir/name`` holding config.yaml, metrics.jsonl and checkpoints."""
+
+    dir: str = "runs"
+    name: str | None = None
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+
+# ---- typed construction ------------------------------------------------------------------------------
+class _CliValue(str):
+    """A value typed on the command line: still text, parsed for the target field's type."""
+
+
+_TRUE = {"true", "yes", "on", "1"}
+_FALSE = {"false", "no", "off", "0"}
+_NONE = {"null", "none", "~", ""}
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """``value`` checked / converted to type ``tp``; ConfigError naming ``key`` otherwise."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+
+    def bad(extra: str = "") -> ConfigError:
+        return ConfigError(f"config key {key!r} expects {_type_name(tp)}, got {value!r}{extra}")
+
+    if tp is Any:
+        return yaml.safe_load(value) if isinstance(value, _CliValue) else value
+    if origin in (typing.Union, types.UnionType):
+        if type(None) in args and (value is None or (isinstance(value, _CliValue) and value.lower() in _NONE)):
+            return None
+        rest = [a for a in args if a is not type(None)]
+        for a in rest:
+            try:
+                return _coerce(value, a, key)
+            except ConfigError:
+                pass
+        raise bad()
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"config key {key!r}: {value!r} is not one of {list(args)}"
+                              f"{suggest(str(value), [str(a) for a in args])}")
+        return str(value) if isinstance(value, _CliValue) else value
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, _CliValue):
+            value = yaml.safe_load(value)
+        if not isinstance(value, dict):
+            raise bad(" (a mapping)")
+        return _build(tp, value, key)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, _CliValue) and value.lower() in _TRUE | _FALSE:
+            return value.lower() in _TRUE
+        raise bad()
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value.replace("_", ""))
+            except ValueError:
+                pass
+        raise bad()
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # PyYAML reads "3e-4" (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise bad()
+    if tp is str:
+        if isinstance(value, str):
+            return str(value)
+        raise bad()
+    if origin in (list, tuple):
+        if isinstance(value, _CliValue):
+            value = yaml.safe_load(value)
+        if not isinstance(value, (list, tuple)):
+            raise bad(" (a list)")
+        inner = args[0] if args else Any
+        return [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if isinstance(value, _CliValue):
+            value = yaml.safe_load(value)
+        if not isinstance(value, dict):
+            raise bad(" (a mapping)")
+        vt = args[1] if len(args) == 2 else Any
+        return {str(k): _coerce(v, vt, f"{key}.{k}") for k, v in value.items()}
+    raise TypeError(f"config field {key!r} has unsupported type {tp!r}")  # a bug in this module
+
+
+def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for k, v in data.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if k not in names:
+            where = f"in '{prefix}' " if prefix else "at the top level "
+            raise ConfigError(f"unknown config key {key!r} {where}{suggest(str(k), names).lstrip()}")
+        kwargs[k] = _coerce(v, hints[k], key)
+    return cls(**kwargs)
+
+
+def config_from_dict(data: dict[str, Any] | None) -> Config:
+    """Validated :class:`Config` from a nested dict (e.g. ``yaml.safe_load`` of a config file)."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"a config must be a mapping of blocks (data/model/train/run), got {type(data).__name__}")
+    cfg = _build(Config, data)
+    _check_values(cfg)
+    return cfg
+
+
+def _check_values(cfg: Config) -> None:
+    t, d = cfg.train, cfg.data
+    checks = [
+        (d.batch_size >= 1, "data.batch_size must be >= 1"),
+        (d.eval_batch_size is None or d.eval_batch_size >= 1, "data.eval_batch_size must be >= 1"),
+        (t.epochs >= 1, "train.epochs must be >= 1"),
+        (t.max_steps is None or t.max_steps >= 1, "train.max_steps must be >= 1 (or null)"),
+        (t.lr > 0, "train.lr must be > 0"),
+        (t.embedding_lr is None or t.embedding_lr > 0, "train.embedding_lr must be > 0"),
+        (t.weight_decay >= 0 and t.embedding_l2 >= 0, "train.weight_decay / embedding_l2 must be >= 0"),
+        (t.grad_clip is None or t.grad_clip > 0, "train.grad_clip must be > 0 (or null for none)"),
+        (t.eval_every is None or t.eval_every >= 1, "train.eval_every must be >= 1 (or null: every epoch)"),
+        (t.checkpoint_every is None or t.checkpoint_every >= 1, "train.checkpoint_every must be >= 1"),
+        (t.log_every >= 1, "train.log_every must be >= 1"),
+        (t.early_stopping.patience >= 0, "train.early_stopping.patience must be >= 0"),
+    ]
+    for ok, msg in checks:
+        if not ok:
+            raise ConfigError(msg)
+
+
+def _split_override(item: str) -> tuple[list[str], _CliValue]:
+    text = item.removeprefix("--")
+    if "=" not in text:
+        raise ConfigError(f"override {item!r} must look like --train.lr=3e-4 (key path '=' value)")
+    key, value = text.split("=", 1)
+    path = key.strip().split(".")
+    if not all(path):
+        raise ConfigError(f"override {item!r} has an empty key segment")
+    return path, _CliValue(value.strip())
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """Set ``key.path=value`` entries into the nested dict ``data`` (in place; returned).
+
+    Key paths are checked against the dataclass tree here, so ``--trian.lr=1`` fails with a
+    suggestion even before the file's blocks are validated. Values stay text until validation.
+    """
+    for item in overrides:
+        path, value = _split_override(item)
+        cls: Any = Config
+        node = data
+        for depth, part in enumerate(path):
+            here = ".".join(path[: depth + 1])
+            last = depth == len(path) - 1
+            if cls is not None:
+                names = [f.name for f in dataclasses.fields(cls)]
+                if part not in names:
+                    parent = ".".join(path[:depth]) or "the top level"
+                    raise ConfigError(
+                        f"override {item!r}: unknown config key {here!r} in {parent}{suggest(part, names)}"
+                    )
+                tp = typing.get_type_hints(cls)[part]
+                cls = tp if dataclasses.is_dataclass(tp) else None
+            if last:
+                node[part] = value
+            else:
+                child = node.get(part)
+                if child is None:
+                    child = node[part] = {}
+                if not isinstance(child, dict):
+                    raise ConfigError(f"override {item!r}: {here!r} is not a mapping, cannot set a sub-key")
+                node = child
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Read a YAML config (or start from defaults when ``path`` is None) and apply overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {p} does not exist")
+        try:
+            loaded = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {p} is not valid YAML: {e}") from e
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"config file {p} must hold a mapping (data/model/train/run blocks)")
+        data = loaded or {}
+    apply_overrides(data, list(overrides))
+    try:
+        return config_from_dict(data)
+    except ConfigError as e:
+        if path is not None:
+            raise ConfigError(f"{path}: {e}") from None
+        raise
+
+
+def config_to_dict(cfg: Any) -> dict[str, Any]:
+    """Plain nested dict (YAML/JSON/torch.save-safe) of a config dataclass."""
+    return dataclasses.asdict(cfg)
+
+
+def save_config(cfg: Any, path: str | Path) -> None:
+    """Write the resolved config as YAML (reloadable by :func:`load_config`)."""
+    Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
