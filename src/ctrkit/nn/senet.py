@@ -22,7 +22,7 @@ class SENET(nn.Module):
         re-weight:   V = E ⊙ a  (a_f scales field f's whole vector)            (B, F, D)
 
     The two FC layers have no bias (the seed: the excitation MLP learns interactions, "不会加入偏置项").
-    Input (B, F, D) -> output (B, F, D); ``out_features = F`` fields (shape unchanged).
+    Input (B, F, D) -> output (B, F, D): the shape is unchanged, so there is no ``out_features``.
     Options (keyword-only): ``reduction_ratio`` r (default 3, the paper's value), ``pooling`` 'mean'
     (paper) | 'max'. :meth:`field_weights` returns ``a`` for inspection.
     """
@@ -43,7 +43,6 @@ class SENET(nn.Module):
             nn.Linear(self.hidden, num_fields, bias=False),
             nn.ReLU(),
         )
-        self.out_features = num_fields
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
