@@ -1,0 +1,126 @@
+"""DLRM interaction arches (seed 001 §1-4): dense ``[B, D]`` and sparse ``[B, F, D]`` -> ``[B, out_features]``.
+
+All three start from ``C = cat(dense.unsqueeze(1), sparse)`` of shape ``[B, F+1, D]``:
+
+- ``DotInteraction``: dense itself, then the dot product of every pair i < j of the F+1 rows of C
+  (strict upper triangle of ``C C^T``, row-major): ``out = D + F(F+1)/2`` (D=128, F=26 -> 479).
+- ``DCNInteraction``: a cross net over ``C`` flattened: ``out = (F+1) D``.
+- ``ProjectionInteraction``: two MLP branches over flattened C give ``Y [B, F1, D]`` and
+  ``Z [B, D, F2]``; ``out = cat(dense, flat(Y Z)) = D + F1 F2`` (D=128, F1=2, F2=4 -> 136).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+from ctrkit.nn.mlp import MLP
+
+
+def _check_inputs(name: str, dense: torch.Tensor, sparse: torch.Tensor, F: int, D: int) -> None:
+    if dense.dim() != 2 or sparse.dim() != 3 or sparse.shape[1:] != (F, D) or dense.shape[1] != D:
+        raise ValueError(
+            f"{name} expects dense [B, {D}] and sparse [B, {F}, {D}], got {tuple(dense.shape)} and "
+            f"{tuple(sparse.shape)}; the dense arch must end in embedding_dim={D} units"
+        )
+
+
+class DotInteraction(nn.Module):
+    """Pairwise dot products (seed 001 §2): ``[B, D], [B, F, D] -> [B, D + F(F+1)/2]``.
+
+    ``y = [d, (c_i · c_j for 0 <= i < j <= F)]`` with ``c_0 = d`` and ``c_{f+1} = s_f``. The pairs are
+    read from the flattened ``[B, (F+1)^2]`` Gram matrix with one precomputed flat index.
+    """
+
+    def __init__(self, num_sparse_features: int, embedding_dim: int) -> None:
+        super().__init__()
+        self.num_sparse_features = F = int(num_sparse_features)
+        self.embedding_dim = D = int(embedding_dim)
+        if F < 1 or D < 1:
+            raise ValueError(f"DotInteraction needs num_sparse_features >= 1 and embedding_dim >= 1, got {F}, {D}")
+        i, j = torch.triu_indices(F + 1, F + 1, offset=1)
+        self.register_buffer("flat_index", i * (F + 1) + j, persistent=False)  # (F(F+1)/2,)
+        self.out_features = D + F * (F + 1) // 2
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        _check_inputs("DotInteraction", dense, sparse, self.num_sparse_features, self.embedding_dim)
+        B = dense.shape[0]
+        combined = torch.cat((dense.unsqueeze(1), sparse), dim=1)  # (B, F+1, D)
+        gram = torch.bmm(combined, combined.transpose(1, 2))  # (B, F+1, F+1)
+        pairs = gram.view(B, -1).index_select(1, self.flat_index)  # (B, F(F+1)/2)
+        return torch.cat((dense, pairs), dim=1)  # (B, D + F(F+1)/2)
+
+
+class DCNInteraction(nn.Module):
+    """Cross net over the flattened combined features (seed 001 §3): ``-> [B, (F+1) D]``.
+
+    ``crossnet`` is any ``[B, N] -> [B, N]`` module with N = (F+1) D (CrossNet, LowRankCrossNet, ...).
+    """
+
+    def __init__(self, num_sparse_features: int, embedding_dim: int, crossnet: nn.Module) -> None:
+        super().__init__()
+        self.num_sparse_features = int(num_sparse_features)
+        self.embedding_dim = int(embedding_dim)
+        N = (self.num_sparse_features + 1) * self.embedding_dim
+        n_in = getattr(crossnet, "in_features", N)
+        if n_in != N:
+            raise ValueError(
+                f"DCNInteraction: crossnet has in_features={n_in}, but (F+1)*D = "
+                f"({self.num_sparse_features}+1)*{self.embedding_dim} = {N}"
+            )
+        self.crossnet = crossnet
+        self.out_features = N
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        _check_inputs("DCNInteraction", dense, sparse, self.num_sparse_features, self.embedding_dim)
+        combined = torch.cat((dense.unsqueeze(1), sparse), dim=1)  # (B, F+1, D)
+        return self.crossnet(combined.reshape(dense.shape[0], -1))  # (B, (F+1) D)
+
+
+class ProjectionInteraction(nn.Module):
+    """Projection interaction (seed 001 §4, torchrec InteractionProjectionArch).
+
+    ``Y = branch1(flat C).view(B, F1, D)``, ``Z = branch2(flat C).view(B, D, F2)``,
+    ``out = cat(dense, flat(Y Z))`` of width ``D + F1 F2``. Each branch is an MLP over
+    ``(F+1) D`` inputs with the given layer sizes (activation after every layer, as torchrec's MLP);
+    the last size of each branch must be a multiple of D.
+    """
+
+    def __init__(
+        self,
+        num_sparse_features: int,
+        embedding_dim: int,
+        interaction_branch1_layer_sizes: Sequence[int],
+        interaction_branch2_layer_sizes: Sequence[int],
+        *,
+        activation: str | Callable[[], nn.Module] = "relu",
+    ) -> None:
+        super().__init__()
+        self.num_sparse_features = F = int(num_sparse_features)
+        self.embedding_dim = D = int(embedding_dim)
+        projected = []
+        for name, sizes in (("interaction_branch1_layer_sizes", interaction_branch1_layer_sizes),
+                            ("interaction_branch2_layer_sizes", interaction_branch2_layer_sizes)):
+            if not sizes:
+                raise ValueError(f"ProjectionInteraction: {name} is empty; give at least one layer size")
+            if sizes[-1] % D:
+                raise ValueError(
+                    f"ProjectionInteraction: {name} ends in width {sizes[-1]}, which is not a multiple of "
+                    f"embedding_dim={D}; make the last size k*{D}"
+                )
+            projected.append(sizes[-1] // D)
+        self.F1, self.F2 = projected
+        self.branch1 = MLP((F + 1) * D, interaction_branch1_layer_sizes, activation=activation)
+        self.branch2 = MLP((F + 1) * D, interaction_branch2_layer_sizes, activation=activation)
+        self.out_features = D + self.F1 * self.F2
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        _check_inputs("ProjectionInteraction", dense, sparse, self.num_sparse_features, self.embedding_dim)
+        B, D = dense.shape
+        flat = torch.cat((dense.unsqueeze(1), sparse), dim=1).reshape(B, -1)  # (B, (F+1) D)
+        y = self.branch1(flat).view(B, self.F1, D)  # (B, F1, D)
+        z = self.branch2(flat).view(B, D, self.F2)  # (B, D, F2)
+        inter = torch.bmm(y, z).reshape(B, -1)  # (B, F1 F2)
+        return torch.cat((dense, inter), dim=1)  # (B, D + F1 F2)

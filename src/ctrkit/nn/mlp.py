@@ -1,0 +1,92 @@
+"""Multi-layer perceptron: the DenseArch / OverArch of DLRM (seed 000 §3.4) and every "deep" part.
+
+Each hidden layer is ``Linear -> [BatchNorm1d] -> activation -> [Dropout]``. With
+``final_activation=False`` the last layer is a plain Linear (an OverArch ending in a logit).
+Init: PyTorch's default ``nn.Linear`` init (kaiming-uniform weights, U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+bias), which is what torchrec's ``MLP``/``Perceptron`` used by DenseArch and OverArch relies on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+_ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
+    "relu": nn.ReLU,
+    "sigmoid": nn.Sigmoid,
+    "tanh": nn.Tanh,
+    "gelu": nn.GELU,
+    "silu": nn.SiLU,
+    "swish": nn.SiLU,
+    "prelu": nn.PReLU,
+    "leaky_relu": nn.LeakyReLU,
+    "identity": nn.Identity,
+    "linear": nn.Identity,
+}
+
+
+def make_activation(activation: str | Callable[[], nn.Module]) -> nn.Module:
+    """An activation module from a name (see ``_ACTIVATIONS``) or a zero-argument factory."""
+    if callable(activation):
+        return activation()
+    try:
+        return _ACTIVATIONS[activation.lower()]()
+    except KeyError:
+        raise ValueError(
+            f"unknown activation {activation!r}; use one of {sorted(_ACTIVATIONS)} or pass a module factory"
+        ) from None
+
+
+class MLP(nn.Module):
+    """``[B, in_features] -> [B, hidden[-1]]`` (``in_features`` if ``hidden`` is empty).
+
+    Args:
+        in_features: input width.
+        hidden: output width of each layer, in order.
+        activation: name ("relu", "sigmoid", "tanh", "gelu", "silu", "prelu", ...) or module factory.
+        dropout: dropout probability after each activated layer (0 = none).
+        batch_norm: BatchNorm1d between each Linear and its activation.
+        final_activation: apply BN/activation/dropout after the last layer too (DenseArch: True;
+            an OverArch producing a logit: False).
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        hidden: Sequence[int],
+        *,
+        activation: str | Callable[[], nn.Module] = "relu",
+        dropout: float = 0.0,
+        batch_norm: bool = False,
+        final_activation: bool = True,
+    ) -> None:
+        super().__init__()
+        hidden = [int(h) for h in hidden]
+        if in_features < 1 or any(h < 1 for h in hidden):
+            raise ValueError(f"MLP sizes must be positive, got in_features={in_features}, hidden={hidden}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"MLP dropout must be in [0, 1), got {dropout}")
+        self.in_features = int(in_features)
+        self.out_features = hidden[-1] if hidden else self.in_features
+        layers: list[nn.Module] = []
+        prev = self.in_features
+        for i, h in enumerate(hidden):
+            layers.append(nn.Linear(prev, h))
+            if final_activation or i < len(hidden) - 1:
+                if batch_norm:
+                    layers.append(nn.BatchNorm1d(h))
+                layers.append(make_activation(activation))
+                if dropout > 0:
+                    layers.append(nn.Dropout(dropout))
+            prev = h
+        self.layers = nn.Sequential(*layers)
+
+    def reset_parameters(self) -> None:
+        for m in self.layers:
+            if hasattr(m, "reset_parameters"):
+                m.reset_parameters()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)  # (B, out_features)

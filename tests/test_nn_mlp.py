@@ -1,0 +1,54 @@
+"""MLP against an explicit per-layer computation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from ctrkit.nn.mlp import MLP
+
+
+def test_matches_explicit_layers():
+    torch.manual_seed(0)
+    mlp = MLP(6, [5, 4, 3], activation="tanh", final_activation=False)
+    assert mlp.out_features == 3 and mlp.in_features == 6
+    x = torch.randn(7, 6)
+    linears = [m for m in mlp.layers if isinstance(m, nn.Linear)]
+    assert [lin.out_features for lin in linears] == [5, 4, 3]
+    h = x
+    for i, lin in enumerate(linears):
+        h = h @ lin.weight.t() + lin.bias
+        if i < 2:
+            h = torch.tanh(h)
+    torch.testing.assert_close(mlp(x), h)
+
+
+def test_final_activation_batch_norm_dropout():
+    mlp = MLP(4, [8, 2], batch_norm=True, dropout=0.5)
+    kinds = [type(m).__name__ for m in mlp.layers]
+    assert kinds == ["Linear", "BatchNorm1d", "ReLU", "Dropout"] * 2
+    mlp.eval()
+    x = torch.randn(3, 4)
+    assert (mlp(x) >= 0).all()  # relu after the last layer, dropout off in eval
+    h = x
+    for m in mlp.layers:
+        if isinstance(m, nn.Linear):
+            h = h @ m.weight.t() + m.bias
+        elif isinstance(m, nn.BatchNorm1d):
+            h = (h - m.running_mean) / torch.sqrt(m.running_var + m.eps) * m.weight + m.bias
+        elif isinstance(m, nn.ReLU):
+            h = h.clamp(min=0)
+    torch.testing.assert_close(mlp(x), h)
+
+
+def test_empty_hidden_is_identity_and_bad_options():
+    mlp = MLP(5, [])
+    x = torch.randn(2, 5)
+    assert mlp.out_features == 5 and torch.equal(mlp(x), x)
+    with pytest.raises(ValueError, match="unknown activation 'relux'"):
+        MLP(3, [2], activation="relux")
+    with pytest.raises(ValueError, match="positive"):
+        MLP(3, [0])
+    with pytest.raises(ValueError, match="dropout"):
+        MLP(3, [2], dropout=1.0)
