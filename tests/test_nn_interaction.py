@@ -8,6 +8,7 @@ import torch
 from ctrkit.nn.crossnet import CrossNet, LowRankCrossNet, LowRankMixtureCrossNet, VectorCrossNet
 from ctrkit.nn.interaction import DCNInteraction, DotInteraction, ProjectionInteraction
 
+
 @pytest.fixture(autouse=True)
 def _float64():
     """float64 so the loop references compare tightly; the previous default is restored."""
