@@ -1,0 +1,172 @@
+"""Multi-hot expansion of single-valued sparse features (seed 000 §3.3, MLPerf DLRM v2 ``multi_hot.py``).
+
+Each feature i with ``num_embeddings[i] >= multi_hot_min_table_size`` gets a fixed, non-trainable
+lookup table ``weight[i]`` of shape [num_embeddings[i], multi_hot_size] with entries in
+[0, num_embeddings[i]), generated with random seed i (``np.random.seed(i)`` semantics, so every
+process builds the same tables):
+
+* ``uniform``: ``randint(0, n, size=(n, m))``;
+* ``pareto`` : ``floor(pareto(a=0.25, size=(n, m))) mod n`` (as the MLPerf reference; draws above
+  2^62 are clipped before the modulo so the integer cast is defined).
+
+For a batch, an expanded feature's ids x [B] become ``embedding(x, weight[i])`` [B, m] with column 0
+replaced by x itself, flattened row-major into [B * m]; its lengths become m and the offsets are
+recomputed, so the KeyedJagged stays key-major. Features below the threshold are passed unchanged.
+Worked example (B = 2, num_embeddings = [6, 7, 5, 9], min_table_size = 8, m = 3): values
+[I00, I10, I01, I11, I02, I12, I03, I03^1, I03^2, I13, I13^1, I13^2], offsets [0, 1, 2, 3, 4, 5, 6, 9, 12].
+
+With ``collect_freqs`` the occurrence count of every id before (``pre``) and after (``post``) the
+expansion is accumulated per feature and written by ``save_freqs``; nothing else uses it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ctrkit.batch import KeyedJagged
+from ctrkit.schema import Schema
+
+DISTRIBUTIONS = ("uniform", "pareto")
+_PARETO_CLIP = float(2**62)
+
+
+def multi_hot_table(num_embeddings: int, multi_hot_size: int, seed: int, distribution: str = "uniform",
+                    pareto_a: float = 0.25) -> torch.Tensor:
+    """The fixed table [num_embeddings, multi_hot_size] int32 with entries in [0, num_embeddings)."""
+    rs = np.random.RandomState(seed)
+    n, m = int(num_embeddings), int(multi_hot_size)
+    if distribution == "uniform":
+        t = rs.randint(0, n, size=(n, m)).astype(np.int64)
+    elif distribution == "pareto":
+        t = np.floor(np.minimum(rs.pareto(a=pareto_a, size=(n, m)), _PARETO_CLIP)).astype(np.int64) % n
+    else:
+        raise ValueError(f"multi-hot distribution {distribution!r} is not one of {DISTRIBUTIONS}")
+    dtype = np.int32 if n <= np.iinfo(np.int32).max else np.int64
+    return torch.from_numpy(t.astype(dtype))
+
+
+class MultiHot:
+    """Expand single-valued sparse features into ``multi_hot_size`` ids each (see module docstring).
+
+    Features are matched to the KeyedJagged's keys by position: key i uses ``num_embeddings[i]``;
+    keys past ``len(num_embeddings)`` (e.g. sequence features) are passed through unchanged.
+    """
+
+    def __init__(
+        self,
+        num_embeddings: Sequence[int],
+        multi_hot_size: int,
+        multi_hot_min_table_size: int,
+        distribution: str = "uniform",
+        collect_freqs: bool = False,
+        pareto_a: float = 0.25,
+    ) -> None:
+        if distribution not in DISTRIBUTIONS:
+            raise ValueError(f"multi-hot distribution {distribution!r} is not one of {DISTRIBUTIONS}")
+        if int(multi_hot_size) < 1:
+            raise ValueError(f"multi_hot_size must be >= 1, got {multi_hot_size}")
+        self.num_embeddings = [int(n) for n in num_embeddings]
+        if any(n < 1 for n in self.num_embeddings):
+            raise ValueError(f"num_embeddings must all be >= 1, got {self.num_embeddings}")
+        self.multi_hot_size = int(multi_hot_size)
+        self.multi_hot_min_table_size = int(multi_hot_min_table_size)
+        self.distribution = distribution
+        self.expanded = [n >= self.multi_hot_min_table_size for n in self.num_embeddings]
+        # fixed lookup tables, never trained: weight[i] is None for features left single-valued
+        self.weight: list[torch.Tensor | None] = [
+            multi_hot_table(n, self.multi_hot_size, i, distribution, pareto_a) if e else None
+            for i, (n, e) in enumerate(zip(self.num_embeddings, self.expanded))
+        ]
+        self.collect_freqs = collect_freqs
+        self.freqs_pre: list[torch.Tensor] = []
+        self.freqs_post: list[torch.Tensor] = []
+        if collect_freqs:
+            self.freqs_pre = [torch.zeros(n, dtype=torch.int64) for n in self.num_embeddings]
+            self.freqs_post = [torch.zeros(n, dtype=torch.int64) for n in self.num_embeddings]
+
+    @classmethod
+    def from_schema(cls, schema: Schema, multi_hot_size: int, multi_hot_min_table_size: int,
+                    distribution: str = "uniform", collect_freqs: bool = False) -> MultiHot:
+        """One entry per sparse feature of ``schema`` (in order): the rows of the table it uses."""
+        tables = schema.tables()
+        n = [tables[s.table_name].num_embeddings for s in schema.sparse]
+        return cls(n, multi_hot_size, multi_hot_min_table_size, distribution, collect_freqs)
+
+    def __call__(self, kj: KeyedJagged) -> KeyedJagged:
+        """Expanded copy of ``kj`` (B = kj.stride). Expanded keys must have exactly one id per row."""
+        B, m = kj.stride, self.multi_hot_size
+        nkeys = len(kj.keys)
+        if nkeys < len(self.num_embeddings):
+            raise ValueError(
+                f"MultiHot was built for {len(self.num_embeddings)} features but the batch has {nkeys} keys "
+                f"{kj.keys}; build it from the same schema / key list"
+            )
+        if not any(self.expanded) and not self.collect_freqs:
+            return kj
+        opk = kj.offset_per_key()
+        L = kj.lengths_2d()  # (F, B)
+        new_lengths = L.clone()
+        values: list[torch.Tensor] = []
+        weights: list[torch.Tensor] | None = [] if kj.weights is not None else None
+        for i in range(nkeys):
+            v = kj.values[opk[i] : opk[i + 1]]
+            w = kj.weights[opk[i] : opk[i + 1]] if kj.weights is not None else None
+            table = self.weight[i] if i < len(self.weight) else None
+            if table is None:
+                out_v, out_w = v, w
+            else:
+                if v.numel() != B:
+                    raise ValueError(
+                        f"MultiHot expands single-valued features only, but key {kj.keys[i]!r} has "
+                        f"{v.numel()} ids for {B} rows; mark it multi_valued or raise multi_hot_min_table_size"
+                    )
+                if B and (int(v.min()) < 0 or int(v.max()) >= table.shape[0]):
+                    raise ValueError(
+                        f"key {kj.keys[i]!r} has ids outside [0, {table.shape[0]}); MultiHot's num_embeddings "
+                        "must match the vocabulary the ids were encoded with"
+                    )
+                mh = table[v].to(torch.int64)  # (B, m) == F.embedding(v, weight[i])
+                mh[:, 0] = v  # keep the original id first
+                out_v = mh.reshape(-1)  # row-major: row b's m ids are contiguous
+                out_w = w.repeat_interleave(m) if w is not None else None
+                new_lengths[i] = m
+            if self.collect_freqs and i < len(self.num_embeddings):
+                n = self.num_embeddings[i]
+                self.freqs_pre[i] += torch.bincount(v, minlength=n)[:n]
+                self.freqs_post[i] += torch.bincount(out_v, minlength=n)[:n]
+            values.append(out_v)
+            if weights is not None:
+                weights.append(out_w)
+        return KeyedJagged(
+            kj.keys,
+            torch.cat(values) if values else kj.values,
+            lengths=new_lengths.reshape(-1),
+            stride=B,
+            weights=torch.cat(weights) if weights else None,
+        )
+
+    def offsets(self, batch_size: int) -> torch.Tensor:
+        """The seed's ``offset_n`` for an all-single-valued batch of ``batch_size`` rows:
+        [0, cumsum(lso)] with lso = 1 per (key, row), m for expanded keys. Shape [F * B + 1]."""
+        lso = torch.ones(len(self.num_embeddings), batch_size, dtype=torch.int64)
+        lso[torch.tensor(self.expanded, dtype=torch.bool)] = self.multi_hot_size
+        return torch.cat([torch.zeros(1, dtype=torch.int64), lso.reshape(-1).cumsum(0)])
+
+    def save_freqs(self, path: str | Path) -> Path:
+        """Write per-feature id counts before / after expansion to ``path`` (.npz: pre_i, post_i)."""
+        if not self.collect_freqs:
+            raise RuntimeError("MultiHot was built with collect_freqs=False; there are no statistics to save")
+        path = Path(path)
+        arrays = {f"pre_{i}": t.numpy() for i, t in enumerate(self.freqs_pre)}
+        arrays.update({f"post_{i}": t.numpy() for i, t in enumerate(self.freqs_post)})
+        with open(path, "wb") as f:
+            np.savez(f, **arrays)
+        return path
+
+    def __repr__(self) -> str:
+        return (f"MultiHot(multi_hot_size={self.multi_hot_size}, min_table_size={self.multi_hot_min_table_size}, "
+                f"distribution={self.distribution!r}, expanded={sum(self.expanded)}/{len(self.expanded)})")
