@@ -167,17 +167,18 @@ def cin_reference(layer: CIN, e: torch.Tensor) -> torch.Tensor:
     outs = []
     for b in range(bsz):
         x0, h_prev, pooled = e[b], e[b], []
-        for k, w in enumerate(layer.weights):
+        for k, cin_layer in enumerate(layer.layers):
+            w = cin_layer.weight
             hk = w.shape[0]
             x = torch.zeros(hk, d, dtype=e.dtype)
             for h in range(hk):
                 for i in range(h_prev.shape[0]):
                     for j in range(f):
                         x[h] += w[h, i, j] * h_prev[i] * x0[j]
-                if layer.biases is not None:
-                    x[h] += layer.biases[k][h]
+                if cin_layer.bias is not None:
+                    x[h] += cin_layer.bias[h]
             x = layer.activation(x)
-            last = k == len(layer.weights) - 1
+            last = k == len(layer.layers) - 1
             if layer.split_half and not last:
                 h_prev, direct = x[: hk // 2], x[hk // 2 :]
             else:
@@ -195,8 +196,8 @@ def test_cin_equals_loops(split_half: bool, activation: str, bias: bool) -> None
     layer = CIN(F, D, layer_sizes=(4, 6, 3), split_half=split_half, activation=activation, bias=bias).double()
     if bias:
         with torch.no_grad():
-            for b in layer.biases:
-                b.normal_()
+            for cin_layer in layer.layers:
+                cin_layer.bias.normal_()
     out = layer(e)
     expected_width = (2 + 3 + 3) if split_half else (4 + 6 + 3)
     assert out.shape == (B, expected_width) and layer.out_features == expected_width
@@ -388,11 +389,13 @@ LAYERS = {
     "senet": lambda: SENET(F),
     "bilinear": lambda: BilinearInteraction(F, D, bilinear_type="field_each"),
     "afm": lambda: AFMAttention(D, attention_dim=3),
+    "afm_fixed_fields": lambda: AFMAttention(D, attention_dim=3, num_fields=F),
     "mhsa": lambda: MultiHeadSelfAttention(D, num_heads=2, layer_norm=True),
     "transformer": lambda: TransformerEncoderLayer(D, num_heads=2),
 }
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
 @pytest.mark.parametrize("name", list(LAYERS))
 def test_layer_contract(name: str) -> None:
     layer = LAYERS[name]().double()
@@ -405,6 +408,8 @@ def test_layer_contract(name: str) -> None:
         assert layer.out_features in (out.shape[-1], out[0].numel())
     # each row is computed alone
     torch.testing.assert_close(layer(e[1:2]), out[1:2])
+    # TorchScript-able (serve/export), same numbers
+    torch.testing.assert_close(torch.jit.script(layer)(e), out)
     # every parameter gets a gradient
     out.pow(2).sum().backward()
     assert e.grad is not None and torch.isfinite(e.grad).all() and e.grad.abs().sum() > 0
@@ -420,3 +425,12 @@ def test_layer_contract(name: str) -> None:
     for k, v in layer.state_dict().items():
         assert v.shape == before[k].shape
         torch.testing.assert_close(v, a[k])
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_layer_torch_export_dynamic_batch(name: str) -> None:
+    layer = LAYERS[name]().eval()
+    e = torch.randn(4, F, D)
+    program = torch.export.export(layer, (e,), dynamic_shapes=({0: torch.export.Dim("batch")},))
+    e7 = torch.randn(7, F, D)
+    torch.testing.assert_close(program.module()(e7), layer(e7))

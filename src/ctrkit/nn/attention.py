@@ -55,7 +55,12 @@ class AFMAttention(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.projection = nn.Parameter(torch.empty(embedding_dim)) if use_projection else None
         self.out_features = 1 if use_projection else embedding_dim
-        self._pairs: dict[int, tuple[Tensor, Tensor]] = {}
+        if num_fields is not None:
+            rows, cols = pair_indices(num_fields)
+            self.register_buffer("rows", rows, persistent=False)
+            self.register_buffer("cols", cols, persistent=False)
+        else:
+            self.rows, self.cols = None, None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -65,22 +70,18 @@ class AFMAttention(nn.Module):
         if self.projection is not None:
             nn.init.normal_(self.projection, std=self.embedding_dim**-0.5)
 
-    def _pair_indices(self, num_fields: int, device: torch.device) -> tuple[Tensor, Tensor]:
-        cached = self._pairs.get(num_fields)
-        if cached is None or cached[0].device != device:
-            rows, cols = pair_indices(num_fields)
-            cached = (rows.to(device), cols.to(device))
-            self._pairs[num_fields] = cached
-        return cached
-
     def pool(self, emb: Tensor) -> tuple[Tensor, Tensor]:
         """Attention-weighted sum of pairwise products ``(pooled (B, D), weights (B, P))``."""
         check_embeddings("AFMAttention", emb, self.num_fields, self.embedding_dim)
         if emb.shape[1] < 2:
             raise LayerConfigError(
-                f"AFMAttention: needs at least 2 fields to form a pair, got input shape {tuple(emb.shape)}"
+                f"AFMAttention: needs at least 2 fields to form a pair, got input shape {list(emb.shape)}"
             )
-        rows, cols = self._pair_indices(emb.shape[1], emb.device)
+        if self.rows is not None and self.cols is not None:
+            rows, cols = self.rows, self.cols  # (P,), (P,) precomputed
+        else:  # F known only from the input
+            idx = torch.triu_indices(emb.shape[1], emb.shape[1], 1, device=emb.device)
+            rows, cols = idx[0], idx[1]
         prods = emb[:, rows] * emb[:, cols]  # (B, P, D)
         scores = torch.relu(self.attention(prods)) @ self.h  # (B, P, A) @ (A,) -> (B, P)
         weights = torch.softmax(scores, dim=1)  # (B, P)
@@ -178,9 +179,9 @@ class MultiHeadSelfAttention(nn.Module):
         if self.scaled:
             scores = scores / math.sqrt(dh)
         if mask is not None:
-            if mask.shape != (b, f):
+            if mask.dim() != 2 or mask.shape[0] != b or mask.shape[1] != f:
                 raise LayerConfigError(
-                    f"MultiHeadSelfAttention: mask must have shape (B, F) = {(b, f)}, got {tuple(mask.shape)}"
+                    f"MultiHeadSelfAttention: mask must have shape (B, F) = ({b}, {f}), got {list(mask.shape)}"
                 )
             keep = mask.to(torch.bool)[:, None, None, :]  # (B, 1, 1, F)
             scores = scores.masked_fill(~keep, float("-inf"))

@@ -26,6 +26,33 @@ def _activation(layer: str, spec: str | nn.Module) -> nn.Module:
     return _ACTIVATIONS[spec]()
 
 
+class _CINLayer(nn.Module):
+    """One CIN layer before the activation: ``X^k_h = Σ_i Σ_j W[h, i, j] (X^{k-1}_i ⊙ X^0_j) [+ b_h]``."""
+
+    def __init__(self, prev: int, num_fields: int, size: int, *, keep: int, bias: bool) -> None:
+        super().__init__()
+        self.size, self.keep, self.out_size = size, keep, (size - keep if keep < size else size)
+        self.weight = nn.Parameter(torch.empty(size, prev, num_fields))  # (H_k, H_{k-1}, F)
+        if bias:
+            self.bias = nn.Parameter(torch.zeros(size))
+        else:
+            self.register_parameter("bias", None)
+
+    def reset_parameters(self) -> None:
+        bound = 1.0 / math.sqrt(self.weight.shape[1] * self.weight.shape[2])  # as a 1x1 Conv1d
+        nn.init.uniform_(self.weight, -bound, bound)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+    def forward(self, h: Tensor, x0: Tensor) -> Tensor:
+        b, f, d = x0.shape
+        z = (h.unsqueeze(2) * x0.unsqueeze(1)).reshape(b, h.shape[1] * f, d)  # (B, H_{k-1}*F, D)
+        x = torch.matmul(self.weight.reshape(self.size, -1), z)  # (H_k, H_{k-1}F) @ (B, H_{k-1}F, D) -> (B, H_k, D)
+        if self.bias is not None:
+            x = x + self.bias.unsqueeze(1)
+        return x
+
+
 class CIN(nn.Module):
     """Compressed Interaction Network (vector-wise explicit interactions of bounded order).
 
@@ -71,45 +98,27 @@ class CIN(nn.Module):
         self.layer_sizes, self.split_half = layer_sizes, split_half
         self.activation = _activation("CIN", activation)
 
-        self.weights = nn.ParameterList()
-        self.biases = nn.ParameterList() if bias else None
-        self._next_sizes: list[int] = []  # maps kept for the next layer
-        self._out_sizes: list[int] = []  # maps sent to the output
+        self.layers = nn.ModuleList()
         prev = num_fields
         for k, size in enumerate(layer_sizes):
-            self.weights.append(nn.Parameter(torch.empty(size, prev, num_fields)))  # W^k: (H_k, H_{k-1}, F)
-            if self.biases is not None:
-                self.biases.append(nn.Parameter(torch.zeros(size)))
-            last = k == len(layer_sizes) - 1
-            keep = size // 2 if (split_half and not last) else size
-            self._next_sizes.append(keep)
-            self._out_sizes.append(size - keep if (split_half and not last) else size)
-            prev = keep
-        self.out_features = sum(self._out_sizes)
+            split = split_half and k < len(layer_sizes) - 1
+            self.layers.append(_CINLayer(prev, num_fields, size, keep=size // 2 if split else size, bias=bias))
+            prev = self.layers[-1].keep
+        self.out_features = sum(layer.out_size for layer in self.layers)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        for w in self.weights:
-            fan_in = w.shape[1] * w.shape[2]
-            nn.init.uniform_(w, -1.0 / math.sqrt(fan_in), 1.0 / math.sqrt(fan_in))  # as a 1x1 Conv1d
-        if self.biases is not None:
-            for b in self.biases:
-                nn.init.zeros_(b)
+        for layer in self.layers:
+            layer.reset_parameters()
 
     def forward(self, emb: Tensor) -> Tensor:
         check_embeddings("CIN", emb, self.num_fields, self.embedding_dim)
-        b, f, d = emb.shape
-        x0, h = emb, emb  # (B, F, D), (B, H_0 = F, D)
+        h = emb  # (B, H_0 = F, D)
         pooled: list[Tensor] = []
-        for k, w in enumerate(self.weights):
-            z = (h.unsqueeze(2) * x0.unsqueeze(1)).reshape(b, h.shape[1] * f, d)  # (B, H_{k-1}*F, D)
-            x = torch.matmul(w.reshape(w.shape[0], -1), z)  # (H_k, H_{k-1}*F) @ (B, H_{k-1}*F, D) -> (B, H_k, D)
-            if self.biases is not None:
-                x = x + self.biases[k].unsqueeze(1)
-            x = self.activation(x)
-            keep = self._next_sizes[k]
-            if keep < x.shape[1]:  # split_half and not the last layer
-                h, direct = x[:, :keep], x[:, keep:]  # (B, H_k/2, D) each
+        for layer in self.layers:
+            x = self.activation(layer(h, emb))  # (B, H_k, D)
+            if layer.keep < layer.size:  # split_half and not the last layer
+                h, direct = x[:, : layer.keep], x[:, layer.keep :]  # (B, H_k/2, D) each
             else:
                 h, direct = x, x
             pooled.append(direct.sum(dim=2))  # (B, out_k)

@@ -40,17 +40,17 @@ def check_embeddings(layer: str, emb: Tensor, num_fields: int | None = None, dim
     """Raise :class:`LayerConfigError` unless ``emb`` is (B, F, D) with the expected F and D."""
     if emb.dim() != 3:
         raise LayerConfigError(
-            f"{layer}: expected field embeddings of shape (B, F, D), got shape {tuple(emb.shape)}"
+            f"{layer}: expected field embeddings of shape (B, F, D), got shape {list(emb.shape)}"
         )
     if num_fields is not None and emb.shape[1] != num_fields:
         raise LayerConfigError(
             f"{layer}: built with num_fields={num_fields} but the input has {emb.shape[1]} fields "
-            f"(shape {tuple(emb.shape)})"
+            f"(shape {list(emb.shape)})"
         )
     if dim is not None and emb.shape[2] != dim:
         raise LayerConfigError(
             f"{layer}: built with embedding_dim={dim} but the input has D={emb.shape[2]} "
-            f"(shape {tuple(emb.shape)}); project the fields to a common dim first"
+            f"(shape {list(emb.shape)}); project the fields to a common dim first"
         )
 
 
@@ -154,7 +154,7 @@ class FFMInteraction(nn.Module):
         if emb.dim() != 4 or emb.shape[1] != f or emb.shape[2] != f:
             raise LayerConfigError(
                 f"FFMInteraction: expected field-aware embeddings of shape (B, {f}, {f}, D), "
-                f"got {tuple(emb.shape)}"
+                f"got {list(emb.shape)}"
             )
         left = emb[:, self.rows, self.cols]  # (B, P, D)   v_{i, f_j}
         right = emb[:, self.cols, self.rows]  # (B, P, D)  v_{j, f_i}
