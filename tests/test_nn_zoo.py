@@ -340,6 +340,8 @@ def test_mhsa_equals_loops(scaled: bool, use_residual: bool, layer_norm: bool, m
     assert out.shape == (B, F, 6) and layer.out_features == 6
     torch.testing.assert_close(out, mhsa_reference(layer, e, mask))
     assert torch.isfinite(out).all()
+    out.sum().backward()  # a fully masked row must not leak NaN gradients
+    assert all(torch.isfinite(p.grad).all() for p in layer.parameters() if p.grad is not None)
 
 
 def test_mhsa_bad_mask_and_options() -> None:
