@@ -1,0 +1,372 @@
+"""Batch loader: memory-mapped store columns -> :class:`ctrkit.batch.Batch`, with no per-row Python.
+
+A batch of rows ``idx`` (a contiguous slice, or an index array when shuffling) is built column by
+column with numpy slicing / fancy indexing:
+
+* ``dense``  [B, Nd] float32: the dense columns written side by side into one preallocated array;
+* ``sparse`` KeyedJagged over ``sparse_keys`` (schema order: sparse features, then sequences),
+  key-major. A single-valued column contributes ``col[idx]`` (B ids, lengths 1); a jagged column
+  (values, offsets) contributes, for each row, ``values[offsets[r]:offsets[r+1]]`` gathered in one
+  vectorised step (``repeat(start - excl_cumsum(len), len) + arange(nnz)``); a SequenceFeature
+  keeps only its last ``max_len`` ids (the most recent, histories being stored oldest first);
+* ``labels`` [B] float32, and ``weights`` [B] / ``group_ids`` [B] when the schema names them;
+* an optional :class:`~ctrkit.data.multihot.MultiHot` expansion of the KeyedJagged.
+
+Shuffling (reproducible from (seed, epoch)): rows are cut into blocks of ``block_size`` contiguous
+rows, the blocks are permuted with ``default_rng([seed, epoch])``, consecutive groups of
+``shuffle_buffer // block_size`` permuted blocks form windows, and the rows of window w are permuted
+with ``default_rng([seed, epoch, w])``. Reads therefore stay within a few contiguous regions of the
+files while every row can land anywhere in its window. Without shuffling, batches are contiguous
+slices.
+
+Batches are built in a background thread (``prefetch`` batches ahead); an exception there is
+re-raised in the consumer, and the thread stops when the iterator is exhausted, closed or dropped.
+The position is exact: ``state_dict()`` records (epoch, batches consumed) and ``load_state_dict``
+makes the next iteration yield exactly the remaining batches of that epoch. After an epoch is fully
+consumed the loader moves to the next epoch by itself (``set_epoch`` overrides).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ctrkit.batch import Batch, KeyedJagged
+from ctrkit.data.multihot import MultiHot
+from ctrkit.data.store import Store
+from ctrkit.schema import SequenceFeature
+
+Index = slice | np.ndarray
+
+
+class _Failure:
+    """An exception raised in the prefetch thread, carried to the consumer."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+_END = object()
+
+
+class BatchLoader:
+    """Iterable of :class:`Batch` over a store (see module docstring).
+
+    ``rows`` restricts the loader to a contiguous row range (e.g. a train / validation split).
+    ``dense_features`` / ``sparse_keys`` default to the schema's dense names and sparse keys.
+    """
+
+    def __init__(
+        self,
+        store: Store | str | Path,
+        batch_size: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        block_size: int = 8192,
+        shuffle_buffer: int = 1 << 17,
+        prefetch: int = 2,
+        dense_features: Sequence[str] | None = None,
+        sparse_keys: Sequence[str] | None = None,
+        multi_hot: MultiHot | None = None,
+        rows: slice | None = None,
+    ) -> None:
+        self.store = store if isinstance(store, Store) else Store(store)
+        schema = self.schema = self.store.schema
+        if int(batch_size) < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if int(block_size) < 1 or int(shuffle_buffer) < 1:
+            raise ValueError(f"block_size and shuffle_buffer must be >= 1, got {block_size}, {shuffle_buffer}")
+        if int(prefetch) < 0:
+            raise ValueError(f"prefetch must be >= 0, got {prefetch}")
+        self.batch_size, self.shuffle, self.seed, self.drop_last = int(batch_size), shuffle, int(seed), drop_last
+        self.block_size = int(block_size)
+        self.blocks_per_window = max(1, int(shuffle_buffer) // self.block_size)
+        self.prefetch = int(prefetch)
+        self.multi_hot = multi_hot
+        start, stop, step = (rows or slice(None)).indices(self.store.num_rows)
+        if step != 1:
+            raise ValueError(f"rows must be a contiguous slice (step 1), got {rows}")
+        self.row_start, self.row_stop = start, max(start, stop)
+        self.num_rows = self.row_stop - self.row_start
+
+        where = f"store {self.store.path}"
+        self.dense_names = list(schema.dense_names if dense_features is None else dense_features)
+        self._dense: list[tuple[np.ndarray, int, int]] = []  # (column, first output col, width)
+        c0 = 0
+        for name in self.dense_names:
+            col = self._column(name, ("dense",), where)
+            width = int(np.prod(col.shape[1:], dtype=np.int64)) if col.ndim > 1 else 1
+            self._dense.append((col.reshape(col.shape[0], width) if col.ndim > 2 else col, c0, width))
+            c0 += width
+        self.num_dense = c0
+        self.sparse_keys = list(schema.sparse_keys if sparse_keys is None else sparse_keys)
+        # per key: ("single", column, None) or ("jagged", (values, offsets), max_len or None)
+        self._sparse: list[tuple[str, Any, int | None]] = []
+        for key in self.sparse_keys:
+            kind = self.store.kinds.get(key)
+            if kind == "sparse":
+                self._sparse.append(("single", self._column(key, ("sparse",), where), None))
+            elif kind == "jagged":
+                values, offsets = self.store[key]
+                feat = schema.feature(key) if key in schema.all_names() else None
+                max_len = feat.max_len if isinstance(feat, SequenceFeature) else None
+                self._sparse.append(("jagged", (np.asarray(values), np.asarray(offsets)), max_len))
+            else:
+                raise KeyError(
+                    f"{where} has no sparse or jagged column {key!r} (kind {kind!r}); sparse columns: "
+                    f"{self.store.columns('sparse') + self.store.columns('jagged')}"
+                )
+        self._labels = self._column(schema.label, ("label",), where)
+        self._weights = self._column(schema.weight, ("weight",), where) if schema.weight else None
+        self._groups = self._column(schema.group_id, ("group",), where) if schema.group_id else None
+
+        self.epoch = 0
+        self.batches_yielded = 0
+        self._resume_from = 0
+        self._window_cache: tuple[tuple[int, int], np.ndarray] | None = None
+
+    def _column(self, name: str, kinds: tuple[str, ...], where: str) -> np.ndarray:
+        if name not in self.store:
+            raise KeyError(f"{where} has no column {name!r}; columns: {self.store.columns()}")
+        if self.store.kinds[name] not in kinds:
+            raise KeyError(f"{where}: column {name!r} is of kind {self.store.kinds[name]!r}, expected {kinds}")
+        return np.asarray(self.store[name])  # plain ndarray view of the memmap (cheaper indexing)
+
+    # ---- epoch plan ----------------------------------------------------------------------------
+    def __len__(self) -> int:
+        """Batches per epoch."""
+        if self.drop_last:
+            return self.num_rows // self.batch_size
+        return (self.num_rows + self.batch_size - 1) // self.batch_size
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use the order of ``epoch`` from its start (a resume position loaded earlier is dropped)."""
+        self.epoch, self.batches_yielded, self._resume_from = int(epoch), 0, 0
+
+    def _plan(self, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(permuted block ids, window start positions [W + 1], block sizes) of ``epoch``."""
+        bs, n = self.block_size, self.num_rows
+        nblocks = -(-n // bs)
+        perm = np.random.default_rng([self.seed, epoch]).permutation(nblocks)
+        sizes = np.full(nblocks, bs, dtype=np.int64)
+        if nblocks:
+            sizes[-1] = n - bs * (nblocks - 1)
+        per_window = sizes[perm]
+        k = self.blocks_per_window
+        window_rows = np.add.reduceat(per_window, np.arange(0, nblocks, k)) if nblocks else per_window
+        starts = np.concatenate([[0], np.cumsum(window_rows)])
+        return perm, starts, sizes
+
+    def _window(self, epoch: int, w: int, perm: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+        """Global row ids of window ``w``, in their shuffled order."""
+        if self._window_cache is not None and self._window_cache[0] == (epoch, w):
+            return self._window_cache[1]
+        blocks = perm[w * self.blocks_per_window : (w + 1) * self.blocks_per_window]
+        rows = np.concatenate([
+            np.arange(self.row_start + b * self.block_size, self.row_start + b * self.block_size + sizes[b])
+            for b in blocks
+        ])
+        rows = rows[np.random.default_rng([self.seed, epoch, w]).permutation(rows.size)]
+        self._window_cache = ((epoch, w), rows)
+        return rows
+
+    def batch_indices(self, epoch: int, start_batch: int = 0) -> Iterator[Index]:
+        """Row selections of the batches of ``epoch`` from ``start_batch`` on: slices without
+        shuffling, int64 arrays of global row ids with it."""
+        B, n = self.batch_size, self.num_rows
+        if not self.shuffle:
+            for i in range(start_batch, len(self)):
+                a = self.row_start + i * B
+                yield slice(a, min(a + B, self.row_stop))
+            return
+        perm, starts, sizes = self._plan(epoch)
+        for i in range(start_batch, len(self)):
+            a, b = i * B, min((i + 1) * B, n)
+            parts = []
+            while a < b:
+                w = int(np.searchsorted(starts, a, side="right")) - 1
+                rows = self._window(epoch, w, perm, sizes)
+                s = a - int(starts[w])
+                e = min(b - int(starts[w]), rows.size)
+                parts.append(rows[s:e])
+                a += e - s
+            yield parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    # ---- building one batch --------------------------------------------------------------------
+    def build(self, idx: Index) -> Batch:
+        """The Batch of rows ``idx`` (a slice of global rows or an array of global row ids)."""
+        if isinstance(idx, slice):
+            B = idx.stop - idx.start
+        else:
+            B = int(idx.shape[0])
+        dense = np.empty((B, self.num_dense), dtype=np.float32)  # (B, Nd)
+        for col, c0, width in self._dense:
+            if width == 1:
+                dense[:, c0] = col[idx]
+            else:
+                dense[:, c0 : c0 + width] = col[idx]
+        sparse = self._build_sparse(idx, B)
+        if self.multi_hot is not None:
+            sparse = self.multi_hot(sparse)
+        labels = _take(self._labels, idx, np.float32)
+        weights = None if self._weights is None else _take(self._weights, idx, np.float32)
+        groups = None if self._groups is None else _take(self._groups, idx, np.int64)
+        return Batch(dense=torch.from_numpy(dense), sparse=sparse, labels=labels, weights=weights, group_ids=groups)
+
+    def _build_sparse(self, idx: Index, B: int) -> KeyedJagged:
+        F = len(self._sparse)
+        lengths = np.ones((F, B), dtype=np.int64)  # (F, B)
+        pieces: list[tuple[int, Any]] = []  # (key index, gathered ids) for jagged keys
+        for f, (kind, col, max_len) in enumerate(self._sparse):
+            if kind == "jagged":
+                ids, lengths[f] = _gather_jagged(col[0], col[1], idx, max_len)
+                pieces.append((f, ids))
+        if not pieces:  # all single-valued: values is the [F, B] id block, key-major
+            vals = np.empty((F, B), dtype=np.int64)
+            for f, (_, col, _) in enumerate(self._sparse):
+                vals[f] = col[idx]
+            values = vals.reshape(-1)
+        else:
+            counts = lengths.sum(1)
+            key_off = np.concatenate([[0], np.cumsum(counts)])
+            values = np.empty(int(key_off[-1]), dtype=np.int64)
+            jag = dict(pieces)
+            for f, (kind, col, _) in enumerate(self._sparse):
+                seg = values[key_off[f] : key_off[f + 1]]
+                seg[:] = jag[f] if kind == "jagged" else col[idx]
+        offsets = np.zeros(F * B + 1, dtype=np.int64)
+        np.cumsum(lengths.reshape(-1), out=offsets[1:])
+        return KeyedJagged(
+            self.sparse_keys,
+            torch.from_numpy(values),
+            lengths=torch.from_numpy(lengths.reshape(-1)),
+            offsets=torch.from_numpy(offsets),
+            stride=B,
+        )
+
+    # ---- iteration -----------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Batch]:
+        epoch, start = self.epoch, self._resume_from
+        self._resume_from = 0
+        self.batches_yielded = start
+        batches = (self.build(idx) for idx in self.batch_indices(epoch, start))
+        source = _prefetch(batches, self.prefetch) if self.prefetch > 0 else batches
+        try:
+            for batch in source:
+                self.batches_yielded += 1
+                yield batch
+        finally:
+            close = getattr(source, "close", None)
+            if close is not None:
+                close()
+        if self.epoch == epoch and self.batches_yielded == len(self):
+            self.epoch, self.batches_yielded = epoch + 1, 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """Exact position: the epoch and how many of its batches the consumer has received."""
+        return {
+            "epoch": self.epoch,
+            "batches_yielded": self.batches_yielded,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "batch_size": self.batch_size,
+            "drop_last": self.drop_last,
+            "block_size": self.block_size,
+            "blocks_per_window": self.blocks_per_window,
+            "row_start": self.row_start,
+            "num_rows": self.num_rows,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume: the next iteration yields batches ``batches_yielded`` .. ``len - 1`` of ``epoch``."""
+        mine = self.state_dict()
+        for key in ("seed", "shuffle", "batch_size", "drop_last", "block_size", "blocks_per_window",
+                    "row_start", "num_rows"):
+            if key in state and state[key] != mine[key]:
+                raise ValueError(
+                    f"loader state has {key}={state[key]!r} but this loader has {key}={mine[key]!r}; "
+                    "build the loader with the same options (and store) to resume exactly"
+                )
+        done = int(state["batches_yielded"])
+        if not 0 <= done <= len(self):
+            raise ValueError(f"loader state batches_yielded={done} is outside [0, {len(self)}]")
+        self.epoch, self.batches_yielded, self._resume_from = int(state["epoch"]), done, done
+
+    def __repr__(self) -> str:
+        return (f"BatchLoader({self.store.path}, rows={self.num_rows}, batch_size={self.batch_size}, "
+                f"shuffle={self.shuffle}, epoch={self.epoch})")
+
+
+def _take(col: np.ndarray, idx: Index, dtype: type) -> torch.Tensor:
+    """``col[idx]`` as a tensor that owns its memory (a slice of a memmap is copied)."""
+    a = col[idx]
+    if isinstance(idx, slice) or a.dtype != dtype:
+        a = a.astype(dtype)
+    return torch.from_numpy(a)
+
+
+def _gather_jagged(
+    values: np.ndarray, offsets: np.ndarray, idx: Index, max_len: int | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Ids and lengths [B] of rows ``idx`` of a jagged column, keeping the last ``max_len`` ids."""
+    if isinstance(idx, slice):
+        starts = np.asarray(offsets[idx.start : idx.stop], dtype=np.int64)
+        ends = np.asarray(offsets[idx.start + 1 : idx.stop + 1], dtype=np.int64)
+    else:
+        starts = np.asarray(offsets[idx], dtype=np.int64)
+        ends = np.asarray(offsets[idx + 1], dtype=np.int64)
+    if max_len is not None:
+        starts = np.maximum(starts, ends - max_len)
+    lengths = ends - starts  # (B,)
+    if isinstance(idx, slice) and max_len is None:
+        return np.asarray(values[starts[0] : ends[-1]] if lengths.size else values[:0], np.int64), lengths
+    nnz = int(lengths.sum())
+    excl = np.cumsum(lengths) - lengths  # exclusive prefix sum: where each row starts in the output
+    pos = np.repeat(starts - excl, lengths) + np.arange(nnz)
+    return np.asarray(values[pos], dtype=np.int64), lengths
+
+
+def _prefetch(source: Iterator[Batch], depth: int) -> Iterator[Batch]:
+    """Run ``source`` in a daemon thread, ``depth`` items ahead; errors re-raised here."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def work() -> None:
+        try:
+            for item in source:
+                if not put(item):
+                    return
+            put(_END)
+        except BaseException as e:  # noqa: BLE001 - carried to the consumer
+            put(_Failure(e))
+
+    thread = threading.Thread(target=work, name="ctrkit-batch-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = q.get()
+            if item is _END:
+                return
+            if isinstance(item, _Failure):
+                raise item.exc
+            yield item
+    finally:
+        stop.set()
+        thread.join(timeout=10)
