@@ -1,0 +1,224 @@
+"""Self-contained checkpoints: everything needed to resume training or to score raw requests.
+
+A checkpoint is one ``torch.save`` file holding only tensors, numbers, strings, lists and dicts, so
+it loads with ``torch.load(weights_only=True)`` (no pickled code runs on load)::
+
+    {"format": "ctrkit-checkpoint", "version": 1, "ctrkit_version": "0.1.0",
+     "config":  resolved run config (nested dict) or None,
+     "schema":  Schema.to_dict() or None,
+     "model":   {"name": registry name, "params": keyword parameters},
+     "model_state": model.state_dict(),
+     "optimizer":   OptimizerSet.state_dict() or None,
+     "trainer":     {"epoch", "step", "epoch_complete", "loader", "best_metric", "best_step",
+                     "bad_evals", "rng": rng_state()} or None,
+     "vocab":   {"arrays": {name: array ...} or None, "path": vocab directory or None},
+     "extra":   free dict}
+
+numpy arrays anywhere are stored as ``{"__ndarray__": tensor}`` (numeric) or
+``{"__ndarray_str__": [str, ...]}`` (string vocabularies) and come back as numpy arrays on load.
+Writes are atomic: a temporary file in the same directory, then ``os.replace``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ctrkit.errors import CtrkitError
+
+FORMAT = "ctrkit-checkpoint"
+VERSION = 1
+
+
+class CheckpointError(CtrkitError, RuntimeError):
+    """A checkpoint that cannot be written or read; the message names the file and the fix."""
+
+
+# ---- plain-data conversion ---------------------------------------------------------------------------
+def to_plain(obj: Any, where: str = "checkpoint") -> Any:
+    """``obj`` with numpy arrays / scalars, tuples and paths turned into weights_only-safe values."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach()
+    if isinstance(obj, np.ndarray):
+        if obj.dtype.kind in "biuf":
+            return {"__ndarray__": torch.from_numpy(np.ascontiguousarray(obj)).clone()}
+        if obj.dtype.kind in "USO":
+            return {"__ndarray_str__": [str(x) for x in obj.reshape(-1).tolist()], "shape": list(obj.shape)}
+        raise CheckpointError(f"{where}: cannot store a numpy array of dtype {obj.dtype}")
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {k: to_plain(v, f"{where}.{k}") for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_plain(v, f"{where}[{i}]") for i, v in enumerate(obj))
+    raise CheckpointError(
+        f"{where}: a {type(obj).__name__} cannot be stored in a weights_only checkpoint; "
+        "convert it to tensors / numbers / strings / lists / dicts"
+    )
+
+
+def from_plain(obj: Any) -> Any:
+    """Inverse of :func:`to_plain` for the numpy markers."""
+    if isinstance(obj, dict):
+        if "__ndarray__" in obj and len(obj) == 1:
+            return obj["__ndarray__"].numpy()
+        if "__ndarray_str__" in obj:
+            return np.asarray(obj["__ndarray_str__"], dtype=str).reshape(obj.get("shape", [-1]))
+        return {k: from_plain(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [from_plain(v) for v in obj]
+    return obj
+
+
+# ---- RNG state -----------------------------------------------------------------------------------
+def rng_state() -> dict[str, Any]:
+    """Python, numpy and torch global RNG states as tensors / numbers."""
+    py_version, py_state, py_gauss = random.getstate()
+    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    out: dict[str, Any] = {
+        "python": {"version": py_version, "state": torch.tensor(py_state, dtype=torch.int64),
+                   "gauss_next": py_gauss},
+        "numpy": {"name": np_name, "keys": torch.from_numpy(np_keys.astype(np.int64)), "pos": int(np_pos),
+                  "has_gauss": int(np_has_gauss), "cached_gaussian": float(np_gauss)},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda"] = torch.cuda.get_rng_state_all()
+    return out
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` captured."""
+    py = state["python"]
+    random.setstate((py["version"], tuple(py["state"].tolist()), py["gauss_next"]))
+    n = state["numpy"]
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ---- save / load ---------------------------------------------------------------------------------
+def save_checkpoint(
+    path: str | Path,
+    *,
+    model: nn.Module,
+    model_name: str | None = None,
+    model_params: dict[str, Any] | None = None,
+    schema: Any = None,
+    config: dict[str, Any] | None = None,
+    optimizer: Any = None,
+    trainer_state: dict[str, Any] | None = None,
+    vocab: dict[str, Any] | str | Path | None = None,
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Write a checkpoint atomically; returns its path.
+
+    ``schema`` is a :class:`~ctrkit.schema.Schema` (or its dict); ``model_name`` defaults to the
+    registry name of the model's class; ``vocab`` is a dict of arrays (stored inside, so predict
+    needs nothing else) or a path to a store's vocab directory (stored as a reference).
+    """
+    path = Path(path)
+    name = model_name or getattr(model, "model_name", None)
+    if isinstance(vocab, (str, Path)):
+        vocab_entry = {"arrays": None, "path": str(vocab)}
+    else:
+        vocab_entry = {"arrays": vocab, "path": None}
+    ckpt = {
+        "format": FORMAT,
+        "version": VERSION,
+        "ctrkit_version": _version(),
+        "config": config,
+        "schema": schema.to_dict() if hasattr(schema, "to_dict") else schema,
+        "model": {"name": name, "params": dict(model_params or {})},
+        "model_state": model.state_dict(),
+        "optimizer": optimizer.state_dict() if hasattr(optimizer, "state_dict") else optimizer,
+        "trainer": trainer_state,
+        "vocab": vocab_entry,
+        "extra": extra or {},
+    }
+    ckpt = to_plain(ckpt)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(ckpt, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Read a checkpoint with ``torch.load(weights_only=True)`` and check its format marker."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"no checkpoint file at {path}")
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # torch raises many types for a bad file
+        raise CheckpointError(
+            f"{path} could not be read as a checkpoint (truncated, corrupt or not a torch file): "
+            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        ) from e
+    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is a torch file but not a ctrkit checkpoint (no format={FORMAT!r})")
+    if int(ckpt.get("version", 0)) > VERSION:
+        raise CheckpointError(
+            f"{path} has checkpoint version {ckpt['version']}, newer than this ctrkit reads ({VERSION}); "
+            "upgrade ctrkit"
+        )
+    ckpt["vocab"] = from_plain(ckpt.get("vocab"))
+    ckpt["extra"] = from_plain(ckpt.get("extra"))
+    if ckpt.get("trainer") is not None:
+        rng = ckpt["trainer"].get("rng")
+        ckpt["trainer"] = from_plain({k: v for k, v in ckpt["trainer"].items() if k != "rng"})
+        ckpt["trainer"]["rng"] = rng
+    return ckpt
+
+
+def load_model(path: str | Path, map_location: str | torch.device = "cpu") -> tuple[nn.Module, Any, Any]:
+    """Rebuild the model of a checkpoint: ``(model in eval mode, Schema, Config or None)``."""
+    from ctrkit.models.registry import ConfigError, create_model
+    from ctrkit.schema import Schema
+    from ctrkit.train.config import config_from_dict
+
+    ckpt = load_checkpoint(path, map_location)
+    if ckpt.get("schema") is None or not ckpt["model"].get("name"):
+        raise CheckpointError(
+            f"{path} has no schema or model name; it was saved without them and cannot rebuild a model"
+        )
+    schema = Schema.from_dict(ckpt["schema"])
+    model = create_model(ckpt["model"]["name"], schema, **ckpt["model"]["params"])
+    try:
+        model.load_state_dict(ckpt["model_state"])
+    except RuntimeError as e:
+        raise CheckpointError(f"{path}: weights do not fit model {ckpt['model']['name']!r}: {e}") from e
+    model.eval()
+    config = None
+    if ckpt.get("config") is not None:
+        try:
+            config = config_from_dict(ckpt["config"])
+        except ConfigError:  # a config this version cannot validate stays a plain dict
+            config = ckpt["config"]
+    return model, schema, config
+
+
+def _version() -> str:
+    from ctrkit import __version__
+
+    return __version__

@@ -1,0 +1,136 @@
+"""Checkpoint files: weights_only round trip, model rebuild, RNG state, clear errors on bad files."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from ctrkit.batch import Batch, KeyedJagged
+from ctrkit.models.registry import register_model
+from ctrkit.schema import DenseFeature, Schema, SparseFeature
+from ctrkit.train.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    load_model,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from ctrkit.train.config import Config, config_to_dict
+from ctrkit.train.optim import build_optimizers
+
+
+@register_model("_test_ckpt_tiny")
+class CkptTiny(nn.Module):
+    def __init__(self, schema: Schema, *, dim: int = 4) -> None:
+        super().__init__()
+        self.keys = schema.sparse_keys
+        vocab = sum(f.vocab_size for f in schema.sparse)
+        self.emb = nn.EmbeddingBag(vocab, dim, mode="sum", sparse=True)
+        self.emb.weight.is_embedding = True
+        self.lin = nn.Linear(dim + schema.num_dense, 1)
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        values, _, offsets = batch.sparse[self.keys[0]]
+        e = self.emb(values, offsets[:-1])  # (B, D)
+        return self.lin(torch.cat([e, batch.dense], 1)).squeeze(1)
+
+
+SCHEMA = Schema(dense=[DenseFeature("d0")], sparse=[SparseFeature("c0", vocab_size=20, embedding_dim=4)])
+
+
+def _batch(B: int = 6) -> Batch:
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 20, (B, 1), generator=g)
+    return Batch(dense=torch.randn(B, 1, generator=g), sparse=KeyedJagged.from_dense(["c0"], ids),
+                 labels=torch.randint(0, 2, (B,), generator=g).float())
+
+
+def _trained(tmp_path):
+    torch.manual_seed(0)
+    model = CkptTiny(SCHEMA, dim=4)
+    cfg = Config()
+    cfg.model.name, cfg.model.params = "_test_ckpt_tiny", {"dim": 4}
+    opt = build_optimizers(model, cfg.train)
+    b = _batch()
+    opt.zero_grad()
+    nn.functional.binary_cross_entropy_with_logits(model(b), b.labels).backward()
+    opt.step()
+    vocab = {"c0": np.array(["a", "bb", "ccc"]), "c0_ids": np.arange(3, dtype=np.int64)}
+    trainer_state = {"epoch": 1, "step": 7, "epoch_complete": False, "best_metric": 0.7, "best_step": 5,
+                     "bad_evals": 0, "loader": {"perm": np.arange(5), "pos": 3}, "rng": rng_state()}
+    path = save_checkpoint(tmp_path / "ck" / "last.pt", model=model, model_params={"dim": 4}, schema=SCHEMA,
+                           config=config_to_dict(cfg), optimizer=opt, trainer_state=trainer_state, vocab=vocab)
+    return model, opt, path, cfg
+
+
+def test_round_trip_weights_only(tmp_path):
+    model, opt, path, cfg = _trained(tmp_path)
+    raw = torch.load(path, weights_only=True)  # no pickled objects inside
+    assert raw["format"] == "ctrkit-checkpoint" and raw["model"] == {"name": "_test_ckpt_tiny", "params": {"dim": 4}}
+    ck = load_checkpoint(path)
+    assert ck["schema"] == SCHEMA.to_dict()
+    np.testing.assert_array_equal(ck["vocab"]["arrays"]["c0"], ["a", "bb", "ccc"])
+    np.testing.assert_array_equal(ck["vocab"]["arrays"]["c0_ids"], np.arange(3))
+    np.testing.assert_array_equal(ck["trainer"]["loader"]["perm"], np.arange(5))
+    assert ck["trainer"]["step"] == 7 and ck["trainer"]["loader"]["pos"] == 3
+    for k, v in model.state_dict().items():
+        assert torch.equal(ck["model_state"][k], v)
+    fresh = CkptTiny(SCHEMA, dim=4)
+    opt2 = build_optimizers(fresh, cfg.train)
+    opt2.load_state_dict(ck["optimizer"])
+    assert torch.equal(opt2.sparse.state_dict()["state"][0]["sum"], opt.sparse.state_dict()["state"][0]["sum"])
+    assert not list(path.parent.glob(".*tmp*"))  # atomic write leaves no temporary file
+
+
+def test_load_model_rebuilds(tmp_path):
+    model, _, path, cfg = _trained(tmp_path)
+    rebuilt, schema, config = load_model(path)
+    assert schema == SCHEMA and isinstance(config, Config) and config == cfg
+    assert not rebuilt.training
+    model.eval()
+    b = _batch(9)
+    assert torch.equal(rebuilt(b), model(b))
+
+
+def test_vocab_path_reference(tmp_path):
+    model = CkptTiny(SCHEMA)
+    path = save_checkpoint(tmp_path / "a.pt", model=model, schema=SCHEMA, vocab=tmp_path / "vocab")
+    assert load_checkpoint(path)["vocab"] == {"arrays": None, "path": str(tmp_path / "vocab")}
+
+
+def test_rng_state_restores_all_generators():
+    state = rng_state()
+    first = (torch.rand(3), np.random.rand(3), random.random())
+    set_rng_state(state)
+    again = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(first[0], again[0]) and np.array_equal(first[1], again[1]) and first[2] == again[2]
+
+
+def test_bad_files_give_clear_errors(tmp_path):
+    with pytest.raises(CheckpointError, match="no checkpoint file"):
+        load_checkpoint(tmp_path / "missing.pt")
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint at all")
+    with pytest.raises(CheckpointError, match="could not be read"):
+        load_checkpoint(tmp_path / "junk.pt")
+    _, _, path, _ = _trained(tmp_path)
+    data = path.read_bytes()
+    (tmp_path / "cut.pt").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="could not be read"):
+        load_checkpoint(tmp_path / "cut.pt")
+    torch.save({"state": torch.zeros(2)}, tmp_path / "other.pt")
+    with pytest.raises(CheckpointError, match="not a ctrkit checkpoint"):
+        load_checkpoint(tmp_path / "other.pt")
+
+
+def test_unstorable_object_fails_and_keeps_old_file(tmp_path):
+    model = CkptTiny(SCHEMA)
+    path = save_checkpoint(tmp_path / "a.pt", model=model, schema=SCHEMA)
+    before = path.read_bytes()
+    with pytest.raises(CheckpointError, match="extra.obj"):
+        save_checkpoint(path, model=model, schema=SCHEMA, extra={"obj": object()})
+    assert path.read_bytes() == before
