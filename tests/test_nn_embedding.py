@@ -13,12 +13,16 @@ from ctrkit.nn.embedding import EmbeddingBagCollection, embedding_parameters
 from ctrkit.schema import Schema, SchemaError, SequenceFeature, SparseFeature, TableSpec
 
 
-def random_kj(keys, sizes, B, max_len=4, gen=None, weights=False):
-    """Random jagged ids with some empty bags; sizes[k] = vocab of key k."""
+def random_kj(keys, sizes, B, max_len=4, gen=None, weights=False, single=False):
+    """Random jagged ids with some empty bags (or exactly one id per bag if ``single``);
+    sizes[k] = vocab of key k."""
     per_key = {}
     for k in keys:
-        lengths = torch.randint(0, max_len + 1, (B,), generator=gen)
-        lengths[0] = 0  # always at least one empty bag
+        if single:
+            lengths = torch.ones(B, dtype=torch.int64)
+        else:
+            lengths = torch.randint(0, max_len + 1, (B,), generator=gen)
+            lengths[0] = 0  # always at least one empty bag
         vals = torch.randint(0, sizes[k], (int(lengths.sum()),), generator=gen)
         per_key[k] = (vals, lengths)
     kj = KeyedJagged.from_per_key(per_key)
@@ -51,21 +55,23 @@ TABLES = [
 SIZES = {"a": 50, "b": 50, "c": 7, "d": 30, "e": 11}
 
 
+@pytest.mark.parametrize("single", [False, True], ids=["jagged", "one_id_per_bag"])
 @pytest.mark.parametrize("pooling", ["sum", "mean"])
-def test_matches_per_table_embedding_bag(pooling):
+def test_matches_per_table_embedding_bag(pooling, single):
     g = torch.Generator().manual_seed(0)
     pool = {k: pooling for k in SIZES}
     pool["e"] = "mean" if pooling == "sum" else "sum"  # mixed poolings in one dim
     ebc = EmbeddingBagCollection(TABLES, feature_pooling=pool)
     assert ebc.keys == ["a", "b", "c", "d", "e"]
-    kj = random_kj(list(SIZES), SIZES, B=9, gen=g)
+    kj = random_kj(list(SIZES), SIZES, B=9, gen=g, single=single)
     out = ebc(kj)
     d = out.to_dict()
     for k in SIZES:
         ref = reference(ebc, kj, k)
         torch.testing.assert_close(d[k], ref)
         torch.testing.assert_close(out[k], ref)
-        assert torch.all(d[k][0] == 0)  # empty bag -> zeros
+        if not single:
+            assert torch.all(d[k][0] == 0)  # empty bag -> zeros
     cat = out.concat()
     assert cat.shape == (9, 8 * 4 + 5) == (9, ebc.out_features)
     torch.testing.assert_close(cat, torch.cat([d[k] for k in ebc.keys], 1))
@@ -96,10 +102,11 @@ def test_contiguous_slice_of_input():
         torch.testing.assert_close(d[k], reference(ebc, kj, k))
 
 
-def test_per_sample_weights():
+@pytest.mark.parametrize("single", [False, True], ids=["jagged", "one_id_per_bag"])
+def test_per_sample_weights(single):
     g = torch.Generator().manual_seed(3)
     ebc = EmbeddingBagCollection(TABLES)
-    kj = random_kj(list(SIZES), SIZES, B=7, gen=g, weights=True)
+    kj = random_kj(list(SIZES), SIZES, B=7, gen=g, weights=True, single=single)
     d = ebc(kj).to_dict()
     for k in SIZES:
         torch.testing.assert_close(d[k], reference(ebc, kj, k))
@@ -108,11 +115,12 @@ def test_per_sample_weights():
         ebc_mean(kj)
 
 
-def test_backward_equals_seed_p_transpose_dy():
+@pytest.mark.parametrize("single", [False, True], ids=["jagged", "one_id_per_bag"])
+def test_backward_equals_seed_p_transpose_dy(single):
     """Seed 000 §5: dL/dW = P^T dL/dY, P[n, m] = number of times id m occurs in bag n."""
     g = torch.Generator().manual_seed(4)
     ebc = EmbeddingBagCollection(TABLES)
-    kj = random_kj(list(SIZES), SIZES, B=6, gen=g)
+    kj = random_kj(list(SIZES), SIZES, B=6, gen=g, single=single)
     out = ebc(kj)
     dY = {k: torch.randn(6, ebc.tables[ebc.feature_to_table[k]].embedding_dim, generator=g) for k in ebc.keys}
     loss = sum((out[k] * dY[k]).sum() for k in ebc.keys)
@@ -158,6 +166,12 @@ def test_out_of_range_id_names_feature_id_and_table():
         ebc(KeyedJagged.from_per_key(per_key))
     with pytest.raises(IndexError, match="feature 'a': id 50 is outside table 'ta' of size 50"):
         ebc.lookup("a", torch.tensor([[1, 50]]))
+    # one id per bag takes the gather path; same message
+    ids = torch.tensor([[1, 2, 3, 4, 5], [1, 2, 3, 30, 5]])
+    with pytest.raises(IndexError, match="feature 'd': id 30 is outside table 'td' of size 30"):
+        ebc(KeyedJagged.from_dense(list(SIZES), ids))
+    ids[1, 3] = 29
+    ebc(KeyedJagged.from_dense(list(SIZES), ids))  # largest valid id is fine
 
 
 def test_lookup_matches_table_rows():

@@ -5,7 +5,9 @@ at row ``row_offset[t]``. A batch is one ``F.embedding_bag`` call per (dim, pool
 per feature: ids are shifted by their feature's table offset (``values + repeat_interleave(offset
 per key, ids per key)``) and the key-major KeyedJagged offsets are used as bag offsets directly, so
 bag ``f*B + b`` is feature f of row b. The ``[F*B, D]`` result is viewed as ``[F, B, D]`` and
-transposed to ``[B, F, D]``.
+transposed to ``[B, F, D]``. When every bag holds exactly one id (single-valued features such as
+Criteo's), the group is a plain ``F.embedding`` gather instead: same result for sum and mean, and
+its sparse backward is the upstream gradient itself instead of a per-id gather.
 
 Seed 000 §5: for one table, ``Y[n] = sum_k W[x_{n,k}]`` and ``dL/dW = P^T dL/dY`` with
 ``P[n, m] = count_k(x_{n,k} = m)``; with ``sparse_grad=True`` autograd returns exactly that as a
@@ -269,25 +271,43 @@ class EmbeddingBagCollection(nn.Module):
         B = kj.stride
         tensors = []
         for gi, g in enumerate(self._groups):
-            values, offsets, weights, per_key = _group_input(kj, g.keys)
-            offs = getattr(self, f"_offs{gi}")
-            n = values.numel()
-            if self.validate and n:
-                size = getattr(self, f"_size{gi}").repeat_interleave(per_key, output_size=n)
-                bad = (values < 0) | (values >= size)
-                if bool(bad.any()):
-                    self._raise_bad_id(g.keys, values, per_key, bad)
-            ids = values + offs.repeat_interleave(per_key, output_size=n) if n else values
+            Fg = len(g.keys)
+            values, offsets, weights, lengths = _group_input(kj, g.keys)
             if weights is not None and g.pooling != "sum":
                 raise ValueError(
                     f"per-sample weights need pooling 'sum', but features {list(g.keys)} use {g.pooling!r}"
                 )
-            out = F.embedding_bag(
-                ids, self.weights[f"dim{g.dim}"], offsets, mode=g.pooling, sparse=self.sparse_grad,
-                per_sample_weights=weights, include_last_offset=True,
-            )  # (F_g*B, D)
-            tensors.append(out.view(len(g.keys), B, g.dim))  # (F_g, B, D)
+            offs, size = getattr(self, f"_offs{gi}"), getattr(self, f"_size{gi}")
+            weight = self.weights[f"dim{g.dim}"]
+            n = values.numel()
+            if n == Fg * B and B and not bool((lengths == 0).any()):
+                # every bag holds exactly one id (e.g. Criteo): a plain gather, whose sparse backward
+                # is the upstream gradient itself (no bag bookkeeping)
+                v = values.view(Fg, B)
+                if self.validate:
+                    lo, hi = torch.aminmax(v, dim=1)
+                    if bool(((lo < 0) | (hi >= size)).any()):
+                        self._raise_bad_id(g.keys, values, lengths.view(Fg, B).sum(1), size)
+                out = F.embedding((v + offs.unsqueeze(1)).view(-1), weight, sparse=self.sparse_grad)
+                if weights is not None:
+                    out = out * weights.unsqueeze(1)
+            else:
+                per_key = lengths.view(Fg, B).sum(1)  # (F_g,)
+                if self.validate and n:
+                    self._check_ids(g.keys, values, per_key, size)
+                ids = values + offs.repeat_interleave(per_key, output_size=n) if n else values
+                out = F.embedding_bag(
+                    ids, weight, offsets, mode=g.pooling, sparse=self.sparse_grad,
+                    per_sample_weights=weights, include_last_offset=True,
+                )  # (F_g*B, D)
+            tensors.append(out.view(Fg, B, g.dim))  # (F_g, B, D)
         return PooledEmbeddings(self.keys, self.dims, self._groups, tensors)
+
+    def _check_ids(self, keys: Sequence[str], values: torch.Tensor, per_key: torch.Tensor,
+                   size: torch.Tensor) -> None:
+        bound = size.repeat_interleave(per_key, output_size=values.numel())
+        if bool(((values < 0) | (values >= bound)).any()):
+            self._raise_bad_id(keys, values, per_key, size)
 
     def lookup(self, key: str, ids: torch.Tensor) -> torch.Tensor:
         """Unpooled embeddings of ``ids`` (any shape, e.g. padded [B, T]) in ``key``'s table -> [..., D]."""
@@ -306,10 +326,10 @@ class EmbeddingBagCollection(nn.Module):
                            sparse=self.sparse_grad)
 
     def _raise_bad_id(self, keys: Sequence[str], values: torch.Tensor, per_key: torch.Tensor,
-                      bad: torch.Tensor) -> None:
-        pos = int(bad.nonzero()[0, 0])
-        ends = torch.cumsum(per_key, 0)
-        f = int((ends <= pos).sum())
+                      size: torch.Tensor) -> None:
+        bound = size.repeat_interleave(per_key, output_size=values.numel())
+        pos = int(((values < 0) | (values >= bound)).nonzero()[0, 0])
+        f = int((torch.cumsum(per_key, 0) <= pos).sum())
         key = keys[f]
         t = self.tables[self.feature_to_table[key]]
         raise IndexError(
@@ -325,7 +345,7 @@ class EmbeddingBagCollection(nn.Module):
 def _group_input(
     kj: KeyedJagged, keys: tuple[str, ...]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """(values, bag offsets [F_g*B + 1] from 0, weights or None, ids per key [F_g]) of ``keys`` in
+    """(values, bag offsets [F_g*B + 1] from 0, weights or None, lengths [F_g*B]) of ``keys`` in
     ``kj``. A contiguous run of keys (the usual case: all of them) is sliced without copying."""
     B = kj.stride
     try:
@@ -335,12 +355,12 @@ def _group_input(
         raise KeyError(f"sparse input lacks features {missing}; it has {kj.keys}") from None
     i0, n = idx[0], len(idx)
     if idx == list(range(i0, i0 + n)):
-        per_key = kj.lengths_2d()[i0 : i0 + n].sum(1)  # (F_g,)
         if n == len(kj.keys):
-            return kj.values, kj.offsets, kj.weights, per_key
-        opk = kj.offset_per_key()
-        a, b = opk[i0], opk[i0 + n]
+            return kj.values, kj.offsets, kj.weights, kj.lengths
+        lengths = kj.lengths[i0 * B : (i0 + n) * B]
+        offsets = kj.offsets[i0 * B : (i0 + n) * B + 1]
+        a, b = int(offsets[0]), int(offsets[-1])
         w = kj.weights[a:b] if kj.weights is not None else None
-        return kj.values[a:b], kj.offsets[i0 * B : (i0 + n) * B + 1] - a, w, per_key
+        return kj.values[a:b], offsets - a, w, lengths
     sub = kj.select(list(keys))
-    return sub.values, sub.offsets, sub.weights, sub.lengths_2d().sum(1)
+    return sub.values, sub.offsets, sub.weights, sub.lengths
