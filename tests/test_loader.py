@@ -156,7 +156,7 @@ def test_prefetch_error_propagates_and_thread_stops(store):
             raise OSError("disk gone")
 
     loader = BatchLoader(store, 100, shuffle=False, prefetch=2)
-    loader._labels = Exploding()
+    loader._store_view.labels = Exploding()
     with pytest.raises(OSError, match="disk gone"):
         list(loader)
     # abandoning an iterator mid-epoch stops the worker thread

@@ -1,7 +1,7 @@
 """Batch loader: memory-mapped store columns -> :class:`ctrkit.batch.Batch`, with no per-row Python.
 
-A batch of rows ``idx`` (a contiguous slice, or an index array when shuffling) is built column by
-column with numpy slicing / fancy indexing:
+A batch is built column by column from contiguous slices: of the memory-mapped columns when not
+shuffling, of a shuffled window (below) when shuffling:
 
 * ``dense``  [B, Nd] float32: the dense columns written side by side into one preallocated array;
 * ``sparse`` KeyedJagged over ``sparse_keys`` (schema order: sparse features, then sequences),
@@ -15,9 +15,9 @@ column with numpy slicing / fancy indexing:
 Shuffling (reproducible from (seed, epoch)): rows are cut into blocks of ``block_size`` contiguous
 rows, the blocks are permuted with ``default_rng([seed, epoch])``, consecutive groups of
 ``shuffle_buffer // block_size`` permuted blocks form windows, and the rows of window w are permuted
-with ``default_rng([seed, epoch, w])``. Reads therefore stay within a few contiguous regions of the
-files while every row can land anywhere in its window. Without shuffling, batches are contiguous
-slices.
+with ``default_rng([seed, epoch, w])``. Each column of a window is gathered once into memory in
+that order (reads stay within a few contiguous regions of the files, and one column's window stays
+in cache while it is gathered), and the window's batches are contiguous slices of it.
 
 Batches are built in a background thread (``prefetch`` batches ahead); an exception there is
 re-raised in the consumer, and the thread stops when the iterator is exhausted, closed or dropped.
@@ -31,6 +31,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,47 @@ class _Failure:
 
 
 _END = object()
+
+
+@dataclass
+class _View:
+    """Columns addressed by a common row selection: the store itself (``rows`` None, selections are
+    global rows) or a shuffled window gathered from it (``rows`` = the global ids of its rows)."""
+
+    dense: list[np.ndarray]  # per dense feature
+    single: list[np.ndarray | None]  # per sparse key; None for jagged keys (gathered via ``rows``)
+    labels: np.ndarray
+    weights: np.ndarray | None
+    groups: np.ndarray | None
+    rows: np.ndarray | None
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.labels.shape[0] if self.rows is None else self.rows.shape[0])
+
+    def take(self, rows: np.ndarray) -> _View:
+        """The rows ``rows`` (global ids) of a store view, one gather per column."""
+
+        def g(a: np.ndarray | None) -> np.ndarray | None:
+            return None if a is None else a[rows]
+
+        return _View([a[rows] for a in self.dense], [g(a) for a in self.single], self.labels[rows],
+                     g(self.weights), g(self.groups), rows)
+
+    @staticmethod
+    def concat(parts: list[tuple[_View, slice]]) -> _View:
+        """Rows ``sel`` of each window view, one after the other (a batch across a window boundary)."""
+
+        def cat(get) -> np.ndarray | None:
+            arrs = [get(v) for v, _ in parts]
+            return None if arrs[0] is None else np.concatenate([a[s] for a, (_, s) in zip(arrs, parts)])
+
+        v0 = parts[0][0]
+        return _View(
+            [cat(lambda v, i=i: v.dense[i]) for i in range(len(v0.dense))],
+            [cat(lambda v, f=f: v.single[f]) for f in range(len(v0.single))],
+            cat(lambda v: v.labels), cat(lambda v: v.weights), cat(lambda v: v.groups), cat(lambda v: v.rows),
+        )
 
 
 class BatchLoader:
@@ -128,10 +170,15 @@ class BatchLoader:
         self._weights = self._column(schema.weight, ("weight",), where) if schema.weight else None
         self._groups = self._column(schema.group_id, ("group",), where) if schema.group_id else None
 
+        self._store_view = _View(
+            [c for c, _, _ in self._dense],
+            [col if kind == "single" else None for kind, col, _ in self._sparse],
+            self._labels, self._weights, self._groups, None,
+        )
         self.epoch = 0
         self.batches_yielded = 0
         self._resume_from = 0
-        self._window_cache: tuple[tuple[int, int], np.ndarray] | None = None
+        self._window_cache: tuple[tuple[int, int], _View] | None = None
 
     def _column(self, name: str, kinds: tuple[str, ...], where: str) -> np.ndarray:
         if name not in self.store:
@@ -165,8 +212,12 @@ class BatchLoader:
         starts = np.concatenate([[0], np.cumsum(window_rows)])
         return perm, starts, sizes
 
-    def _window(self, epoch: int, w: int, perm: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-        """Global row ids of window ``w``, in their shuffled order."""
+    def _window(self, epoch: int, w: int, perm: np.ndarray, sizes: np.ndarray) -> _View:
+        """Window ``w`` of ``epoch``: its rows in shuffled order, every column gathered once.
+
+        Gathering one column of a whole window at a time keeps that column's window (a few hundred
+        KB) in cache, and the batches are then contiguous slices of the window (as when not
+        shuffling), instead of 40 scattered gathers per batch over a window that does not fit."""
         if self._window_cache is not None and self._window_cache[0] == (epoch, w):
             return self._window_cache[1]
         blocks = perm[w * self.blocks_per_window : (w + 1) * self.blocks_per_window]
@@ -175,17 +226,18 @@ class BatchLoader:
             for b in blocks
         ])
         rows = rows[np.random.default_rng([self.seed, epoch, w]).permutation(rows.size)]
-        self._window_cache = ((epoch, w), rows)
-        return rows
+        view = self._store_view.take(rows)
+        self._window_cache = ((epoch, w), view)
+        return view
 
-    def batch_indices(self, epoch: int, start_batch: int = 0) -> Iterator[Index]:
-        """Row selections of the batches of ``epoch`` from ``start_batch`` on: slices without
-        shuffling, int64 arrays of global row ids with it."""
+    def _batches(self, epoch: int, start_batch: int = 0) -> Iterator[tuple[_View, Index]]:
+        """(view, selection) of the batches of ``epoch`` from ``start_batch`` on: a slice of the
+        store without shuffling, a slice of a shuffled window with it."""
         B, n = self.batch_size, self.num_rows
         if not self.shuffle:
             for i in range(start_batch, len(self)):
                 a = self.row_start + i * B
-                yield slice(a, min(a + B, self.row_stop))
+                yield self._store_view, slice(a, min(a + B, self.row_stop))
             return
         perm, starts, sizes = self._plan(epoch)
         for i in range(start_batch, len(self)):
@@ -193,55 +245,59 @@ class BatchLoader:
             parts = []
             while a < b:
                 w = int(np.searchsorted(starts, a, side="right")) - 1
-                rows = self._window(epoch, w, perm, sizes)
+                view = self._window(epoch, w, perm, sizes)
                 s = a - int(starts[w])
-                e = min(b - int(starts[w]), rows.size)
-                parts.append(rows[s:e])
+                e = min(b - int(starts[w]), view.num_rows)
+                parts.append((view, slice(s, e)))
                 a += e - s
-            yield parts[0] if len(parts) == 1 else np.concatenate(parts)
+            yield parts[0] if len(parts) == 1 else (_View.concat(parts), slice(0, b - i * B))
+
+    def batch_rows(self, epoch: int) -> np.ndarray:
+        """Global row ids of ``epoch`` in the order the loader yields them (for inspection / tests)."""
+        out = []
+        for view, sel in self._batches(epoch):
+            out.append(np.arange(sel.start, sel.stop) if view.rows is None else view.rows[sel])
+        return np.concatenate(out) if out else np.zeros(0, np.int64)
 
     # ---- building one batch --------------------------------------------------------------------
     def build(self, idx: Index) -> Batch:
-        """The Batch of rows ``idx`` (a slice of global rows or an array of global row ids)."""
-        if isinstance(idx, slice):
-            B = idx.stop - idx.start
-        else:
-            B = int(idx.shape[0])
+        """The Batch of store rows ``idx`` (a slice or an array of global row ids)."""
+        return self._build(self._store_view, idx)
+
+    def _build(self, view: _View, sel: Index) -> Batch:
+        B = sel.stop - sel.start if isinstance(sel, slice) else int(sel.shape[0])
         dense = np.empty((B, self.num_dense), dtype=np.float32)  # (B, Nd)
-        for col, c0, width in self._dense:
+        for col, (_, c0, width) in zip(view.dense, self._dense):
             if width == 1:
-                dense[:, c0] = col[idx]
+                dense[:, c0] = col[sel]
             else:
-                dense[:, c0 : c0 + width] = col[idx]
-        sparse = self._build_sparse(idx, B)
+                dense[:, c0 : c0 + width] = col[sel]
+        sparse = self._build_sparse(view, sel, B)
         if self.multi_hot is not None:
             sparse = self.multi_hot(sparse)
-        labels = _take(self._labels, idx, np.float32)
-        weights = None if self._weights is None else _take(self._weights, idx, np.float32)
-        groups = None if self._groups is None else _take(self._groups, idx, np.int64)
+        labels = _take(view.labels, sel, np.float32)
+        weights = None if view.weights is None else _take(view.weights, sel, np.float32)
+        groups = None if view.groups is None else _take(view.groups, sel, np.int64)
         return Batch(dense=torch.from_numpy(dense), sparse=sparse, labels=labels, weights=weights, group_ids=groups)
 
-    def _build_sparse(self, idx: Index, B: int) -> KeyedJagged:
+    def _build_sparse(self, view: _View, sel: Index, B: int) -> KeyedJagged:
         F = len(self._sparse)
         lengths = np.ones((F, B), dtype=np.int64)  # (F, B)
-        pieces: list[tuple[int, Any]] = []  # (key index, gathered ids) for jagged keys
+        jagged: dict[int, np.ndarray] = {}  # key index -> gathered ids
+        global_idx = sel if view.rows is None else view.rows[sel]
         for f, (kind, col, max_len) in enumerate(self._sparse):
             if kind == "jagged":
-                ids, lengths[f] = _gather_jagged(col[0], col[1], idx, max_len)
-                pieces.append((f, ids))
-        if not pieces:  # all single-valued: values is the [F, B] id block, key-major
+                jagged[f], lengths[f] = _gather_jagged(col[0], col[1], global_idx, max_len)
+        if not jagged:  # all single-valued: values is the [F, B] id block, key-major
             vals = np.empty((F, B), dtype=np.int64)
-            for f, (_, col, _) in enumerate(self._sparse):
-                vals[f] = col[idx]
+            for f, col in enumerate(view.single):
+                vals[f] = col[sel]
             values = vals.reshape(-1)
         else:
-            counts = lengths.sum(1)
-            key_off = np.concatenate([[0], np.cumsum(counts)])
+            key_off = np.concatenate([[0], np.cumsum(lengths.sum(1))])
             values = np.empty(int(key_off[-1]), dtype=np.int64)
-            jag = dict(pieces)
-            for f, (kind, col, _) in enumerate(self._sparse):
-                seg = values[key_off[f] : key_off[f + 1]]
-                seg[:] = jag[f] if kind == "jagged" else col[idx]
+            for f, col in enumerate(view.single):
+                values[key_off[f] : key_off[f + 1]] = jagged[f] if col is None else col[sel]
         offsets = np.zeros(F * B + 1, dtype=np.int64)
         np.cumsum(lengths.reshape(-1), out=offsets[1:])
         return KeyedJagged(
@@ -257,7 +313,7 @@ class BatchLoader:
         epoch, start = self.epoch, self._resume_from
         self._resume_from = 0
         self.batches_yielded = start
-        batches = (self.build(idx) for idx in self.batch_indices(epoch, start))
+        batches = (self._build(view, sel) for view, sel in self._batches(epoch, start))
         source = _prefetch(batches, self.prefetch) if self.prefetch > 0 else batches
         try:
             for batch in source:
