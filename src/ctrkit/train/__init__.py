@@ -1,0 +1,28 @@
+"""Training: config (YAML -> dataclasses), optimizers by parameter group, checkpoints, the Trainer.
+
+Imports are lazy so ``import ctrkit.train.config`` (used by the CLI) does not pull in the trainer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_EXPORTS = {
+    "Config": "config", "DataConfig": "config", "ModelConfig": "config", "TrainConfig": "config",
+    "RunConfig": "config", "EarlyStoppingConfig": "config", "load_config": "config",
+    "config_to_dict": "config", "config_from_dict": "config", "save_config": "config",
+    "OptimizerSet": "optim", "RowWiseAdagrad": "optim", "build_optimizers": "optim",
+    "CheckpointError": "checkpoint", "save_checkpoint": "checkpoint", "load_checkpoint": "checkpoint",
+    "load_model": "checkpoint",
+    "Trainer": "trainer", "TrainingError": "trainer", "Callback": "trainer", "seed_everything": "trainer",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(f"ctrkit.train.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'ctrkit.train' has no attribute {name!r}")

@@ -1,0 +1,404 @@
+"""The training loop: epochs or steps, periodic evaluation, early stopping, checkpoints, exact resume.
+
+One optimizer step reads top to bottom::
+
+    logits = model(batch)                                   # (B,)
+    loss = BCEWithLogits(logits, labels, weights) [+ model.extra_losses(batch)]
+    zero_grad(set_to_none) -> backward -> NaN/Inf guard -> clip dense grads -> optimizer step
+
+Decisions worth knowing:
+
+- NaN/Inf guard: the loss is checked every step *before* the optimizer step (one scalar read of
+  the host; on CPU this costs no synchronisation). A non-finite loss raises :class:`TrainingError`
+  naming the step, the epoch and the first parameter whose gradient is non-finite; the weights and
+  ``last.pt`` are left as they were after the previous step.
+- Gradient clipping (``grad_clip``) is the global L2 norm over *dense* parameters only. Embedding
+  rows are not clipped: their sparse gradients are per-row and the adaptive sparse optimizers
+  (Adagrad, row-wise Adagrad) already normalise each row's step.
+- Exact resume: a checkpoint stores model, optimizer states, epoch, step, the loader's mid-epoch
+  position (``loader.state_dict()``), early-stopping state and the python / numpy / torch RNG
+  states. Resuming from it and running on gives bit-identical weights to a run that never stopped
+  (dropout and shuffling included), provided the loader's order depends only on (seed, epoch).
+- bf16 (``precision="bf16"``) runs the forward pass under CPU/CUDA autocast; the loss is computed
+  in float32 and the parameters and optimizer states stay float32.
+- Run directory: ``config.yaml`` (resolved), ``metrics.jsonl`` (one JSON object per log step,
+  ``{"kind": "train", ...}``, and per evaluation, ``{"kind": "eval", ...}``), ``last.pt`` (every
+  evaluation, every ``checkpoint_every`` steps and at the end) and ``best.pt`` (best evaluation).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+from collections.abc import Iterable, Sequence
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+import yaml
+from torch import nn
+from tqdm.auto import tqdm
+
+from ctrkit.batch import Batch
+from ctrkit.errors import CtrkitError
+from ctrkit.metrics import MAXIMISE, MetricSet
+from ctrkit.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from ctrkit.train.config import TrainConfig, config_to_dict
+from ctrkit.train.optim import OptimizerSet, build_optimizers
+
+log = logging.getLogger(__name__)
+
+
+class TrainingError(CtrkitError, RuntimeError):
+    """Training cannot go on (non-finite loss, empty data, bad resume); the message says where."""
+
+
+class Loader(Protocol):
+    """What the trainer needs from a data loader (``ctrkit.data.loader.BatchLoader`` has it)."""
+
+    def __iter__(self) -> Any: ...
+    def __len__(self) -> int: ...
+    def set_epoch(self, epoch: int) -> None: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class Callback:
+    """Hooks called by :class:`Trainer`; override what you need. Raising stops training."""
+
+    def on_step(self, trainer: Trainer, step: int, loss: torch.Tensor) -> None: ...
+    def on_eval(self, trainer: Trainer, metrics: dict[str, float]) -> None: ...
+    def on_epoch_end(self, trainer: Trainer, epoch: int) -> None: ...
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch (all devices)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+class Trainer:
+    """Fit a CTR model (``model(batch) -> logits (B,)``) on a loader of :class:`~ctrkit.batch.Batch`.
+
+    ``config`` is the train block of the run config; ``run_config`` (optional, the whole
+    :class:`~ctrkit.train.config.Config`) is what gets saved as config.yaml and inside checkpoints.
+    ``schema`` / ``model_params`` / ``vocab`` make the checkpoints self-contained for ``load_model``
+    and prediction (schema defaults to ``model.schema`` if the model has one).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        train_loader: Loader,
+        config: TrainConfig,
+        *,
+        valid_loader: Loader | None = None,
+        run_dir: str | Path | None = None,
+        metrics: Sequence[str] | None = None,
+        callbacks: Iterable[Callback] | None = None,
+        resume_from: str | Path | None = None,
+        run_config: Any = None,
+        schema: Any = None,
+        model_params: dict[str, Any] | None = None,
+        vocab: dict[str, Any] | str | Path | None = None,
+    ) -> None:
+        self.config = config
+        self.device = torch.device(config.device)
+        self.model = model.to(self.device)
+        self.train_loader = train_loader
+        self.valid_loader = valid_loader
+        self.callbacks = list(callbacks or [])
+        self.run_config = run_config
+        self.schema = schema if schema is not None else getattr(model, "schema", None)
+        if model_params is None and run_config is not None:
+            model_params = dict(run_config.model.params)
+        self.model_params = model_params or {}
+        self.model_name = getattr(model, "model_name", None) or (
+            run_config.model.name if run_config is not None else None)
+        self.vocab = vocab
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+
+        es = config.early_stopping
+        names = list(metrics if metrics is not None else config.metrics)
+        if es.patience > 0 and es.metric not in names:
+            names.append(es.metric)
+        self.metric_names = names
+        self._maximise = MAXIMISE.get(es.metric, False) if es.mode == "auto" else es.mode == "max"
+
+        seed_everything(config.seed)
+        self.optimizer: OptimizerSet = build_optimizers(self.model, config)
+        # progress state (all restored on resume)
+        self.epoch = 0
+        self.step = 0
+        self.epoch_complete = False
+        self.best_metric: float | None = None
+        self.best_step: int | None = None
+        self.bad_evals = 0
+        self.stopped_early = False
+        self.last_eval: dict[str, float] = {}
+        self._loader_state: dict[str, Any] | None = None
+        self._pbar: Any = None
+        if resume_from is not None:
+            self._resume(Path(resume_from))
+
+    # ---- public API ------------------------------------------------------------------------------
+    def fit(self) -> dict[str, Any]:
+        """Train until ``epochs`` / ``max_steps`` / early stopping; return a summary dict."""
+        cfg = self.config
+        n_batches = len(self.train_loader)
+        if n_batches == 0:
+            raise TrainingError(
+                "training data is empty: the train loader yields no batches (empty store, or "
+                "batch_size larger than the data with drop_last=True)"
+            )
+        self._prepare_run_dir()
+        total = cfg.epochs * n_batches if cfg.max_steps is None else min(cfg.max_steps, cfg.epochs * n_batches)
+        self._pbar = tqdm(total=total, initial=min(self.step, total), disable=not cfg.progress,
+                          desc="train", dynamic_ncols=True, leave=False)
+        running = torch.zeros((), dtype=torch.float64)
+        running_n = 0
+        try:
+            start_epoch = self.epoch + 1 if self.epoch_complete else self.epoch
+            for epoch in range(start_epoch, cfg.epochs):
+                if self._done():
+                    break
+                self.epoch, self.epoch_complete = epoch, False
+                self.train_loader.set_epoch(epoch)
+                if self._loader_state is not None:  # resume mid-epoch
+                    self.train_loader.load_state_dict(self._loader_state)
+                    self._loader_state = None
+                self.model.train()
+                seen = 0
+                for batch in self.train_loader:
+                    seen += 1
+                    loss = self._train_step(batch)
+                    self.step += 1
+                    running += loss.detach().double()
+                    running_n += 1
+                    self._pbar.update(1)
+                    if self.step % cfg.log_every == 0:
+                        avg = float(running) / running_n
+                        running.zero_()
+                        running_n = 0
+                        self._pbar.set_postfix(self._postfix(avg), refresh=False)
+                        self._log({"kind": "train", "step": self.step, "epoch": epoch, "loss": avg})
+                    evaluated = False
+                    if cfg.eval_every is not None and self.step % cfg.eval_every == 0:
+                        self._evaluate_and_checkpoint()
+                        evaluated = True
+                    if (not evaluated and cfg.checkpoint_every is not None
+                            and self.step % cfg.checkpoint_every == 0):
+                        self._save("last.pt")
+                    for cb in self.callbacks:
+                        cb.on_step(self, self.step, loss)
+                    if self._done():
+                        break
+                if seen == 0 and self.step == 0:
+                    raise TrainingError(f"training data is empty: epoch {epoch} produced no batches")
+                if self.stopped_early or (cfg.max_steps is not None and self.step >= cfg.max_steps):
+                    # a run stopped by max_steps / early stopping ends mid-epoch
+                    break
+                self.epoch_complete = True
+                if cfg.eval_every is None:
+                    self._evaluate_and_checkpoint()
+                for cb in self.callbacks:
+                    cb.on_epoch_end(self, epoch)
+            if not self.last_eval or self.last_eval.get("step") != self.step:
+                self._evaluate_and_checkpoint()
+            else:
+                self._save("last.pt")
+        finally:
+            self._pbar.close()
+            self._pbar = None
+        return self.summary()
+
+    @torch.no_grad()
+    def evaluate(self, loader: Iterable[Batch]) -> dict[str, float]:
+        """Metrics of the model on ``loader`` (model put back in train mode afterwards)."""
+        was_training = self.model.training
+        self.model.eval()
+        ms = MetricSet(self.metric_names)
+        try:
+            for batch in loader:
+                batch = batch.to(self.device) if self.device.type != "cpu" else batch
+                with self._autocast():
+                    logits = self.model(batch)
+                ms.update(torch.sigmoid(logits.float()), batch.labels, batch.weights,
+                          batch.group_ids if "gauc" in self.metric_names else None)
+        finally:
+            self.model.train(was_training)
+        if len(ms) == 0:
+            raise TrainingError("evaluation data is empty: the loader yielded no rows")
+        return ms.compute()
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "steps": self.step,
+            "epoch": self.epoch,
+            "stopped_early": self.stopped_early,
+            "best_metric": self.best_metric,
+            "best_step": self.best_step,
+            "metric": self.config.early_stopping.metric,
+            "last_eval": dict(self.last_eval),
+            "run_dir": str(self.run_dir) if self.run_dir else None,
+        }
+
+    # ---- one step ----------------------------------------------------------------------------------
+    def _autocast(self) -> Any:
+        if self.config.precision == "bf16":
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return nullcontext()
+
+    def _train_step(self, batch: Batch) -> torch.Tensor:
+        if self.device.type != "cpu":
+            batch = batch.to(self.device, non_blocking=True)
+        with self._autocast():
+            logits = self.model(batch)  # (B,)
+        loss = nn.functional.binary_cross_entropy_with_logits(
+            logits.float(), batch.labels, weight=batch.weights)
+        extra = getattr(self.model, "extra_losses", None)
+        if extra is not None:
+            loss = loss + extra(batch)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if not torch.isfinite(loss):
+            self._raise_non_finite(loss)
+        if self.config.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(self.optimizer.dense_params, self.config.grad_clip)
+        self.optimizer.step()
+        return loss
+
+    def _raise_non_finite(self, loss: torch.Tensor) -> None:
+        culprit = None
+        for name, p in self.model.named_parameters():
+            g = p.grad
+            if g is None:
+                continue
+            vals = g.coalesce().values() if g.is_sparse else g
+            if not torch.isfinite(vals).all():
+                culprit = name
+                break
+        where = f" first parameter with a non-finite gradient: {culprit!r}." if culprit else ""
+        raise TrainingError(
+            f"loss is {float(loss.detach())} at step {self.step + 1} (epoch {self.epoch}); training stopped "
+            f"before applying it.{where} Lower train.lr, set train.grad_clip, or check the input "
+            f"features for inf/NaN; resume from last.pt once fixed."
+        )
+
+    # ---- evaluation, early stopping, checkpoints ------------------------------------------------------
+    def _evaluate_and_checkpoint(self) -> None:
+        if self.valid_loader is None:
+            self._save("last.pt")
+            return
+        metrics = self.evaluate(self.valid_loader)
+        self.last_eval = {"step": self.step, **metrics}
+        es = self.config.early_stopping
+        value = metrics.get(es.metric)
+        improved = False
+        if value is not None and not math.isnan(value):
+            if self.best_metric is None:
+                improved = True
+            elif self._maximise:
+                improved = value > self.best_metric + es.min_delta
+            else:
+                improved = value < self.best_metric - es.min_delta
+        if improved:
+            self.best_metric, self.best_step, self.bad_evals = float(value), self.step, 0
+        else:
+            self.bad_evals += 1
+        if es.patience > 0 and self.bad_evals >= es.patience:
+            self.stopped_early = True
+            log.info("early stopping at step %d: %s did not improve for %d evaluations (best %.6g at %s)",
+                     self.step, es.metric, self.bad_evals, self.best_metric or float("nan"), self.best_step)
+        self._log({"kind": "eval", "step": self.step, "epoch": self.epoch, **metrics,
+                   "best": self.best_metric, "stopped_early": self.stopped_early})
+        if self._pbar is not None:
+            self._pbar.set_postfix({**self._postfix(None), **{k: round(v, 4) for k, v in metrics.items()}},
+                                   refresh=False)
+        for cb in self.callbacks:
+            cb.on_eval(self, metrics)
+        if improved:
+            self._save("best.pt")
+        self._save("last.pt")
+
+    def _done(self) -> bool:
+        return self.stopped_early or (self.config.max_steps is not None and self.step >= self.config.max_steps)
+
+    def _postfix(self, loss: float | None) -> dict[str, Any]:
+        out: dict[str, Any] = {"step": self.step}
+        if loss is not None:
+            out["loss"] = f"{loss:.4f}"
+        if "auc" in self.last_eval:
+            out["auc"] = f"{self.last_eval['auc']:.4f}"
+        return out
+
+    def trainer_state(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "step": self.step,
+            "epoch_complete": self.epoch_complete,
+            "loader": self.train_loader.state_dict(),
+            "best_metric": self.best_metric,
+            "best_step": self.best_step,
+            "bad_evals": self.bad_evals,
+            "stopped_early": self.stopped_early,
+            "last_eval": dict(self.last_eval),
+            "rng": rng_state(),
+        }
+
+    def save_checkpoint(self, path: str | Path) -> Path:
+        return save_checkpoint(
+            path, model=self.model, model_name=self.model_name, model_params=self.model_params,
+            schema=self.schema, config=self._config_dict(), optimizer=self.optimizer,
+            trainer_state=self.trainer_state(), vocab=self.vocab,
+        )
+
+    def _save(self, name: str) -> None:
+        if self.run_dir is not None:
+            self.save_checkpoint(self.run_dir / name)
+
+    def _resume(self, path: Path) -> None:
+        ckpt = load_checkpoint(path, map_location=self.device)
+        state = ckpt.get("trainer")
+        if state is None or ckpt.get("optimizer") is None:
+            raise TrainingError(f"cannot resume from {path}: it holds no trainer/optimizer state "
+                                "(an exported model, not a training checkpoint)")
+        try:
+            self.model.load_state_dict(ckpt["model_state"])
+            self.optimizer.load_state_dict(ckpt["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as e:
+            raise TrainingError(f"cannot resume from {path}: it does not match this model: {e}") from e
+        self.epoch = int(state["epoch"])
+        self.step = int(state["step"])
+        self.epoch_complete = bool(state["epoch_complete"])
+        self.best_metric = state["best_metric"]
+        self.best_step = state["best_step"]
+        self.bad_evals = int(state["bad_evals"])
+        self.stopped_early = bool(state.get("stopped_early", False))
+        self.last_eval = dict(state.get("last_eval") or {})
+        self._loader_state = None if self.epoch_complete else state["loader"]
+        set_rng_state(state["rng"])
+        log.info("resumed from %s at epoch %d, step %d", path, self.epoch, self.step)
+
+    # ---- run directory -------------------------------------------------------------------------------
+    def _config_dict(self) -> dict[str, Any]:
+        if self.run_config is not None:
+            return config_to_dict(self.run_config)
+        return {"train": config_to_dict(self.config)}
+
+    def _prepare_run_dir(self) -> None:
+        if self.run_dir is None:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.yaml").write_text(yaml.safe_dump(self._config_dict(), sort_keys=False))
+
+    def _log(self, record: dict[str, Any]) -> None:
+        if self.run_dir is None:
+            return
+        with open(self.run_dir / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
