@@ -1,0 +1,114 @@
+"""Command line: ``ctrkit preprocess | synth | train | evaluate | predict | models | demo``.
+
+Every sub-command lives in the module that does the work; this file only wires arguments to it.
+Errors of ctrkit's own kinds (bad config, bad data, bad store) are printed as one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Callable, Sequence
+
+log = logging.getLogger("ctrkit")
+
+
+def _add_preprocess(sub: argparse._SubParsersAction) -> None:
+    from ctrkit.data import criteo, tabular
+
+    p = sub.add_parser("preprocess", help="raw data -> columnar store")
+    kinds = p.add_subparsers(dest="kind", required=True)
+    c = kinds.add_parser("criteo", help="Criteo TSV (one file or day_0..day_23), plain or .gz")
+    criteo.add_preprocess_criteo_args(c)
+    c.set_defaults(func=criteo.run_preprocess_criteo)
+    t = kinds.add_parser("table", help="CSV / Parquet with a YAML schema")
+    tabular.add_preprocess_table_args(t)
+    t.set_defaults(func=tabular.run_preprocess_table)
+
+
+def _add_synth(sub: argparse._SubParsersAction) -> None:
+    from ctrkit.data import synthetic
+
+    p = sub.add_parser("synth", help="synthetic Criteo-shaped data (raw TSV or a store)")
+    synthetic.add_synth_args(p)
+    p.set_defaults(func=synthetic.run_synth)
+
+
+def _add_models(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("models", help="list the registered models and their parameters")
+    p.add_argument("name", nargs="?", help="show the parameters of one model")
+    p.set_defaults(func=_run_models)
+
+
+def _run_models(args: argparse.Namespace) -> int:
+    from ctrkit.models.registry import list_models, model_params
+
+    names = [args.name] if args.name else list_models()
+    for name in names:
+        params = ", ".join(f"{k}={v!r}" for k, v in model_params(name).items())
+        sys.stdout.write(f"{name}: {params}\n")
+    return 0
+
+
+def _add_run_commands(sub: argparse._SubParsersAction) -> None:
+    from ctrkit import runner
+
+    p = sub.add_parser("train", help="train a model from a YAML config")
+    p.add_argument("--config", required=True, help="YAML config (see configs/)")
+    p.add_argument("--resume", help="checkpoint to resume from (exact, mid-epoch)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=runner.run_train)
+
+    e = sub.add_parser("evaluate", help="evaluate a checkpoint on a store")
+    e.add_argument("--checkpoint", required=True)
+    e.add_argument("--data", help="store to evaluate (default: the config's test store)")
+    e.add_argument("--batch-size", type=int, default=8192)
+    e.set_defaults(func=runner.run_evaluate)
+
+    r = sub.add_parser("predict", help="score raw rows with a checkpoint")
+    r.add_argument("--checkpoint", required=True)
+    r.add_argument("--input", required=True, help="raw rows in the training data's format (e.g. Criteo TSV)")
+    r.add_argument("--output", required=True, help="CSV with one score per input row")
+    r.add_argument("--batch-size", type=int, default=8192)
+    r.set_defaults(func=runner.run_predict)
+
+    d = sub.add_parser("demo", help="preprocess the bundled Criteo sample and train DLRM with each interaction")
+    d.add_argument("--out", default="demo_out", help="working directory")
+    d.add_argument("--epochs", type=int, default=3)
+    d.set_defaults(func=runner.run_demo)
+
+
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
+    _add_preprocess, _add_synth, _add_run_commands, _add_models,
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ctrkit", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in COMMANDS:
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args, extra = build_parser().parse_known_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
+    )
+    args.overrides = extra
+    if extra and args.command != "train":
+        build_parser().error(f"unrecognized arguments: {' '.join(extra)}")
+    from ctrkit.errors import CtrkitError
+
+    try:
+        return int(args.func(args) or 0)
+    except CtrkitError as e:
+        log.error("%s", e)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

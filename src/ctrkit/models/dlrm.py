@@ -1,0 +1,111 @@
+"""DLRM (Naumov et al., 2019, "Deep Learning Recommendation Model for Personalization and
+Recommendation Systems"), as walked through in seeds 000 (§3-6) and 001.
+
+Idea: dense features go through a bottom MLP to one D-wide vector, every sparse feature is pooled
+from its embedding table to a D-wide vector, an interaction arch combines the F + 1 vectors, and a
+top MLP maps the result to one logit.
+
+    dense  (B, Nd) --DenseArch--> (B, D) --\
+                                            InteractionArch --> (B, N) --OverArch--> (B,)
+    sparse KeyedJagged --SparseArch--> (B, F, D) --/
+
+Interaction arches: ``dot`` (pairwise dot products, seed 001 §2), ``dcn`` (a cross net over the
+flattened (F + 1)·D vector: ``dcn_type`` = full | low_rank | vector | low_rank_mixture, seed 001 §3)
+and ``projection`` (two MLP branches multiplied, seed 001 §4).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import nn
+
+from ctrkit.batch import Batch
+from ctrkit.models.registry import ConfigError, register_model
+from ctrkit.nn.embedding import EmbeddingBagCollection
+from ctrkit.nn.crossnet import CrossNet, LowRankCrossNet, LowRankMixtureCrossNet, VectorCrossNet
+from ctrkit.nn.interaction import DCNInteraction, DotInteraction, ProjectionInteraction
+from ctrkit.nn.mlp import MLP
+from ctrkit.schema import Schema
+
+INTERACTIONS = ("dot", "dcn", "projection")
+DCN_TYPES = ("full", "low_rank", "vector", "low_rank_mixture")
+
+
+def _crossnet(dcn_type: str, n: int, layers: int, rank: int, experts: int, activation: str) -> nn.Module:
+    if dcn_type == "full":
+        return CrossNet(n, num_layers=layers)
+    if dcn_type == "low_rank":
+        return LowRankCrossNet(n, num_layers=layers, low_rank=rank)
+    if dcn_type == "vector":
+        return VectorCrossNet(n, num_layers=layers)
+    if dcn_type == "low_rank_mixture":
+        return LowRankMixtureCrossNet(n, num_layers=layers, low_rank=rank, num_experts=experts,
+                                      activation=activation)
+    raise ConfigError(f"dlrm: dcn_type {dcn_type!r} is not one of {DCN_TYPES}")
+
+
+@register_model("dlrm")
+class DLRM(nn.Module):
+    """DLRM with a choice of interaction arch.
+
+    ``dense_arch`` are the bottom MLP's hidden widths; its last layer is D (the embedding dim) so
+    ``dense_arch=(512, 256)`` gives Nd-512-256-D. ``over_arch`` are the top MLP's hidden widths,
+    followed by one output unit. Every sparse feature must use the same embedding dim D.
+    """
+
+    def __init__(
+        self,
+        schema: Schema,
+        *,
+        dense_arch: tuple[int, ...] = (512, 256),
+        over_arch: tuple[int, ...] = (512, 256),
+        interaction: Literal["dot", "dcn", "projection"] = "dot",
+        dcn_type: Literal["full", "low_rank", "vector", "low_rank_mixture"] = "low_rank",
+        dcn_layers: int = 3,
+        dcn_rank: int = 16,
+        dcn_experts: int = 4,
+        dcn_activation: str = "relu",
+        projection_branch1: tuple[int, ...] = (256, 8),
+        projection_branch2: tuple[int, ...] = (256, 8),
+    ) -> None:
+        super().__init__()
+        if interaction not in INTERACTIONS:
+            raise ConfigError(f"dlrm: interaction {interaction!r} is not one of {INTERACTIONS}")
+        if schema.num_dense == 0:
+            raise ConfigError("dlrm needs at least one dense feature (its DenseArch feeds the interaction)")
+        self.sparse_keys = [k for k in schema.sparse_keys if _pooled(schema, k)]
+        self.sparse_arch = EmbeddingBagCollection.from_schema(schema, self.sparse_keys)
+        dims = {schema.embedding_dim(k) for k in self.sparse_keys}
+        if len(dims) != 1:
+            per = {k: schema.embedding_dim(k) for k in self.sparse_keys}
+            raise ConfigError(f"dlrm needs one embedding dim for every sparse feature; the schema has {per}")
+        D = dims.pop()
+        F = len(self.sparse_keys)
+        self.dense_arch = MLP(schema.num_dense, [*dense_arch, D])  # (B, Nd) -> (B, D)
+        if interaction == "dot":
+            self.interaction_arch: nn.Module = DotInteraction(F, D)
+        elif interaction == "dcn":
+            cross = _crossnet(dcn_type, (F + 1) * D, dcn_layers, dcn_rank, dcn_experts, dcn_activation)
+            self.interaction_arch = DCNInteraction(F, D, cross)
+        else:
+            self.interaction_arch = ProjectionInteraction(
+                F, D, list(projection_branch1), list(projection_branch2)
+            )
+        self.over_arch = nn.Sequential(
+            MLP(self.interaction_arch.out_features, list(over_arch)),
+            nn.Linear(over_arch[-1] if over_arch else self.interaction_arch.out_features, 1),
+        )
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        dense = self.dense_arch(batch.dense)  # (B, D)
+        kj = batch.sparse if batch.sparse.keys == self.sparse_keys else batch.sparse.select(self.sparse_keys)
+        sparse = self.sparse_arch(kj).stacked()  # (B, F, D)
+        z = self.interaction_arch(dense, sparse)  # (B, N)
+        return self.over_arch(z).squeeze(-1)  # (B,)
+
+
+def _pooled(schema: Schema, key: str) -> bool:
+    f = schema.feature(key)
+    return getattr(f, "pooling", "sum") != "none"

@@ -1,0 +1,82 @@
+"""Shared fixtures: a small schema with every kind of feature and batches with a planted signal."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from ctrkit.batch import Batch, KeyedJagged
+from ctrkit.schema import DenseFeature, Schema, SequenceFeature, SparseFeature
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+if not SHARED_DATA.is_dir():  # a clone elsewhere: fall back to the conventional location
+    SHARED_DATA = Path("/work/shared/data")
+
+DIM = 8
+
+
+def contract_schema() -> Schema:
+    """3 dense, 4 single-valued sparse (user / item groups), a multi-valued tag and an item history."""
+    return Schema(
+        dense=[DenseFeature("d0"), DenseFeature("d1"), DenseFeature("d2")],
+        sparse=[
+            SparseFeature("user", 50, DIM, group="user"),
+            SparseFeature("item", 40, DIM, group="item"),
+            SparseFeature("cat", 12, DIM, group="item"),
+            SparseFeature("ctx", 6, DIM, group="context"),
+            SparseFeature("tags", 20, DIM, group="item", multi_valued=True, pooling="mean"),
+        ],
+        sequence=[SequenceFeature("hist_item", 6, shares="item", pooling="mean")],
+    )
+
+
+def planted_data(n: int, seed: int = 0, schema: Schema | None = None) -> dict[str, np.ndarray]:
+    """Rows whose label follows a logistic model of one dense value and two id properties."""
+    schema = schema or contract_schema()
+    rng = np.random.default_rng(seed)
+    out: dict[str, np.ndarray] = {}
+    dense = rng.normal(size=(n, schema.num_dense)).astype(np.float32)
+    out["dense"] = dense
+    for f in schema.sparse:
+        if f.multi_valued:
+            lengths = rng.integers(0, 4, n)
+            out[f.name + ".lengths"] = lengths
+            out[f.name] = rng.integers(2, f.vocab_size, lengths.sum())
+        else:
+            out[f.name] = rng.integers(2, f.vocab_size, n)
+    for q in schema.sequence:
+        vocab = schema.feature(q.shares).vocab_size
+        lengths = rng.integers(0, q.max_len + 1, n)
+        out[q.name + ".lengths"] = lengths
+        out[q.name] = rng.integers(2, vocab, lengths.sum())
+    logit = 1.5 * dense[:, 0] + 2.0 * (out["item"] % 2 == 0) - 2.0 * (out["user"] % 3 == 0) - 0.3
+    out["label"] = (rng.random(n) < 1 / (1 + np.exp(-logit))).astype(np.float32)
+    return out
+
+
+def make_batch(data: dict[str, np.ndarray], rows: np.ndarray | slice, schema: Schema | None = None) -> Batch:
+    """Slice rows out of ``planted_data`` into a Batch (KeyedJagged in the schema's key order)."""
+    schema = schema or contract_schema()
+    idx = np.arange(len(data["label"]))[rows]
+    per_key = {}
+    for key in schema.sparse_keys:
+        if key + ".lengths" in data:
+            lengths = data[key + ".lengths"]
+            offsets = np.concatenate([[0], np.cumsum(lengths)])
+            vals = np.concatenate([data[key][offsets[i]:offsets[i + 1]] for i in idx]) if len(idx) else []
+            per_key[key] = (torch.as_tensor(np.asarray(vals, dtype=np.int64)), torch.as_tensor(lengths[idx]))
+        else:
+            per_key[key] = (torch.as_tensor(data[key][idx]), torch.ones(len(idx), dtype=torch.int64))
+    return Batch(
+        dense=torch.as_tensor(data["dense"][idx]),
+        sparse=KeyedJagged.from_per_key(per_key),
+        labels=torch.as_tensor(data["label"][idx]),
+    )
+
+
+@pytest.fixture
+def schema() -> Schema:
+    return contract_schema()
