@@ -1,0 +1,102 @@
+"""Schema-driven input blocks shared by the model zoo.
+
+``FieldEmbedding``: the pooled embedding of every sparse (and pooled sequence) feature, one field
+each -> (B, F, D), or (B, sum D_f) concatenated when dims differ.
+``LinearTerm``: the first-order (logistic-regression) part ``b + sum_f w[id_f] + <w_d, x_dense>``
+-> (B,), with one scalar weight per id (dim-1 tables mirroring the schema's tables, so shared
+tables share their first-order weights too).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ctrkit.batch import Batch, KeyedJagged
+from ctrkit.models.registry import ConfigError
+from ctrkit.nn.embedding import EmbeddingBagCollection
+from ctrkit.schema import Schema, SequenceFeature, TableSpec
+
+
+def pooled_keys(schema: Schema) -> list[str]:
+    """Sparse features plus sequences whose pooling is not "none", in schema order."""
+    return [s.name for s in schema.sparse] + [q.name for q in schema.sequence if q.pooling != "none"]
+
+
+def _select(kj: KeyedJagged, keys: list[str]) -> KeyedJagged:
+    return kj if kj.keys == keys else kj.select(keys)
+
+
+class FieldEmbedding(nn.Module):
+    """Pooled field embeddings of ``keys`` (default: :func:`pooled_keys`).
+
+    ``forward(batch)`` -> (B, F, D); needs one embedding dim across the fields (``model`` names the
+    caller in the error). ``concat(batch)`` -> (B, sum of dims) works for any dims.
+    """
+
+    def __init__(self, schema: Schema, *, keys: list[str] | None = None, model: str = "model") -> None:
+        super().__init__()
+        self.keys = list(keys) if keys is not None else pooled_keys(schema)
+        if not self.keys:
+            raise ConfigError(f"{model} needs at least one sparse feature in the schema")
+        self.ebc = EmbeddingBagCollection.from_schema(schema, self.keys)
+        self.dims = {k: schema.embedding_dim(k) for k in self.keys}
+        self.model = model
+        self.num_fields = len(self.keys)
+        self.out_features = sum(self.dims.values())
+
+    @property
+    def embedding_dim(self) -> int:
+        """The common dim D; a ConfigError naming the fields when dims differ."""
+        dims = set(self.dims.values())
+        if len(dims) != 1:
+            raise ConfigError(
+                f"{self.model} needs one embedding dim for every field, but the schema has {self.dims}; "
+                "set the same embedding_dim on every sparse feature"
+            )
+        return dims.pop()
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        return self.ebc(_select(batch.sparse, self.keys)).stacked()  # (B, F, D)
+
+    def concat(self, batch: Batch) -> torch.Tensor:
+        return self.ebc(_select(batch.sparse, self.keys)).concat()  # (B, sum D_f)
+
+
+class LinearTerm(nn.Module):
+    """First-order part ``b + sum_f w[id_f] + <w_d, dense>`` -> (B,).
+
+    Multi-valued features and pooled sequences contribute their pooled (sum/mean) weight.
+    """
+
+    def __init__(
+        self, schema: Schema, *, keys: list[str] | None = None, use_dense: bool = True, bias: bool = True
+    ) -> None:
+        super().__init__()
+        self.keys = list(keys) if keys is not None else pooled_keys(schema)
+        specs = schema.tables()
+        used = {schema.table_of(k) for k in self.keys}
+        tables = [TableSpec(t.name, t.num_embeddings, 1, t.features) for t in specs.values() if t.name in used]
+        pooling = {}
+        for k in self.keys:
+            f = schema.feature(k)
+            pooling[k] = f.pooling if not isinstance(f, SequenceFeature) else f.pooling
+        self.ebc = (
+            EmbeddingBagCollection(tables, {k: schema.table_of(k) for k in self.keys}, pooling)
+            if self.keys else None
+        )
+        if self.ebc is not None:
+            for w in self.ebc.weights.values():
+                nn.init.zeros_(w)
+        self.dense = nn.Linear(schema.num_dense, 1, bias=False) if use_dense and schema.num_dense else None
+        self.bias = nn.Parameter(torch.zeros(1)) if bias else None
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        out = batch.labels.new_zeros(len(batch))  # (B,)
+        if self.ebc is not None:
+            out = out + self.ebc(_select(batch.sparse, self.keys)).stacked().sum(dim=(1, 2))
+        if self.dense is not None:
+            out = out + self.dense(batch.dense).squeeze(-1)
+        if self.bias is not None:
+            out = out + self.bias
+        return out
