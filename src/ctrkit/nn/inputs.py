@@ -15,7 +15,7 @@ from torch import nn
 from ctrkit.batch import Batch, KeyedJagged
 from ctrkit.models.registry import ConfigError
 from ctrkit.nn.embedding import EmbeddingBagCollection
-from ctrkit.schema import Schema, SequenceFeature, TableSpec
+from ctrkit.schema import Schema, TableSpec
 
 
 def pooled_keys(schema: Schema) -> list[str]:
@@ -77,10 +77,7 @@ class LinearTerm(nn.Module):
         specs = schema.tables()
         used = {schema.table_of(k) for k in self.keys}
         tables = [TableSpec(t.name, t.num_embeddings, 1, t.features) for t in specs.values() if t.name in used]
-        pooling = {}
-        for k in self.keys:
-            f = schema.feature(k)
-            pooling[k] = f.pooling if not isinstance(f, SequenceFeature) else f.pooling
+        pooling = {k: schema.feature(k).pooling for k in self.keys}
         self.ebc = (
             EmbeddingBagCollection(tables, {k: schema.table_of(k) for k in self.keys}, pooling)
             if self.keys else None
