@@ -1,0 +1,242 @@
+"""Shared pieces of the raw-data preprocessors: bad-row accounting, counter-based row randomness and
+the on-disk shuffle (scatter rows into K temporary shards, then shuffle each shard in memory).
+
+Nothing here holds more than one chunk or one shard in memory, so preprocessing memory does not grow
+with the number of rows.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ctrkit.errors import CtrkitError
+
+log = logging.getLogger(__name__)
+
+_MASK64 = 0xFFFFFFFFFFFFFFFF
+
+
+class DataError(CtrkitError, ValueError):
+    """Raw input that cannot be preprocessed; the message names the file, the line and the fix."""
+
+
+# ---- bad rows ---------------------------------------------------------------------------------------
+@dataclass
+class BadRows:
+    """Counts malformed rows of one input file and keeps the first ``keep`` of them.
+
+    ``first`` holds ``(line_number, reason)`` with 1-based physical line numbers.
+    """
+
+    file: str
+    keep: int = 10
+    total: int = 0
+    bad: int = 0
+    first: list[tuple[int, str]] = field(default_factory=list)
+
+    def add(self, lines: np.ndarray, reason: str) -> None:
+        """Record malformed rows at 1-based ``lines`` [k] that share one ``reason``."""
+        k = len(lines)
+        if k == 0:
+            return
+        self.bad += k
+        room = self.keep - len(self.first)
+        if room > 0:
+            self.first.extend((int(n), reason) for n in np.asarray(lines)[:room])
+            self.first.sort()
+            del self.first[self.keep:]
+
+    def check(self, max_bad_fraction: float) -> None:
+        """Log the bad rows; raise :class:`DataError` when ``bad / total > max_bad_fraction``."""
+        if self.bad == 0:
+            return
+        where = "; ".join(f"line {n}: {r}" for n, r in self.first)
+        frac = self.bad / max(self.total, 1)
+        if frac > max_bad_fraction:
+            raise DataError(
+                f"{self.file}: {self.bad} of {self.total} rows are malformed ({frac:.4%}), more than "
+                f"max_bad_fraction={max_bad_fraction}; first bad rows: {where}. Fix the file or raise "
+                "--max-bad-fraction to skip them"
+            )
+        log.warning("%s: skipped %d malformed rows of %d; first: %s", self.file, self.bad, self.total, where)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": self.file, "rows": self.total, "bad_rows": self.bad,
+                "first_bad_lines": [{"line": n, "reason": r} for n, r in self.first]}
+
+
+# ---- counter-based randomness ------------------------------------------------------------------------
+def splitmix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64 finaliser applied elementwise to uint64 ``x`` [n] -> uint64 [n] (wrapping arithmetic).
+
+    Used as a counter-based random generator: ``splitmix64(seed_key + row_index)`` gives the same
+    draw for a row however the input is chunked.
+    """
+    z = np.asarray(x, dtype=np.uint64).copy()
+    z += np.uint64(0x9E3779B97F4A7C15)
+    z ^= z >> np.uint64(30)
+    z *= np.uint64(0xBF58476D1CE4E5B9)
+    z ^= z >> np.uint64(27)
+    z *= np.uint64(0x94D049BB133111EB)
+    z ^= z >> np.uint64(31)
+    return z
+
+
+def stream_key(seed: int, *parts: int) -> int:
+    """A 64-bit key for one random stream (seed, purpose, file index, ...), mixed by SplitMix64."""
+    k = np.array([seed & _MASK64], dtype=np.uint64)
+    for p in parts:
+        k = splitmix64(k ^ np.uint64(p & _MASK64))
+    return int(k[0])
+
+
+def row_uniform(key: int, index: np.ndarray) -> np.ndarray:
+    """Uniform [0, 1) float64 [n] for rows ``index`` [n] of the random stream ``key``."""
+    z = splitmix64(np.asarray(index, dtype=np.uint64) + np.uint64(key))
+    return (z >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
+def parse_split(split: str | tuple[float, ...] | list[float]) -> tuple[float, float, float]:
+    """``"0.8,0.1,0.1"`` (train, valid, test; two numbers = no valid) -> fractions that sum to 1."""
+    try:
+        parts = [float(p) for p in (split.split(",") if isinstance(split, str) else split)]
+    except ValueError as e:
+        raise DataError(f"split {split!r} must be comma-separated fractions like '0.8,0.1,0.1'") from e
+    if len(parts) == 2:
+        parts = [parts[0], 0.0, parts[1]]
+    if len(parts) != 3 or any(p < 0 for p in parts) or not 0.999 <= sum(parts) <= 1.001 or parts[0] <= 0:
+        raise DataError(
+            f"split {split!r} must be 2 or 3 non-negative fractions (train,valid,test) that sum to 1, "
+            "with train > 0, e.g. '0.8,0.1,0.1'"
+        )
+    s = sum(parts)
+    return parts[0] / s, parts[1] / s, parts[2] / s
+
+
+def assign_split(u: np.ndarray, fractions: tuple[float, float, float]) -> np.ndarray:
+    """Split code per row (0 train, 1 valid, 2 test) from uniforms ``u`` [n]."""
+    edges = np.array([fractions[0], fractions[0] + fractions[1]])
+    return np.searchsorted(edges, u, side="right").astype(np.int8)
+
+
+# ---- disk shuffle --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SpillColumn:
+    """One column of a spill: fixed-width (``inner`` shape per row) or jagged (values + lengths)."""
+
+    dtype: str
+    inner: tuple[int, ...] = ()
+    jagged: bool = False
+
+
+def jagged_take(values: np.ndarray, lengths: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows ``rows`` [m] of a jagged column (values [nnz], lengths [n]) -> (values [nnz'], lengths [m]).
+
+    Vectorised: value index = start[row] + position within the row.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    starts = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=starts[1:])
+    new_len = lengths[rows]
+    total = int(new_len.sum())
+    if total == 0:
+        return values[:0], new_len
+    row_of = np.repeat(np.arange(len(rows)), new_len)  # (nnz',)
+    new_starts = np.cumsum(new_len) - new_len
+    pos = np.arange(total) - new_starts[row_of]
+    return values[starts[rows][row_of] + pos], new_len
+
+
+class ShardSpill:
+    """Rows of one split scattered into ``n_shards`` temporary files, read back one shard at a time.
+
+    ``add(columns, shard)`` appends each row to the shard given by ``shard`` [n] (ints in [0, K));
+    ``read(i, seed)`` loads shard i and, when ``seed`` is not None, permutes its rows. Assigning rows
+    to shards uniformly at random and shuffling every shard gives a uniformly random permutation
+    while holding only one shard in memory.
+    """
+
+    def __init__(self, directory: Path, n_shards: int, columns: dict[str, SpillColumn]) -> None:
+        self.dir, self.n_shards, self.columns = Path(directory), int(n_shards), columns
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.rows = np.zeros(self.n_shards, np.int64)
+
+    def _file(self, shard: int, col: str, part: str = "data") -> Path:
+        return self.dir / f"{shard:05d}.{col}.{part}.bin"
+
+    def add(self, cols: dict[str, Any], shard: np.ndarray | None = None) -> None:
+        """Append rows; fixed columns are arrays [n, *inner], jagged ones (values [nnz], lengths [n])."""
+        first = next(iter(cols.values()))
+        n = len(first[1]) if isinstance(first, tuple) else len(first)
+        if n == 0:
+            return
+        if shard is None or self.n_shards == 1:
+            groups = [(0, None)]
+        else:
+            order = np.argsort(shard, kind="stable")
+            bounds = np.searchsorted(shard[order], np.arange(self.n_shards + 1))
+            groups = [(s, order[bounds[s]:bounds[s + 1]]) for s in range(self.n_shards) if bounds[s + 1] > bounds[s]]
+        for s, idx in groups:
+            for name, spec in self.columns.items():
+                item = cols[name]
+                if spec.jagged:
+                    vals, lens = item
+                    if idx is not None:
+                        vals, lens = jagged_take(np.asarray(vals), np.asarray(lens), idx)
+                    with open(self._file(s, name, "values"), "ab") as f:
+                        f.write(np.ascontiguousarray(vals, dtype=spec.dtype).tobytes())
+                    with open(self._file(s, name, "lengths"), "ab") as f:
+                        f.write(np.ascontiguousarray(lens, dtype=np.int64).tobytes())
+                else:
+                    a = np.asarray(item) if idx is None else np.asarray(item)[idx]
+                    with open(self._file(s, name), "ab") as f:
+                        f.write(np.ascontiguousarray(a, dtype=spec.dtype).tobytes())
+            self.rows[s] += n if idx is None else len(idx)
+
+    def read(self, shard: int, seed: int | None = None) -> dict[str, Any]:
+        """Shard ``shard`` as a dict of columns, rows permuted by ``default_rng(seed)`` unless seed is None."""
+        n = int(self.rows[shard])
+        perm = np.random.default_rng(seed).permutation(n) if seed is not None else None
+        out: dict[str, Any] = {}
+        for name, spec in self.columns.items():
+            if spec.jagged:
+                vals = np.fromfile(self._file(shard, name, "values"), dtype=spec.dtype) if n else np.zeros(0, spec.dtype)
+                lens = np.fromfile(self._file(shard, name, "lengths"), dtype=np.int64) if n else np.zeros(0, np.int64)
+                out[name] = jagged_take(vals, lens, perm) if perm is not None else (vals, lens)
+            else:
+                a = np.fromfile(self._file(shard, name), dtype=spec.dtype) if n else np.zeros(0, spec.dtype)
+                a = a.reshape(n, *spec.inner)
+                out[name] = a[perm] if perm is not None else a
+            for part in ("data", "values", "lengths"):
+                self._file(shard, name, part).unlink(missing_ok=True)
+        return out
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(s for s in range(self.n_shards) if self.rows[s] > 0)
+
+
+class TempDir:
+    """A temporary directory next to ``near`` (same file system as the output), removed on exit."""
+
+    def __init__(self, near: Path, prefix: str) -> None:
+        near.mkdir(parents=True, exist_ok=True)
+        self.path = Path(tempfile.mkdtemp(prefix=prefix, dir=near))
+
+    def __enter__(self) -> Path:
+        return self.path
+
+    def __exit__(self, *exc: object) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def shard_count(est_rows: float, row_bytes: int, target_shard_bytes: int = 256 << 20) -> int:
+    """Number of shuffle shards so that one shard (est_rows * row_bytes / K bytes) stays near the target."""
+    return int(min(4096, max(1, np.ceil(est_rows * row_bytes / target_shard_bytes))))

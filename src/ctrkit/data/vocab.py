@@ -1,0 +1,359 @@
+"""Per-column vocabularies: raw categorical values -> contiguous ids in first-appearance order.
+
+Id convention (seed 000 §3.3, extended with a rare bucket)::
+
+    0          missing value (empty field / null)
+    1          rare (seen fewer than ``min_freq`` times), over the ``max_vocab`` cap, or unseen at serving
+    2, 3, ...  kept values, numbered in the order they first appear in the input
+
+Fitting streams: :class:`VocabBuilder.add` gives every new value a *provisional* id (its rank of first
+appearance) and counts occurrences, so one pass over the data is enough. :meth:`VocabBuilder.finish`
+turns counts into the final ids and returns a lookup table ``lut[provisional id] -> final id`` that
+the caller applies to ids it has already written (min_freq and the cap can only be decided at the end).
+
+``max_vocab`` bounds the vocabulary size (ids < max_vocab), like torchrec's ``max_ind_range``:
+
+* ``mode="hash"`` (default, as torchrec): each kept value goes to bucket ``2 + h(value) % (max_vocab - 2)``
+  with a fixed 64-bit hash h (SplitMix64 of the integer key, FNV-1a of a string's UTF-8 bytes);
+* ``mode="cap"``: the first ``max_vocab - 2`` kept values (first-appearance order) keep their ids and
+  later values map to 1.
+
+On disk (``<store>/vocab/``): ``vocab.json`` (options and sizes per vocabulary) and one Arrow IPC file
+per vocabulary with the kept raw keys in id order (column ``key``), their training counts (``count``)
+and, in hash mode, their ids (``id``). :meth:`Vocabulary.lookup` maps new raw values with the same
+rules (unseen -> 1, missing -> 0), vectorised with ``numpy.searchsorted``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ctrkit.data.rows import DataError, splitmix64
+
+MISSING_ID = 0
+RARE_ID = 1
+FIRST_ID = 2
+MODES = ("hash", "cap")
+KINDS = ("int", "str")
+
+
+def hash_keys(keys: np.ndarray, seed: int = 0) -> np.ndarray:
+    """Deterministic 64-bit hash per key -> uint64 [n]. Integers: SplitMix64(key ^ seed); strings:
+    64-bit FNV-1a over the UTF-8 bytes (vectorised over keys, looping over byte positions)."""
+    keys = np.asarray(keys)
+    if keys.dtype.kind in "iu":
+        return splitmix64(keys.astype(np.int64).view(np.uint64) ^ np.uint64(seed))
+    b = np.char.encode(keys.astype(str), "utf-8") if keys.dtype.kind != "S" else keys
+    width = b.dtype.itemsize
+    mat = np.frombuffer(b.tobytes(), np.uint8).reshape(len(b), width) if len(b) else np.zeros((0, 1), np.uint8)
+    h = np.full(len(b), 0xCBF29CE484222325 ^ seed, dtype=np.uint64)
+    prime = np.uint64(0x100000001B3)
+    for j in range(width):  # over byte positions, not rows
+        col = mat[:, j].astype(np.uint64)
+        live = col != 0
+        h = np.where(live, (h ^ col) * prime, h)
+    return h
+
+
+def _as_key_array(values: Any, kind: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """Raw values (numpy or pyarrow) -> (numpy keys, missing mask or None). Nulls and, for strings, empty
+    strings are missing."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if isinstance(values, pa.Array):
+        missing = values.is_null().to_numpy(zero_copy_only=False) if values.null_count else None
+        if kind == "str":
+            values = pc.cast(values, pa.string()) if not pa.types.is_string(values.type) else values
+            empty = pc.equal(pc.utf8_length(values), 0).fill_null(True).to_numpy(zero_copy_only=False)
+            missing = empty if missing is None else (missing | empty)
+            arr = values.fill_null("").to_numpy(zero_copy_only=False).astype(str)
+        else:
+            arr = values.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+        if missing is not None and not missing.any():
+            missing = None
+        return arr, missing
+    arr = np.asarray(values)
+    if kind == "str":
+        arr = arr.astype(str)
+        missing = arr == ""
+        return arr, (missing if missing.any() else None)
+    return arr.astype(np.int64, copy=False), None
+
+
+def _sorted_insert(a: np.ndarray, a_val: np.ndarray, b: np.ndarray, b_val: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Merge sorted ``b`` (with payload b_val) into sorted ``a`` (payload a_val) in O(len(a) + len(b))."""
+    pos = np.searchsorted(a, b) + np.arange(len(b))  # final positions of b
+    n = len(a) + len(b)
+    keys = np.empty(n, dtype=np.result_type(a, b))
+    vals = np.empty(n, dtype=np.result_type(a_val, b_val))
+    is_b = np.zeros(n, bool)
+    is_b[pos] = True
+    keys[pos], vals[pos] = b, b_val
+    keys[~is_b], vals[~is_b] = a, a_val
+    return keys, vals
+
+
+class _SortedIndex:
+    """key -> payload map over numpy arrays: a big sorted run plus a small sorted delta, merged when the
+    delta grows past 1/16 of the big run, so inserting n keys costs O(n log n) amortised."""
+
+    def __init__(self, dtype: Any) -> None:
+        self.k = [np.empty(0, dtype), np.empty(0, dtype)]
+        self.v = [np.empty(0, np.int64), np.empty(0, np.int64)]
+
+    def get(self, keys: np.ndarray) -> np.ndarray:
+        """Payload per key, -1 where absent -> int64 [n]."""
+        out = np.full(len(keys), -1, np.int64)
+        for k, v in zip(self.k, self.v):
+            if len(k) == 0:
+                continue
+            pos = np.searchsorted(k, keys)
+            pos[pos == len(k)] = 0
+            hit = k[pos] == keys
+            out[hit] = v[pos[hit]]
+        return out
+
+    def insert(self, keys: np.ndarray, vals: np.ndarray) -> None:
+        order = np.argsort(keys, kind="stable")
+        self.k[1], self.v[1] = _sorted_insert(self.k[1], self.v[1], keys[order], vals[order])
+        if len(self.k[1]) > max(1 << 16, len(self.k[0]) // 16):
+            self.k[0], self.v[0] = _sorted_insert(self.k[0], self.v[0], self.k[1], self.v[1])
+            self.k[1], self.v[1] = self.k[1][:0], self.v[1][:0]
+
+    def __len__(self) -> int:
+        return len(self.k[0]) + len(self.k[1])
+
+
+class VocabBuilder:
+    """Streaming first-appearance indexer with counts for one vocabulary.
+
+    ``add(values)`` returns provisional ids int64 [n]: 0 for missing, else 2 + rank of first appearance
+    over everything added so far. Per chunk the distinct values are found with a hash
+    (``pyarrow.compute.dictionary_encode``, which lists them in first-appearance order) and only those
+    m << n values are looked up in the sorted index.
+    """
+
+    def __init__(self, name: str, kind: str = "int") -> None:
+        if kind not in KINDS:
+            raise DataError(f"vocabulary {name!r}: kind {kind!r} is not one of {KINDS}")
+        self.name, self.kind = name, kind
+        self._index = _SortedIndex(np.int64 if kind == "int" else np.dtype("<U1"))
+        self._keys: list[np.ndarray] = []  # new keys per chunk, first-appearance order
+        self._counts = np.zeros(1024, np.int64)  # indexed by provisional id
+        self.next_id = FIRST_ID
+        self.missing = 0
+
+    def add(self, values: Any, missing: np.ndarray | None = None) -> np.ndarray:
+        """Raw values [n] (numpy or pyarrow; nulls / ``missing`` [n] bool = missing) -> provisional ids int64 [n]."""
+        keys, miss = _as_key_array(values, self.kind)
+        if missing is not None:
+            miss = missing if miss is None else (miss | missing)
+        arr = pa.array(keys, mask=miss) if miss is not None else pa.array(keys)
+        enc = pc.dictionary_encode(arr)
+        uniq = enc.dictionary.to_numpy(zero_copy_only=False)  # (m,) first-appearance order
+        if self.kind == "str":
+            uniq = uniq.astype(str)
+        idx = enc.indices.fill_null(-1).to_numpy(zero_copy_only=False) if miss is not None else enc.indices.to_numpy()
+        pid = self._index.get(uniq)  # (m,)
+        new = np.flatnonzero(pid < 0)
+        if len(new):
+            pid[new] = self.next_id + np.arange(len(new))
+            self._index.insert(uniq[new], pid[new])
+            self._keys.append(uniq[new])
+            self.next_id += len(new)
+            if self.next_id > len(self._counts):
+                grown = np.zeros(max(self.next_id, 2 * len(self._counts)), np.int64)
+                grown[: len(self._counts)] = self._counts
+                self._counts = grown
+        cnt = np.bincount(idx[idx >= 0] if miss is not None else idx, minlength=len(uniq))
+        self._counts[pid] += cnt
+        if miss is not None:
+            self.missing += int(miss.sum())
+        return np.append(pid, MISSING_ID)[idx]  # idx -1 (missing) picks the appended 0
+
+    def keys(self) -> np.ndarray:
+        """Every value seen, in first-appearance (provisional id) order."""
+        if not self._keys:
+            return np.empty(0, np.int64 if self.kind == "int" else "<U1")
+        return np.concatenate(self._keys)
+
+    def counts(self) -> np.ndarray:
+        return self._counts[FIRST_ID: self.next_id].copy()
+
+    def finish(
+        self, min_freq: int = 1, max_vocab: int | None = None, mode: str = "hash", hash_seed: int = 0,
+    ) -> tuple[Vocabulary, np.ndarray | None]:
+        """Final vocabulary and ``lut`` int64 [next_id] mapping provisional -> final ids (None = identity).
+
+        kept = count >= min_freq; kept values take ids 2, 3, ... in first-appearance order; with
+        ``max_vocab`` the ids are capped or hashed as described in the module docstring.
+        """
+        check_vocab_options(min_freq, max_vocab, mode, self.name)
+        keys, counts = self.keys(), self.counts()
+        kept = counts >= min_freq
+        vocab = Vocabulary.build(self.name, self.kind, keys[kept], counts[kept], min_freq=min_freq,
+                                 max_vocab=max_vocab, mode=mode, hash_seed=hash_seed, seen=len(keys),
+                                 missing=self.missing)
+        if kept.all() and (max_vocab is None or (mode == "cap" and len(keys) <= max_vocab - FIRST_ID)):
+            return vocab, None
+        lut = np.full(self.next_id, RARE_ID, np.int64)
+        lut[MISSING_ID] = MISSING_ID
+        lut[FIRST_ID + np.flatnonzero(kept)[: len(vocab.ids)]] = vocab.ids  # cap: only the first ones
+        return vocab, lut
+
+
+def check_vocab_options(min_freq: int, max_vocab: int | None, mode: str, name: str = "") -> None:
+    where = f"vocabulary {name!r}: " if name else ""
+    if not isinstance(min_freq, (int, np.integer)) or min_freq < 1:
+        raise DataError(f"{where}min_freq must be an integer >= 1, got {min_freq!r}")
+    if max_vocab is not None and (not isinstance(max_vocab, (int, np.integer)) or max_vocab < 3):
+        raise DataError(f"{where}max_vocab must be an integer >= 3 (ids 0 and 1 are reserved), got {max_vocab!r}")
+    if mode not in MODES:
+        raise DataError(f"{where}max_vocab mode {mode!r} is not one of {MODES}")
+
+
+@dataclass
+class Vocabulary:
+    """A fitted vocabulary: kept raw ``keys`` [k] in first-appearance order and their final ``ids`` [k].
+
+    ``size`` is the embedding-table row count (max id + 1, including 0 = missing and 1 = rare).
+    """
+
+    name: str
+    kind: str
+    keys: np.ndarray
+    ids: np.ndarray
+    counts: np.ndarray
+    size: int
+    min_freq: int = 1
+    max_vocab: int | None = None
+    mode: str = "hash"
+    hash_seed: int = 0
+    seen: int = 0
+    missing: int = 0
+
+    @classmethod
+    def build(cls, name: str, kind: str, keys: np.ndarray, counts: np.ndarray, *, min_freq: int = 1,
+              max_vocab: int | None = None, mode: str = "hash", hash_seed: int = 0, seen: int | None = None,
+              missing: int = 0) -> Vocabulary:
+        """Assign final ids to kept ``keys`` [k] (first-appearance order)."""
+        k = len(keys)
+        if max_vocab is not None and mode == "cap" and k > max_vocab - FIRST_ID:
+            keys, counts, k = keys[: max_vocab - FIRST_ID], counts[: max_vocab - FIRST_ID], max_vocab - FIRST_ID
+        if max_vocab is not None and mode == "hash":
+            buckets = max_vocab - FIRST_ID
+            ids = (FIRST_ID + hash_keys(keys, hash_seed) % np.uint64(buckets)).astype(np.int64)
+            size = max_vocab
+        else:
+            ids = FIRST_ID + np.arange(k, dtype=np.int64)
+            size = FIRST_ID + k
+        return cls(name, kind, keys, ids, np.asarray(counts, np.int64), size, min_freq, max_vocab, mode,
+                   hash_seed, k if seen is None else seen, missing)
+
+    def __post_init__(self) -> None:
+        self._sorter: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return self.size
+
+    def lookup(self, values: Any, missing: np.ndarray | None = None) -> np.ndarray:
+        """Raw values [n] -> ids int64 [n]: kept -> id, other non-missing -> 1, missing (null/empty) -> 0."""
+        keys, miss = _as_key_array(values, self.kind)
+        if missing is not None:
+            miss = missing if miss is None else (miss | missing)
+        if len(keys) > 4 * max(len(self.keys), 1):  # many rows: look up the distinct values only
+            enc = pc.dictionary_encode(pa.array(keys))
+            uniq = enc.dictionary.to_numpy(zero_copy_only=False)
+            out = self._lookup_unique(uniq.astype(str) if self.kind == "str" else uniq)[enc.indices.to_numpy()]
+        else:
+            out = self._lookup_unique(keys)
+        if miss is not None:
+            out[miss] = MISSING_ID
+        return out
+
+    def _lookup_unique(self, keys: np.ndarray) -> np.ndarray:
+        if self._sorter is None:
+            self._sorter = np.argsort(self.keys, kind="stable")
+            self._sorted = self.keys[self._sorter]
+        out = np.full(len(keys), RARE_ID, np.int64)
+        if len(self._sorted) == 0:
+            return out
+        pos = np.searchsorted(self._sorted, keys)
+        pos[pos == len(self._sorted)] = 0
+        hit = self._sorted[pos] == keys
+        out[hit] = self.ids[self._sorter[pos[hit]]]
+        return out
+
+    def meta(self) -> dict[str, Any]:
+        return {"kind": self.kind, "size": self.size, "num_keys": len(self.keys), "seen": self.seen,
+                "missing": self.missing, "min_freq": self.min_freq, "max_vocab": self.max_vocab,
+                "mode": self.mode, "hash_seed": self.hash_seed}
+
+
+def _arrow_keys(v: Vocabulary) -> pa.Array:
+    if v.kind == "str":
+        return pa.array(v.keys.astype(str), pa.string())
+    k = v.keys
+    if len(k) and k.min() >= 0 and k.max() <= np.iinfo(np.uint32).max:
+        return pa.array(k.astype(np.uint32))
+    return pa.array(k.astype(np.int64))
+
+
+def save_vocabularies(directory: str | Path, vocabs: dict[str, Vocabulary], **meta: Any) -> Path:
+    """Write ``vocab.json`` and one ``<name>.arrow`` per vocabulary into ``directory``."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    entries = {}
+    for i, (name, v) in enumerate(vocabs.items()):
+        fname = f"{i:03d}.arrow"
+        cols = {"key": _arrow_keys(v), "count": pa.array(v.counts, pa.int64())}
+        if v.max_vocab is not None and v.mode == "hash":
+            cols["id"] = pa.array(v.ids, pa.int64())
+        with pa.OSFile(str(d / fname), "wb") as f, pa.ipc.new_file(f, pa.table(cols).schema) as w:
+            w.write_table(pa.table(cols))
+        entries[name] = {"file": fname, **v.meta()}
+    (d / "vocab.json").write_text(json.dumps({"format": "ctrkit-vocab", "version": 1, "vocabularies": entries,
+                                              **meta}, indent=2))
+    return d
+
+
+def load_vocabularies(directory: str | Path) -> dict[str, Vocabulary]:
+    """Read vocabularies written by :func:`save_vocabularies` (``directory`` = a store or its vocab/ dir)."""
+    d = Path(directory)
+    if (d / "vocab").is_dir():
+        d = d / "vocab"
+    mpath = d / "vocab.json"
+    if not mpath.is_file():
+        raise DataError(f"{directory} has no vocabularies (no vocab/vocab.json); pass a store written by "
+                        "`ctrkit preprocess`")
+    meta = json.loads(mpath.read_text())
+    out = {}
+    for name, e in meta["vocabularies"].items():
+        with pa.memory_map(str(d / e["file"])) as f:
+            t = pa.ipc.open_file(f).read_all()
+        keys = t.column("key").to_numpy()
+        keys = keys.astype(str) if e["kind"] == "str" else keys.astype(np.int64)
+        counts = t.column("count").to_numpy()
+        ids = t.column("id").to_numpy() if "id" in t.column_names else FIRST_ID + np.arange(len(keys), dtype=np.int64)
+        out[name] = Vocabulary(name, e["kind"], keys, ids.astype(np.int64), counts, e["size"], e["min_freq"],
+                               e["max_vocab"], e["mode"], e["hash_seed"], e["seen"], e["missing"])
+    return out
+
+
+def link_tree(src: Path, dst: Path) -> None:
+    """Hard-link (or copy when linking fails) every file of ``src`` into a new directory ``dst``."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        try:
+            os.link(f, dst / f.name)
+        except OSError:
+            shutil.copy2(f, dst / f.name)

@@ -1,0 +1,133 @@
+"""Streaming first-appearance vocabularies vs a naive dict, options, save/load and lookup."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from ctrkit.data.rows import DataError
+from ctrkit.data.vocab import VocabBuilder, Vocabulary, hash_keys, load_vocabularies, save_vocabularies
+
+
+def naive_ids(values: list, min_freq: int = 1, missing=(None, "")) -> list[int]:
+    counts: dict = {}
+    order: list = []
+    for v in values:
+        if v in missing:
+            continue
+        if v not in counts:
+            order.append(v)
+        counts[v] = counts.get(v, 0) + 1
+    ids = {v: i + 2 for i, v in enumerate(v for v in order if counts[v] >= min_freq)}
+    return [0 if v in missing else ids.get(v, 1) for v in values]
+
+
+def feed(b: VocabBuilder, values: np.ndarray, chunk: int, missing: np.ndarray | None = None) -> np.ndarray:
+    out = []
+    for i in range(0, len(values), chunk):
+        out.append(b.add(values[i:i + chunk], None if missing is None else missing[i:i + chunk]))
+    return np.concatenate(out)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 1000, 300_000])
+def test_int_first_appearance_across_chunks(chunk: int) -> None:
+    rng = np.random.default_rng(0)
+    n = 3000 if chunk == 1 else 200_000
+    vals = (rng.zipf(1.3, n) * 7919 % 1_000_003).astype(np.int64)
+    miss = rng.random(n) < 0.05
+    b = VocabBuilder("c", "int")
+    pid = feed(b, vals, chunk, miss)
+    want = naive_ids([None if m else int(v) for v, m in zip(vals, miss)])
+    np.testing.assert_array_equal(pid, want)
+    v, lut = b.finish()
+    assert lut is None and v.size == max(want) + 1
+    np.testing.assert_array_equal(v.lookup(vals, miss), want)  # lookup of fitted data == fitted ids
+    assert b.missing == int(miss.sum())
+
+
+def test_strings_with_nulls_and_empty() -> None:
+    vals = ["b", "a", "", "b", None, "c", "a", "é", "ccc"] * 3
+    b = VocabBuilder("s", "str")
+    pid = np.concatenate([b.add(pa.array(vals[:4])), b.add(pa.array(vals[4:]))])
+    want = naive_ids(vals)
+    np.testing.assert_array_equal(pid, want)
+    v, _ = b.finish()
+    assert v.keys.tolist() == ["b", "a", "c", "é", "ccc"]
+    np.testing.assert_array_equal(v.lookup(np.array(["ccc", "zzz", "", "a"])), [6, 1, 0, 3])
+
+
+@pytest.mark.parametrize("min_freq", [2, 3])
+def test_min_freq_lut(min_freq: int) -> None:
+    rng = np.random.default_rng(1)
+    vals = rng.integers(0, 300, 2000)
+    b = VocabBuilder("c")
+    pid = feed(b, vals, 333)
+    v, lut = b.finish(min_freq=min_freq)
+    want = naive_ids(vals.tolist(), min_freq)
+    np.testing.assert_array_equal(lut[pid], want)
+    np.testing.assert_array_equal(v.lookup(vals), want)
+    assert v.size == max(want) + 1
+
+
+def test_cap_and_hash_modes() -> None:
+    vals = np.arange(100) * 13 % 97
+    b = VocabBuilder("c")
+    pid = b.add(vals)
+    cap, lut = b.finish(max_vocab=10, mode="cap")
+    full = np.array(naive_ids(vals.tolist()))
+    want = np.where(full >= 10, 1, full)
+    np.testing.assert_array_equal(lut[pid], want)
+    np.testing.assert_array_equal(cap.lookup(vals), want)
+    assert cap.size == 10
+    hsh, lut = b.finish(max_vocab=10, mode="hash")
+    ids = lut[pid]
+    assert ids.min() >= 2 and ids.max() < 10 and hsh.size == 10
+    expect = 2 + (hash_keys(vals) % np.uint64(8)).astype(np.int64)
+    np.testing.assert_array_equal(ids, expect)
+    np.testing.assert_array_equal(hsh.lookup(np.array([5, 10_000])), [expect[vals == 5][0], 1])
+
+
+def test_hash_of_strings_is_deterministic_and_spreads() -> None:
+    keys = np.array([f"user{i}" for i in range(2000)])
+    h1, h2 = hash_keys(keys), hash_keys(keys.copy())
+    np.testing.assert_array_equal(h1, h2)
+    assert len(np.unique(h1)) == 2000
+    counts = np.bincount((h1 % np.uint64(10)).astype(int), minlength=10)
+    assert counts.min() > 120
+
+
+def test_save_load_roundtrip(tmp_path: Path) -> None:
+    b1, b2 = VocabBuilder("i", "int"), VocabBuilder("s", "str")
+    b1.add(np.array([5, 3, 5, 2**40, 7]))
+    b2.add(np.array(["x", "y", "x", "zz"]))
+    v1, _ = b1.finish()
+    v2, _ = b2.finish(max_vocab=5, mode="hash")
+    save_vocabularies(tmp_path / "vocab", {"i": v1, "s": v2}, note="t")
+    back = load_vocabularies(tmp_path)
+    assert set(back) == {"i", "s"}
+    for v in (v1, v2):
+        w = back[v.name]
+        assert w.size == v.size and w.mode == v.mode and w.kind == v.kind
+        np.testing.assert_array_equal(w.keys, v.keys)
+        np.testing.assert_array_equal(w.ids, v.ids)
+        np.testing.assert_array_equal(w.counts, v.counts)
+    np.testing.assert_array_equal(back["i"].lookup(np.array([2**40, 4, 3])), [4, 1, 3])
+    np.testing.assert_array_equal(back["s"].lookup(np.array(["zz", "q"])), [v2.lookup(np.array(["zz"]))[0], 1])
+
+
+def test_bad_options_and_missing_dir(tmp_path: Path) -> None:
+    b = VocabBuilder("c")
+    b.add(np.array([1, 2]))
+    with pytest.raises(DataError, match="min_freq"):
+        b.finish(min_freq=0)
+    with pytest.raises(DataError, match="max_vocab"):
+        b.finish(max_vocab=2)
+    with pytest.raises(DataError, match="mode"):
+        b.finish(max_vocab=10, mode="modulo")
+    with pytest.raises(DataError, match="no vocabularies"):
+        load_vocabularies(tmp_path)
+    assert isinstance(Vocabulary.build("x", "int", np.array([9]), np.array([1])).lookup(np.array([9]))[0],
+                      np.integer)
