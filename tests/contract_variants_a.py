@@ -1,0 +1,6 @@
+"""Contract-test parameter variants for the zoo models of helper A (merged by test_models_contract.py)."""
+
+VARIANTS: dict[str, list[dict]] = {
+    "lr": [{}],
+    "fm": [{}, {"dense_interaction": False}],
+}
