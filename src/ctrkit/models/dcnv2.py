@@ -1,0 +1,82 @@
+"""DCN-V2 (Wang et al., "DCN V2: Improved Deep & Cross Network and Practical Lessons for Web-scale
+Learning to Rank Systems", WWW 2021; seed 001 §3 CrossNet / LowRankMixtureCrossNet).
+
+Idea: make the cross layer expressive with a full weight matrix (or a mixture of low-rank experts,
+"DCN-Mix"), and combine it with a DNN either stacked (cross then deep) or in parallel.
+
+    x_0 = [e_1; ...; e_F; dense]                                      (B, N)
+    matrix: x_{l+1} = x_0 ⊙ (W_l x_l + b_l) + x_l                     W_l ∈ R^{N×N}
+    mix:    x_{l+1} = Σ_e g_e(x_l) x_0 ⊙ (U_l^e f(C_l^e f(V_l^e x_l)) + b_l) + x_l     rank K, E experts
+    stacked:  logit = w^T MLP(Cross(x_0)) + b
+    parallel: logit = w^T [Cross(x_0); MLP(x_0)] + b
+
+``dnn_hidden=()`` gives the cross-only network (both structures then coincide).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import nn
+
+from ctrkit.batch import Batch
+from ctrkit.models._towers import check_choice, check_min, dnn_tower, layer_options
+from ctrkit.models.registry import register_model
+from ctrkit.nn.crossnet import CrossNet, LowRankMixtureCrossNet
+from ctrkit.nn.inputs import FieldEmbedding
+from ctrkit.schema import Schema
+
+CROSS_TYPES = ("matrix", "mix")
+STRUCTURES = ("stacked", "parallel")
+
+
+@register_model("dcnv2")
+class DCNv2(nn.Module):
+    """DCN-V2 with ``cross_type`` 'matrix' (full-rank CrossNet) or 'mix' (LowRankMixtureCrossNet with
+    ``rank`` K, ``experts`` E and activation ``mix_activation``) and ``structure`` 'stacked' | 'parallel'."""
+
+    def __init__(
+        self,
+        schema: Schema,
+        *,
+        cross_type: Literal["matrix", "mix"] = "matrix",
+        cross_layers: int = 3,
+        rank: int = 32,
+        experts: int = 4,
+        mix_activation: str = "relu",
+        structure: Literal["stacked", "parallel"] = "parallel",
+        dnn_hidden: tuple[int, ...] = (256, 128),
+        dnn_activation: str = "relu",
+        dnn_dropout: float = 0.0,
+        dnn_batch_norm: bool = False,
+    ) -> None:
+        super().__init__()
+        check_choice("dcnv2", "cross_type", cross_type, CROSS_TYPES)
+        check_choice("dcnv2", "structure", structure, STRUCTURES)
+        check_min("dcnv2", "cross_layers", cross_layers, 1)
+        self.structure = structure
+        self.embedding = FieldEmbedding(schema, model="dcnv2")
+        n = self.embedding.out_features + schema.num_dense
+        if cross_type == "matrix":
+            self.cross: nn.Module = CrossNet(n, num_layers=cross_layers)  # (B, N) -> (B, N)
+        else:
+            check_min("dcnv2", "rank", rank, 1)
+            check_min("dcnv2", "experts", experts, 1)
+            with layer_options("dcnv2", "mix_activation"):
+                self.cross = LowRankMixtureCrossNet(n, num_layers=cross_layers, num_experts=experts,
+                                                    low_rank=rank, activation=mix_activation)
+        self.deep = dnn_tower("dcnv2", n, dnn_hidden, activation=dnn_activation, dropout=dnn_dropout,
+                              batch_norm=dnn_batch_norm)
+        h = self.deep.out_features if self.deep is not None else 0
+        self.head = nn.Linear((h or n) if structure == "stacked" else n + h, 1)
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        x0 = torch.cat([self.embedding.concat(batch), batch.dense], dim=1)  # (B, N)
+        x = self.cross(x0)  # (B, N)
+        if self.deep is not None:
+            if self.structure == "stacked":
+                x = self.deep(x)  # (B, H)
+            else:
+                x = torch.cat([x, self.deep(x0)], dim=1)  # (B, N + H)
+        return self.head(x).squeeze(-1)  # (B,)
