@@ -3,4 +3,5 @@
 VARIANTS: dict[str, list[dict]] = {
     "lr": [{}],
     "fm": [{}, {"dense_interaction": False}],
+    "ffm": [{"embedding_dim": 4}, {"dense_interaction": False}],
 }
