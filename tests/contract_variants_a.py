@@ -4,4 +4,5 @@ VARIANTS: dict[str, list[dict]] = {
     "lr": [{}],
     "fm": [{}, {"dense_interaction": False}],
     "ffm": [{"embedding_dim": 4}, {"dense_interaction": False}],
+    "mlr": [{"regions": 4}, {"regions": 2, "l1": 1e-5, "l2": 1e-5, "l21": 1e-5}],
 }

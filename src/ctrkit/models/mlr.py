@@ -1,0 +1,108 @@
+"""LS-PLM / MLR, mixed logistic regression (Gai et al., "Learning Piece-wise Linear Models from
+Large Scale Data for Ad Click Prediction", 2017; seed 002 "LS-PLM").
+
+Idea: split the feature space into m regions with a softmax gate and fit one LR per region:
+
+    p(y=1|x) = Σ_{i=1..m} π_i(x) σ(w_i·x),      π(x) = softmax(u_1·x, ..., u_m·x)
+
+m = 12 by default (Alibaba's choice in the seed). x is the one-hot sparse ids plus the dense
+values, so ``u_i·x = Σ_f u_i[id_f] + <u_i^d, x_dense> + c_i`` (likewise w_i): every schema table is
+re-created with width 2m holding (u_1..u_m, w_1..w_m) per id, and all fields' rows are summed.
+
+The model outputs a probability mixture, so ``forward`` returns its logit, computed stably in log
+space (Σ π_i = 1, σ(−z) = 1 − σ(z)):
+
+    log p     = logsumexp_i( log π_i + log σ(z_i) )
+    log (1−p) = logsumexp_i( log π_i + log σ(−z_i) )
+    logit     = log p − log (1−p)
+
+Regularisation (the paper uses L1 + L2,1 norms): ``extra_losses(batch)`` returns
+
+    l1 · Σ|W| + l2 · Σ W² + l21 · Σ_rows ‖W_row‖₂
+
+over all region weights W (the 2m-wide id rows and the dense weights; not the biases), where
+a "row" is one feature's 2m parameters (the paper's group lasso per feature). The penalty walks
+whole tables every step; for very large tables prefer the trainer's mini-batch-aware
+``embedding_l2`` (touched rows only) and leave these at 0 (the default: extra_losses is 0).
+Gradient-based L1 shrinks weights but does not make them exactly zero (the paper's OWLQN does).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ctrkit.batch import Batch
+from ctrkit.models.registry import ConfigError, register_model
+from ctrkit.nn.embedding import EmbeddingBagCollection
+from ctrkit.nn.inputs import pooled_keys
+from ctrkit.schema import Schema, TableSpec
+
+
+@register_model("mlr")
+class MLR(nn.Module):
+    """``regions``: m; ``l1`` / ``l2`` / ``l21``: penalty weights of :meth:`extra_losses`."""
+
+    def __init__(
+        self, schema: Schema, *, regions: int = 12, l1: float = 0.0, l2: float = 0.0, l21: float = 0.0
+    ) -> None:
+        super().__init__()
+        if regions < 1:
+            raise ConfigError(f"mlr: regions must be >= 1, got {regions}")
+        for name, value in (("l1", l1), ("l2", l2), ("l21", l21)):
+            if value < 0:
+                raise ConfigError(f"mlr: {name} must be >= 0, got {value}")
+        self.regions, self.l1, self.l2, self.l21 = int(regions), float(l1), float(l2), float(l21)
+        m2 = 2 * self.regions
+        self.keys = pooled_keys(schema)
+        used = {schema.table_of(k) for k in self.keys}
+        tables = [TableSpec(t.name, t.num_embeddings, m2, t.features)
+                  for t in schema.tables().values() if t.name in used]
+        self.sparse = (
+            EmbeddingBagCollection(tables, {k: schema.table_of(k) for k in self.keys},
+                                   {k: schema.feature(k).pooling for k in self.keys})
+            if self.keys else None
+        )
+        self.dense = nn.Linear(schema.num_dense, m2, bias=False) if schema.num_dense else None
+        if self.sparse is None and self.dense is None:
+            raise ConfigError("mlr needs at least one sparse or dense feature in the schema")
+        self.bias = nn.Parameter(torch.zeros(m2))
+
+    def region_scores(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(gate scores u_i·x, learner scores w_i·x), each (B, m)."""
+        z = self.bias.expand(len(batch), -1)  # (B, 2m)
+        if self.sparse is not None:
+            kj = batch.sparse if batch.sparse.keys == self.keys else batch.sparse.select(self.keys)
+            z = z + self.sparse(kj).stacked().sum(dim=1)  # (B, F, 2m) -> (B, 2m)
+        if self.dense is not None:
+            z = z + self.dense(batch.dense)  # (B, 2m)
+        return z[:, : self.regions], z[:, self.regions :]
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        gate, learner = self.region_scores(batch)  # (B, m) each
+        log_pi = F.log_softmax(gate, dim=1)  # (B, m)
+        log_p = torch.logsumexp(log_pi + F.logsigmoid(learner), dim=1)  # (B,)
+        log_q = torch.logsumexp(log_pi + F.logsigmoid(-learner), dim=1)  # (B,)  log(1 - p)
+        return log_p - log_q  # (B,)
+
+    def region_weights(self) -> list[torch.Tensor]:
+        """The penalised weights, each as (rows, 2m): the id tables and the dense weights."""
+        out = list(self.sparse.weights.values()) if self.sparse is not None else []
+        if self.dense is not None:
+            out.append(self.dense.weight.t())  # (Nd, 2m)
+        return out
+
+    def extra_losses(self, batch: Batch) -> torch.Tensor:
+        """``l1·Σ|W| + l2·ΣW² + l21·Σ_rows‖W_row‖₂`` (a scalar; 0 when all three are 0)."""
+        loss = self.bias.new_zeros(())
+        if not (self.l1 or self.l2 or self.l21):
+            return loss
+        for w in self.region_weights():
+            if self.l1:
+                loss = loss + self.l1 * w.abs().sum()
+            if self.l2:
+                loss = loss + self.l2 * w.pow(2).sum()
+            if self.l21:
+                loss = loss + self.l21 * w.pow(2).sum(dim=1).add(1e-12).sqrt().sum()
+        return loss
