@@ -15,4 +15,20 @@ VARIANTS: dict[str, list[dict]] = {
         {**DNN, "cross_type": "mix", "structure": "parallel", "cross_layers": 2, "rank": 4, "experts": 2},
         {**DNN, "cross_type": "mix", "structure": "stacked", "cross_layers": 2, "rank": 4, "experts": 1},
     ],
+    "deepfm": [
+        {**DNN},
+        {"dnn_hidden": (), "bias": False},
+    ],
+    "xdeepfm": [
+        {**DNN, "cin_layer_sizes": (8, 6), "split_half": True},
+        {**DNN, "cin_layer_sizes": (5, 3), "split_half": False, "cin_activation": "relu"},
+    ],
+    "nfm": [
+        {**DNN, "bi_dropout": 0.1},
+        {"dnn_hidden": ()},
+    ],
+    "afm": [
+        {"attention_dim": 4},
+        {"attention_dim": 4, "attention_dropout": 0.1},
+    ],
 }

@@ -1,0 +1,52 @@
+"""AFM (Xiao et al., "Attentional Factorization Machines: Learning the Weight of Feature
+Interactions via Attention Networks", IJCAI 2017; seed 002 "AFM").
+
+Idea: FM where each pairwise interaction gets an input-dependent importance from a small
+attention network, instead of all pairs counting equally.
+
+    p_ij   = e_i ⊙ e_j                          pairs i < j of sparse fields       (B, P, D)
+    a_ij   = softmax_{ij}( h^T ReLU(W p_ij + b) )                                  (B, P)
+    second = p^T Dropout(Σ_{i<j} a_ij p_ij)                                       (B,)
+    linear = b_0 + Σ_f w[id_f] + <w_d, dense>                                      (B,)
+    logit  = linear + second
+
+Pairwise products use sparse fields only (seed: "embedding的元素积只在稀疏的列别特征中展开");
+dense features enter through the linear part. Needs >= 2 sparse fields sharing one dim D.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ctrkit.batch import Batch
+from ctrkit.models._towers import check_min, layer_options
+from ctrkit.models.registry import ConfigError, register_model
+from ctrkit.nn.attention import AFMAttention
+from ctrkit.nn.inputs import FieldEmbedding, LinearTerm
+from ctrkit.schema import Schema
+
+
+@register_model("afm")
+class AFM(nn.Module):
+    """Linear part + attention-pooled pairwise interactions (``attention_dim`` A, ``attention_dropout``)."""
+
+    def __init__(self, schema: Schema, *, attention_dim: int = 16, attention_dropout: float = 0.0) -> None:
+        super().__init__()
+        self.embedding = FieldEmbedding(schema, model="afm")
+        d = self.embedding.embedding_dim  # ConfigError naming afm when dims differ
+        f = self.embedding.num_fields
+        if f < 2:
+            raise ConfigError(
+                f"afm needs at least 2 sparse fields to form a pair, the schema has {f}: {self.embedding.keys}; "
+                "add a sparse feature or use model 'lr'/'wide_deep'"
+            )
+        check_min("afm", "attention_dim", attention_dim, 1)
+        self.linear = LinearTerm(schema)  # (B,)
+        with layer_options("afm", "attention_dropout"):
+            self.attention = AFMAttention(d, attention_dim=attention_dim, dropout=attention_dropout,
+                                          num_fields=f)  # (B, F, D) -> (B, 1)
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        second = self.attention(self.embedding(batch)).squeeze(-1)  # (B,)
+        return self.linear(batch) + second  # (B,)
