@@ -97,7 +97,7 @@ with np.errstate(divide="ignore"):
 _LOG_LUT = np.maximum(_LOG_LUT, DENSE_CLAMP).astype(np.float32)
 
 
-_SLICE = 1 << 15  # elements per SWAR pass: temporaries stay in L2 cache (5-10x faster than whole blocks)
+_SLICE = 1 << 13  # elements per SWAR pass: temporaries stay in cache (2-4x faster than whole blocks)
 
 
 def _sliced(fn: Any, *arrays: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -483,8 +483,9 @@ def preprocess_criteo(
                 line0 = 0
                 key_split, key_shard = stream_key(seed, 1, fi), stream_key(seed, 2, fi)
                 last_pos = 0
-                for buf, pos in _background(iter_blocks(path, block_bytes)):
-                    blk = parse_block(buf)
+                # three stages on their own threads: read/gunzip -> tokenise/parse -> vocab/spill (here)
+                parsed = _background((parse_block(buf), pos) for buf, pos in _background(iter_blocks(path, block_bytes)))
+                for blk, pos in parsed:
                     lines = line0 + blk.line  # 0-based line numbers in the file
                     for idx, reason in blk.bad:
                         bad.add(line0 + idx + 1, reason)
