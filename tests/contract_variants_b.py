@@ -31,4 +31,13 @@ VARIANTS: dict[str, list[dict]] = {
         {"attention_dim": 4},
         {"attention_dim": 4, "attention_dropout": 0.1},
     ],
+    "fibinet": [
+        {**DNN, "bilinear_type": "field_all", "senet_pooling": "mean"},
+        {**DNN, "bilinear_type": "field_each", "senet_pooling": "max", "reduction_ratio": 2.0},
+        {**DNN, "bilinear_type": "field_interaction", "senet_pooling": "mean"},
+    ],
+    "autoint": [
+        {"attention_layers": 2, "num_heads": 2},
+        {**DNN, "attention_layers": 1, "num_heads": 2, "head_dim": 3, "autoint_plus": True},
+    ],
 }
