@@ -21,4 +21,8 @@ VARIANTS: dict[str, list[dict]] = {
         {"product": "outer", "product_units": 16, "dnn_hidden": (16,)},
         {"product": "both", "product_units": 8, "dnn_hidden": (8,), "batch_norm": True},
     ],
+    "wide_deep": [
+        {"dnn_hidden": (16,)},
+        {"dnn_hidden": (16,), "crosses": (("user", "item"), ("item", "ctx")), "cross_buckets": 500},
+    ],
 }

@@ -1,0 +1,125 @@
+"""Wide & Deep (Cheng et al., "Wide & Deep Learning for Recommender Systems", DLRS 2016; seed 002
+"Wide & deep").
+
+Idea: a wide linear model memorises raw and crossed features, a deep MLP over embeddings
+generalises; their logits are summed (one sigmoid over both):
+
+    wide  = b + Σ_f w_f[id_f] + <w_d, x_dense> + Σ_c w_c[cross_c(x)]      (B,)
+    deep  = h^T MLP([e_1; ...; e_F; x_dense])                           (B,)
+    logit = wide + deep
+
+Cross features (option ``crosses``, pairs of single-valued sparse features) get their own table of
+``cross_buckets`` rows each. The pair (a, b) has the exact index ``k = a·V_b + b`` (V_b = vocab of b);
+when ``V_a·V_b ≤ cross_buckets`` that is the cross id (no collisions), otherwise the id is a Knuth
+multiplicative hash of k: ``((k · 0x9E3779B97F4A7C15 mod 2⁶⁴) >> 16) mod cross_buckets``.
+
+The paper trains the wide part with FTRL + L1 and the deep part with AdaGrad: ``wide_parameters()``
+lists the wide part's parameters so the trainer can give them to :class:`ctrkit.train.ftrl.FTRL`
+(its dim-1 id tables are marked ``is_embedding`` like every table, so take them out of the
+embedding group first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from ctrkit.batch import Batch, KeyedJagged
+from ctrkit.models.registry import ConfigError, register_model
+from ctrkit.nn.embedding import EmbeddingBagCollection
+from ctrkit.nn.inputs import FieldEmbedding, LinearTerm
+from ctrkit.nn.mlp import MLP
+from ctrkit.schema import Schema, SparseFeature, TableSpec
+
+_KNUTH = 0x9E3779B97F4A7C15 - (1 << 64)  # the golden-ratio multiplier as a signed int64
+_LOW47 = (1 << 47) - 1
+
+
+def first_ids(kj: KeyedJagged, key: str) -> torch.Tensor:
+    """The first id of each row's bag of ``key`` (0 = missing for an empty bag) -> (B,) int64."""
+    values, lengths, offsets = kj[key]
+    if values.numel() == 0:
+        return torch.zeros_like(lengths)
+    first = values[offsets[:-1].clamp(max=values.numel() - 1)]
+    return torch.where(lengths > 0, first, torch.zeros_like(first))
+
+
+def cross_ids(a: torch.Tensor, b: torch.Tensor, vocab_a: int, vocab_b: int, buckets: int) -> torch.Tensor:
+    """Cross-feature id of the id pairs (a, b) in ``[0, buckets)`` (see the module docstring)."""
+    k = a * vocab_b + b  # (B,) exact pair index
+    if vocab_a * vocab_b <= buckets:
+        return k
+    h = k * _KNUTH  # wraps mod 2^64
+    return ((h >> 16) & _LOW47) % buckets
+
+
+@register_model("wide_deep")
+class WideDeep(nn.Module):
+    """``dnn_hidden``: deep MLP widths; ``crosses``: pairs of single-valued sparse features crossed
+    in the wide part; ``cross_buckets``: rows of each cross table."""
+
+    def __init__(
+        self,
+        schema: Schema,
+        *,
+        dnn_hidden: tuple[int, ...] = (256, 128),
+        activation: str = "relu",
+        dropout: float = 0.0,
+        batch_norm: bool = False,
+        crosses: tuple[tuple[str, str], ...] = (),
+        cross_buckets: int = 100_000,
+    ) -> None:
+        super().__init__()
+        if cross_buckets < 1:
+            raise ConfigError(f"wide_deep: cross_buckets must be >= 1, got {cross_buckets}")
+        single = {s.name: s for s in schema.sparse if isinstance(s, SparseFeature) and not s.multi_valued}
+        self.crosses: list[tuple[str, str]] = []
+        for pair in crosses:
+            if len(pair) != 2 or any(f not in single for f in pair):
+                raise ConfigError(
+                    f"wide_deep: crosses entry {tuple(pair)!r} must be a pair of single-valued sparse "
+                    f"features; valid names: {sorted(single)}"
+                )
+            if (pair[0], pair[1]) in self.crosses:
+                raise ConfigError(f"wide_deep: crosses lists {tuple(pair)!r} twice")
+            self.crosses.append((pair[0], pair[1]))
+        self.vocab = {k: single[k].vocab_size for pair in self.crosses for k in pair}
+        self.cross_buckets = int(cross_buckets)
+        self.cross_keys = [f"{a}_x_{b}" for a, b in self.crosses]
+        self.cross_weights = (
+            EmbeddingBagCollection([TableSpec(k, self.cross_buckets, 1, (k,)) for k in self.cross_keys])
+            if self.crosses else None
+        )
+        if self.cross_weights is not None:
+            for w in self.cross_weights.weights.values():
+                nn.init.zeros_(w)
+        self.linear = LinearTerm(schema)
+        self.embedding = FieldEmbedding(schema, model="wide_deep")
+        self.dnn = MLP(self.embedding.out_features + schema.num_dense, dnn_hidden, activation=activation,
+                       dropout=dropout, batch_norm=batch_norm)
+        self.head = nn.Linear(self.dnn.out_features, 1, bias=False)  # the bias lives in the wide part
+
+    def wide_parameters(self) -> Iterator[nn.Parameter]:
+        """Parameters of the wide part (for an FTRL + L1 optimizer group)."""
+        yield from self.linear.parameters()
+        if self.cross_weights is not None:
+            yield from self.cross_weights.parameters()
+
+    def cross_features(self, batch: Batch) -> KeyedJagged:
+        """One id per declared cross and row -> KeyedJagged over ``cross_keys``."""
+        ids = [
+            cross_ids(first_ids(batch.sparse, a), first_ids(batch.sparse, b), self.vocab[a], self.vocab[b],
+                      self.cross_buckets)
+            for a, b in self.crosses
+        ]
+        return KeyedJagged.from_dense(self.cross_keys, torch.stack(ids, dim=1))  # (B, C) ids
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        wide = self.linear(batch)  # (B,)
+        if self.cross_weights is not None:
+            wide = wide + self.cross_weights(self.cross_features(batch)).stacked().sum(dim=(1, 2))  # (B,)
+        deep_in = torch.cat([self.embedding.concat(batch), batch.dense], dim=1)  # (B, ΣD + Nd)
+        deep = self.head(self.dnn(deep_in)).squeeze(1)  # (B,)
+        return wide + deep  # (B,)
