@@ -17,10 +17,9 @@ from ctrkit.nn.mlp import MLP
 def check_choice(model: str, option: str, value: str, valid: Sequence[str]) -> None:
     """ConfigError ``"<model>: unknown <option>=<value> (did you mean ..?); valid: ..."`` unless valid."""
     if value not in valid:
-        hint = suggest(str(value), tuple(valid))
-        if "valid:" not in hint:
-            hint += f"; valid: {', '.join(valid)}"
-        raise ConfigError(f"{model}: unknown {option}={value!r}{hint}")
+        close = suggest(str(value), tuple(valid))
+        hint = close if "did you mean" in close else ""
+        raise ConfigError(f"{model}: unknown {option}={value!r}{hint}; valid: {', '.join(valid)}")
 
 
 def check_min(model: str, option: str, value: float, minimum: float) -> None:
