@@ -7,11 +7,10 @@ one-hot categorical feature, and a logistic regression is trained over those lea
     raw x (dense values + single-valued sparse ids) --LightGBM, T trees--> leaf l_t(x) per tree
     logit = b + Σ_t w_t[l_t(x)]   (+ the plain LR over x when ``with_linear``)
 
-The trees are fitted once, before training, by :meth:`prefit` (the trainer calls it on the training
-batches); only the leaf weights (one dim-1 embedding table of ``num_leaves`` rows per tree, fused
-into one weight, ``is_embedding``) and the optional LR are trained by gradient descent.
-Sparse ids go to LightGBM as categorical features (``sparse_as="categorical"``) or as numbers;
-multi-valued features and sequences are not given to the trees (the optional LR still sees them).
+The trees are fitted once by :meth:`prefit` (the trainer calls it on the training batches); only
+the leaf weights (a dim-1 table of ``num_leaves`` rows per tree, fused, ``is_embedding``) and the
+optional LR are trained. Sparse ids go to LightGBM as categorical features or as numbers
+(``sparse_as``); multi-valued features and sequences are not given to the trees.
 
 State: the LightGBM model string is kept in the uint8 buffer ``trees`` so ``state_dict`` round-trips
 with no pickle; the booster is re-parsed lazily on the first forward after ``load_state_dict``.
@@ -110,8 +109,8 @@ class GBDTLR(nn.Module):
         lgb = _lightgbm()
         x = np.concatenate([self.raw_features(b) for b in batches])
         y = torch.cat([b.labels for b in batches]).cpu().numpy()
-        w = (torch.cat([b.weights for b in batches]).cpu().numpy()
-             if all(b.weights is not None for b in batches) else None)
+        weighted = all(b.weights is not None for b in batches)
+        w = torch.cat([b.weights for b in batches]).cpu().numpy() if weighted else None
         cats = list(range(self.num_dense, x.shape[1])) if self.sparse_as == "categorical" else []
         data = lgb.Dataset(x, y, weight=w, categorical_feature=cats, free_raw_data=True)
         booster = lgb.train(self.tree_params, data, num_boost_round=self.num_trees)
@@ -124,10 +123,8 @@ class GBDTLR(nn.Module):
     def booster(self) -> Any:
         """The LightGBM booster, parsed from ``trees`` on first use."""
         if self.trees.numel() == 0:
-            raise NotFittedError(
-                "gbdt_lr: the trees are not fitted; call model.prefit(train_batches) first "
-                "(training through the ctrkit Trainer does this), or load a fitted checkpoint"
-            )
+            raise NotFittedError("gbdt_lr: the trees are not fitted; call model.prefit(train_batches) first "
+                                 "(training through the ctrkit Trainer does this), or load a fitted checkpoint")
         if self._booster is None:
             text = bytes(self.trees.cpu().numpy()).decode("utf-8")
             self._booster = _lightgbm().Booster(model_str=text)
