@@ -17,6 +17,9 @@ if not SHARED_DATA.is_dir():  # a clone elsewhere: fall back to the conventional
 
 DIM = 8
 
+# Test tensors are tiny: one intra-op thread is faster and immune to OpenMP spin-waits on a busy machine.
+torch.set_num_threads(1)
+
 
 def contract_schema() -> Schema:
     """3 dense, 4 single-valued sparse (user / item groups), a multi-valued tag and an item history."""

@@ -75,7 +75,7 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
 
     d = sub.add_parser("demo", help="preprocess the bundled Criteo sample and train DLRM with each interaction")
     d.add_argument("--out", default="demo_out", help="working directory")
-    d.add_argument("--epochs", type=int, default=3)
+    d.add_argument("--epochs", type=int, default=6)
     d.set_defaults(func=runner.run_demo)
 
 
@@ -104,7 +104,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ctrkit.errors import CtrkitError
 
     try:
-        return int(args.func(args) or 0)
+        rc = args.func(args)
+        return rc if isinstance(rc, int) else 0
     except CtrkitError as e:
         log.error("%s", e)
         return 2

@@ -409,6 +409,7 @@ def preprocess_criteo(
     overwrite: bool = False,
     shard_bytes: int = 256 << 20,
     progress: bool | None = None,
+    shuffle: bool = True,
 ) -> dict[str, Path]:
     """Preprocess Criteo TSV file(s) into one store per split under ``out`` -> {split: store path}.
 
@@ -425,6 +426,7 @@ def preprocess_criteo(
     ``max_vocab`` (with ``max_vocab_mode`` 'hash' (default, torchrec's max_ind_range) or 'cap') and
     ``min_freq`` are described in :mod:`ctrkit.data.vocab`. ``chunk_rows`` sets the read block
     (about chunk_rows * 256 bytes); ``shard_bytes`` the size of one shuffle shard in memory.
+    ``shuffle=False`` keeps train in input order too (scoring raw rows in order, e.g. ``predict``).
     """
     t0 = time.perf_counter()
     files = resolve_inputs(inputs)
@@ -471,7 +473,7 @@ def preprocess_criteo(
     pos_rows = np.zeros(3, np.int64)
 
     with TempDir(out, ".criteo-tmp-") as tmp:
-        k_train = shard_count(est_rows, row_bytes, shard_bytes)
+        k_train = shard_count(est_rows, row_bytes, shard_bytes) if shuffle else 1
         spills = [ShardSpill(tmp / "train", k_train, spill_cols), ShardSpill(tmp / "valid", 1, spill_cols),
                   ShardSpill(tmp / "test", 1, spill_cols)]
         total_bytes = sum(f.stat().st_size for f in files)
@@ -589,7 +591,7 @@ def preprocess_criteo(
             path = out / name
             with StoreWriter(path, schema, columns, overwrite=overwrite) as w:
                 for shard in spill:
-                    part = spill.read(shard, seed=[shuffle_key, shard] if s == 0 else None)
+                    part = spill.read(shard, seed=[shuffle_key, shard] if s == 0 and shuffle else None)
                     chunk: dict[str, np.ndarray] = {"label": part["label"]}
                     for j, n in enumerate(DENSE_NAMES):
                         chunk[n] = part["dense"][:, j]
