@@ -1,0 +1,104 @@
+"""Every shipped config (configs/<dataset>/*.yaml) parses, names a registered model, and that model is
+built from the config's params on the dataset's schema (from a tiny store preprocessed exactly like the
+real one) and scores a batch of it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from ctrkit.data.criteo import preprocess_criteo
+from ctrkit.data.loader import BatchLoader
+from ctrkit.data.store import Store
+from ctrkit.data.tabular import preprocess_table
+from ctrkit.models.registry import create_model, get_model_class, list_models
+from ctrkit.train.config import load_config
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((REPO / "configs").glob("*/*.yaml"))
+DATASETS = ("criteo", "movielens")
+ZOO = {p.stem for p in (REPO / "src" / "ctrkit" / "models").glob("*.py") if not p.stem.startswith("_")} - {
+    "__init__", "registry"}
+
+
+def _tiny_criteo(path: Path, n: int = 300, seed: int = 0) -> Path:
+    """``n`` Criteo TSV rows: label, 13 integer columns (some empty), 26 hex categoricals (some empty)."""
+    rng = np.random.default_rng(seed)
+    lines = []
+    for i in range(n):
+        ints = ["" if rng.random() < 0.1 else str(int(rng.integers(0, 50))) for _ in range(13)]
+        cats = ["" if rng.random() < 0.05 else f"{int(rng.integers(0, 6 + j)):08x}" for j in range(26)]
+        lines.append("\t".join([str(i % 2), *ints, *cats]))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _tiny_movielens(path: Path, n: int = 300, seed: int = 0) -> Path:
+    """A CSV with the columns of examples/make_movielens_csv.py."""
+    rng = np.random.default_rng(seed)
+    genres = ["Action", "Comedy", "Drama", "Horror", "Sci-Fi"]
+    header = "label,rating,timestamp,user_id,item_id,age,age_bucket,gender,occupation,zip_prefix,genres,year,hist_items"
+    rows = [header]
+    for i in range(n):
+        g = "|".join(rng.choice(genres, int(rng.integers(1, 3)), replace=False))
+        hist = "|".join(str(int(x)) for x in rng.integers(1, 40, int(rng.integers(0, 5))))
+        rating = int(rng.integers(1, 6))
+        rows.append(f"{int(rating >= 4)},{rating},{880000000 + i},{int(rng.integers(1, 30))},"
+                    f"{int(rng.integers(1, 40))},{int(rng.integers(15, 70))},{int(rng.integers(0, 7))},"
+                    f"{rng.choice(['M', 'F'])},{rng.choice(['student', 'writer', 'other'])},"
+                    f"{int(rng.integers(100, 110))},{g},{int(rng.integers(1980, 1999))},{hist}")
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """{dataset: tiny train store}, preprocessed with the options benchmarks/bench_models.py uses."""
+    tmp = tmp_path_factory.mktemp("configs")
+    criteo = preprocess_criteo(_tiny_criteo(tmp / "criteo.tsv"), tmp / "criteo", split="0.8,0.1,0.1", seed=0,
+                               min_freq=2, embedding_dim=16, progress=False)
+    ml = preprocess_table(_tiny_movielens(tmp / "ml.csv"), REPO / "examples" / "movielens_100k.yaml",
+                          tmp / "movielens", split="0.8,0.1,0.1", seed=0, embedding_dim=16)
+    return {"criteo": criteo["train"], "movielens": ml["train"]}
+
+
+def test_every_dataset_has_a_config_per_model() -> None:
+    names = set(list_models())
+    assert ZOO <= names  # every model file registered itself
+    for ds in DATASETS:
+        have = {p.stem for p in CONFIGS if p.parent.name == ds}
+        assert have == names, f"configs/{ds}: missing {sorted(names - have)}, extra {sorted(have - names)}"
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[f"{p.parent.name}/{p.stem}" for p in CONFIGS])
+def test_config_builds_its_model_and_scores_a_batch(path: Path, stores: dict[str, Path]) -> None:
+    cfg = load_config(path)
+    assert cfg.model.name == path.stem, f"{path} trains {cfg.model.name!r}; name the file after its model"
+    get_model_class(cfg.model.name)
+    store = Store(stores[path.parent.name])
+    torch.manual_seed(0)
+    model = create_model(cfg.model.name, store.schema, **cfg.model.params)
+    loader = BatchLoader(store, 64, shuffle=False, prefetch=0)
+    if hasattr(model, "prefit"):
+        model.prefit(list(loader))
+    batch = next(iter(loader))
+    model.eval()
+    with torch.no_grad():
+        logits = model(batch)
+    assert logits.shape == (len(batch.labels),)
+    assert torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("dataset", DATASETS)
+def test_zoo_configs_of_a_dataset_share_data_and_base(dataset: str) -> None:
+    """Side-by-side numbers need the same batches and budget: the data block, epochs, dense optimizer
+    and early stopping are equal across a dataset's zoo configs (the lead's criteo/dlrm.yaml excepted)."""
+    cfgs = {p.stem: load_config(p) for p in CONFIGS if p.parent.name == dataset}
+    if dataset == "criteo":
+        cfgs.pop("dlrm", None)
+    base = {(repr(c.data), c.train.epochs, c.train.lr, c.train.dense_optimizer, c.train.sparse_optimizer,
+             repr(c.train.early_stopping)) for c in cfgs.values()}
+    assert len(base) == 1, base
