@@ -133,3 +133,46 @@ def test_split_and_set_shapes():
     assert isinstance(opt, OptimizerSet) and opt.embedding_params == [model.emb.weight]
     with pytest.raises(ValueError, match="no sparse part"):
         opt.load_state_dict({"dense": opt.dense.state_dict(), "sparse": None})
+
+
+def test_wide_part_trained_with_ftrl_l1_gives_exact_zeros():
+    """train.wide_optimizer=ftrl puts wide_deep's wide_parameters() in an FTRL group (and nowhere else)."""
+    from conftest import contract_schema, make_batch, planted_data
+
+    from ctrkit.models.registry import create_model
+    from ctrkit.train.config import TrainConfig
+    from ctrkit.train.ftrl import FTRL
+    from ctrkit.train.optim import build_optimizers
+
+    torch.manual_seed(0)
+    model = create_model("wide_deep", contract_schema(), dnn_hidden=(8,), crosses=(("user", "item"),))
+    cfg = TrainConfig(wide_optimizer="ftrl", ftrl_l1=5.0, ftrl_alpha=0.1)
+    opt = build_optimizers(model, cfg)
+    wide = {id(p) for p in model.wide_parameters()}
+    assert isinstance(opt.wide, FTRL)
+    assert {id(p) for g in opt.wide.param_groups for p in g["params"]} == wide
+    assert not wide & {id(p) for p in opt.dense_params + opt.embedding_params}
+    data = planted_data(512)
+    for s in range(0, 512, 64):
+        batch = make_batch(data, slice(s, s + 64))
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(model(batch), batch.labels)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    wide_values = torch.cat([p.detach().reshape(-1) for p in model.wide_parameters()])
+    assert (wide_values == 0).float().mean() > 0.5  # strong L1: most wide weights exactly zero
+    state = opt.state_dict()
+    assert state["wide"] is not None
+    build_optimizers(model, cfg).load_state_dict(state)
+
+
+def test_ftrl_needs_a_wide_part():
+    from conftest import contract_schema
+
+    from ctrkit.models.registry import ConfigError, create_model
+    from ctrkit.train.config import TrainConfig
+    from ctrkit.train.optim import build_optimizers
+
+    model = create_model("lr", contract_schema())
+    with pytest.raises(ConfigError, match="wide_optimizer=ftrl needs a model with a wide part"):
+        build_optimizers(model, TrainConfig(wide_optimizer="ftrl"))

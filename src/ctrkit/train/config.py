@@ -86,6 +86,12 @@ class TrainConfig:
     embedding_lr: float | None = None  # None: same as lr
     weight_decay: float = 0.0  # L2 on dense parameters (decoupled for adamw)
     embedding_l2: float = 0.0  # L2 on embedding rows seen in the batch (mini-batch aware)
+    # models with a wide (linear) part (wide_deep) can train it with FTRL-Proximal + L1, as in the paper
+    wide_optimizer: Literal["default", "ftrl"] = "default"
+    ftrl_alpha: float = 0.05
+    ftrl_beta: float = 1.0
+    ftrl_l1: float = 0.0
+    ftrl_l2: float = 0.0
     grad_clip: float | None = None  # max global L2 norm of dense gradients
     eval_every: int | None = None  # steps between evaluations; None: at the end of every epoch
     checkpoint_every: int | None = None  # steps between last.pt saves (besides every evaluation)

@@ -143,15 +143,17 @@ class OptimizerSet:
         dense: torch.optim.Optimizer | None,
         sparse: torch.optim.Optimizer | None,
         embedding_l2: float = 0.0,
+        wide: torch.optim.Optimizer | None = None,
     ) -> None:
         self.dense = dense
         self.sparse = sparse
+        self.wide = wide  # e.g. FTRL over a model's wide_parameters()
         self.embedding_l2 = float(embedding_l2)
         self._needs_sparse_grad = isinstance(sparse, torch.optim.SparseAdam)
 
     @property
     def optimizers(self) -> list[torch.optim.Optimizer]:
-        return [o for o in (self.dense, self.sparse) if o is not None]
+        return [o for o in (self.dense, self.sparse, self.wide) if o is not None]
 
     @property
     def dense_params(self) -> list[torch.Tensor]:
@@ -180,10 +182,11 @@ class OptimizerSet:
         return {
             "dense": self.dense.state_dict() if self.dense else None,
             "sparse": self.sparse.state_dict() if self.sparse else None,
+            "wide": self.wide.state_dict() if self.wide else None,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for name, opt in (("dense", self.dense), ("sparse", self.sparse)):
+        for name, opt in (("dense", self.dense), ("sparse", self.sparse), ("wide", self.wide)):
             if (opt is None) != (state.get(name) is None):
                 raise ValueError(
                     f"optimizer state has {'no ' if state.get(name) is None else ''}{name} part but the "
@@ -225,9 +228,24 @@ def build_optimizers(model: nn.Module, config: Any) -> OptimizerSet:
     dense, emb = split_parameters(model)
     if not dense and not emb:
         raise ConfigError("the model has no trainable parameters")
+    wide_opt = None
+    if getattr(config, "wide_optimizer", "default") == "ftrl":
+        if not hasattr(model, "wide_parameters"):
+            raise ConfigError(
+                f"train.wide_optimizer=ftrl needs a model with a wide part (wide_parameters()); "
+                f"{type(model).__name__} has none"
+            )
+        from ctrkit.train.ftrl import FTRL
+
+        wide = {id(p): p for p in model.wide_parameters() if p.requires_grad}
+        dense = [p for p in dense if id(p) not in wide]
+        emb = [p for p in emb if id(p) not in wide]
+        wide_opt = FTRL(list(wide.values()), alpha=config.ftrl_alpha, beta=config.ftrl_beta, l1=config.ftrl_l1,
+                        l2=config.ftrl_l2)
     emb_lr = config.embedding_lr if config.embedding_lr is not None else config.lr
     return OptimizerSet(
         build_dense_optimizer(config.dense_optimizer, dense, config.lr, config.weight_decay) if dense else None,
         build_sparse_optimizer(config.sparse_optimizer, emb, emb_lr) if emb else None,
         embedding_l2=config.embedding_l2,
+        wide=wide_opt,
     )
