@@ -1,0 +1,22 @@
+"""Schema-free layers: tensors in, tensors out, each with its formula and shapes in the docstring.
+
+Shape letters: B batch, F fields, D embedding dim, T sequence length, N flattened width, K rank/experts.
+"""
+
+from ctrkit.nn.attention import AFMAttention, MultiHeadSelfAttention, TransformerEncoderLayer, positional_encoding
+from ctrkit.nn.cin import CIN
+from ctrkit.nn.crossnet import CrossNet, LowRankCrossNet, LowRankMixtureCrossNet, VectorCrossNet
+from ctrkit.nn.embedding import EmbeddingBagCollection, PooledEmbeddings, embedding_parameters
+from ctrkit.nn.fm import BiInteractionPooling, FFMInteraction, FMInteraction
+from ctrkit.nn.interaction import DCNInteraction, DotInteraction, ProjectionInteraction
+from ctrkit.nn.mlp import MLP
+from ctrkit.nn.product import InnerProduct, OuterProduct, PNNProductLayer
+from ctrkit.nn.senet import SENET, BilinearInteraction
+
+__all__ = [
+    "AFMAttention", "BiInteractionPooling", "BilinearInteraction", "CIN", "CrossNet", "DCNInteraction",
+    "DotInteraction", "EmbeddingBagCollection", "FFMInteraction", "FMInteraction", "InnerProduct",
+    "LowRankCrossNet", "LowRankMixtureCrossNet", "MLP", "MultiHeadSelfAttention", "OuterProduct",
+    "PNNProductLayer", "PooledEmbeddings", "ProjectionInteraction", "SENET", "TransformerEncoderLayer",
+    "VectorCrossNet", "embedding_parameters", "positional_encoding",
+]
