@@ -47,8 +47,8 @@ def run_peer(mode: str, model: str) -> dict:
     env = {**os.environ, "PEERS_HOME": str(PEERS), "OMP_NUM_THREADS": str(THREADS),
            "MKL_NUM_THREADS": str(THREADS)}
     p = subprocess.run([str(PEERS / "venv-torchrec/bin/python"), "bench_torchrec.py", mode, model],
-                       cwd=BENCH, env=env, capture_output=True, text=True)
-    m = re.search(r"^RESULT (\{.*\})$", p.stdout, re.M)
+                       check=False, cwd=BENCH, env=env, capture_output=True, text=True)
+    m = re.search(r"^RESULT (\{.*\})$", p.stdout, re.MULTILINE)
     if not m:
         raise RuntimeError(f"torchrec peer failed:\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
     return json.loads(m.group(1))
@@ -68,7 +68,7 @@ def run_ctrkit(interaction: str, precision: str, seed: int = 0) -> dict:
     keys = [f"C{j + 1}" for j in range(26)]
     schema = Schema(dense=[DenseFeature(f"I{i + 1}") for i in range(13)],
                     sparse=[SparseFeature(k, max(c, 2), EMB_DIM) for k, c in zip(keys, cards)])
-    params = dict(dense_arch=(512, 256), over_arch=(512, 256), interaction=interaction)
+    params = {"dense_arch": (512, 256), "over_arch": (512, 256), "interaction": interaction}
     if interaction == "dcn":
         params.update(dcn_type="low_rank", dcn_layers=3, dcn_rank=16)
     model = create_model("dlrm", schema, **params)

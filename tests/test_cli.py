@@ -7,11 +7,11 @@ import gzip
 
 import numpy as np
 import pytest
-import torch
 
 from ctrkit.cli import main
 from ctrkit.data.criteo import preprocess_criteo
 from ctrkit.data.store import Store
+from ctrkit.nn.embedding import IdOutOfRangeError
 from ctrkit.runner import SAMPLE, predict_store
 from ctrkit.train.checkpoint import load_model
 
@@ -100,6 +100,7 @@ def test_empty_training_store_is_a_clear_error(trained, tmp_path, caplog):
 
 def test_nan_dense_values_stop_dlrm_training_with_the_step(trained):
     from conftest import contract_schema, make_batch, planted_data
+
     from ctrkit.models.registry import create_model
     from ctrkit.train.config import TrainConfig
     from ctrkit.train.trainer import Trainer, TrainingError
@@ -124,10 +125,11 @@ def test_nan_dense_values_stop_dlrm_training_with_the_step(trained):
 
 def test_out_of_range_id_names_the_feature():
     from conftest import contract_schema, make_batch, planted_data
+
     from ctrkit.models.registry import create_model
 
     model = create_model("dlrm", contract_schema(), dense_arch=(8,), over_arch=(8,))
     data = planted_data(8)
     data["item"][3] = 40  # the item table has 40 rows: ids 0..39
-    with pytest.raises(IndexError, match="feature 'item': id 40 is outside table 'item' of size 40"):
+    with pytest.raises(IdOutOfRangeError, match="feature 'item': id 40 is outside table 'item' of size 40"):
         model(make_batch(data, slice(0, 8)))

@@ -7,12 +7,12 @@ import io
 import numpy as np
 import pytest
 import torch
+from conftest import contract_schema, make_batch, planted_data
 from sklearn.metrics import roc_auc_score
 
-from conftest import contract_schema, make_batch, planted_data
 from ctrkit.models.registry import ConfigError, create_model, list_models
 
-SMALL = dict(dense_arch=(16,), over_arch=(16,))
+SMALL = {"dense_arch": (16,), "over_arch": (16,)}
 # Variants exercised per model (small sizes keep the suite fast); models not listed use defaults.
 VARIANTS: dict[str, list[dict]] = {
     "dlrm": [

@@ -1,6 +1,13 @@
 import pytest
 
-from ctrkit.schema import DenseFeature, Schema, SchemaError, SequenceFeature, SparseFeature, auto_embedding_dim
+from ctrkit.schema import (
+    DenseFeature,
+    Schema,
+    SchemaError,
+    SequenceFeature,
+    SparseFeature,
+    auto_embedding_dim,
+)
 
 
 def schema() -> Schema:
@@ -40,14 +47,14 @@ def test_json_round_trip(tmp_path):
 @pytest.mark.parametrize(
     "kwargs, msg",
     [
-        (dict(sparse=[SparseFeature("a", 10), SparseFeature("a", 10)]), "'a' appears twice"),
-        (dict(dense=[DenseFeature("x")], sparse=[SparseFeature("a", 10, table="x")]), "names table 'x'"),
-        (dict(sparse=[SparseFeature("a", 10, 8), SparseFeature("b", 10, 4, table="a")]), "shares table 'a'"),
-        (dict(sparse=[SparseFeature("a", 1)]), "vocab_size must be"),
-        (dict(sparse=[SparseFeature("a", 10, 0)]), "embedding_dim must be"),
-        (dict(sequence=[SequenceFeature("h", 5, shares="item")]), "shares the table of 'item'"),
-        (dict(dense=[DenseFeature("x", group="items")]), "group 'items'"),
-        (dict(sparse=[SparseFeature("a", 10, pooling="max")]), "pooling 'max'"),
+        ({"sparse": [SparseFeature("a", 10), SparseFeature("a", 10)]}, "'a' appears twice"),
+        ({"dense": [DenseFeature("x")], "sparse": [SparseFeature("a", 10, table="x")]}, "names table 'x'"),
+        ({"sparse": [SparseFeature("a", 10, 8), SparseFeature("b", 10, 4, table="a")]}, "shares table 'a'"),
+        ({"sparse": [SparseFeature("a", 1)]}, "vocab_size must be"),
+        ({"sparse": [SparseFeature("a", 10, 0)]}, "embedding_dim must be"),
+        ({"sequence": [SequenceFeature("h", 5, shares="item")]}, "shares the table of 'item'"),
+        ({"dense": [DenseFeature("x", group="items")]}, "group 'items'"),
+        ({"sparse": [SparseFeature("a", 10, pooling="max")]}, "pooling 'max'"),
     ],
 )
 def test_validation_names_the_feature(kwargs, msg):

@@ -38,10 +38,9 @@ def test_streamed_chunks_round_trip(tmp_path):
 
 def test_failure_leaves_nothing(tmp_path):
     cols = [ColumnSpec("label", "label", "<f4")]
-    with pytest.raises(RuntimeError):
-        with StoreWriter(tmp_path / "s", small_schema(), cols) as w:
-            w.append({"label": np.zeros(3, "f4")})
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError), StoreWriter(tmp_path / "s", small_schema(), cols) as w:
+        w.append({"label": np.zeros(3, "f4")})
+        raise RuntimeError("boom")
     assert list(tmp_path.iterdir()) == []
 
 

@@ -10,8 +10,8 @@ after multi-hot expansion of key 3 (3 ids per row) offsets become [0, 1, 2, 3, 4
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 

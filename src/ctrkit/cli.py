@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 log = logging.getLogger("ctrkit")
 

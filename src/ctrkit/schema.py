@@ -31,9 +31,9 @@ def auto_embedding_dim(vocab_size: int, rule: str = "fourth_root", k: float = 6.
     """Seed 002's sizing rule: ``k * n ** 0.25`` (capped) or ``log2(n)``; at least 1."""
     n = max(int(vocab_size), 2)
     if rule == "fourth_root":
-        return max(1, min(cap, int(round(k * n**0.25))))
+        return max(1, min(cap, round(k * n**0.25)))
     if rule == "log2":
-        return max(1, min(cap, int(math.ceil(math.log2(n)))))
+        return max(1, min(cap, math.ceil(math.log2(n))))
     raise SchemaError(f"unknown auto embedding rule {rule!r}; use one of {AUTO_RULES}")
 
 

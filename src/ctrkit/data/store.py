@@ -62,7 +62,7 @@ class _AppendArray:
 
     def __init__(self, path: Path, dtype: np.dtype, inner: tuple[int, ...] = ()) -> None:
         self.path, self.dtype, self.inner, self.rows = path, np.dtype(dtype), tuple(inner), 0
-        self.f = open(path, "wb")
+        self.f = open(path, "wb")  # noqa: SIM115 - kept open while chunks are appended; closed in close()
         self.f.write(_npy_header(self.dtype, (0, *self.inner)))
 
     def append(self, a: np.ndarray) -> None:
@@ -220,7 +220,7 @@ class StoreWriter:
                         arr.f.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
-    def __enter__(self) -> StoreWriter:
+    def __enter__(self) -> StoreWriter:  # noqa: PYI034
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

@@ -23,8 +23,8 @@ from torch import nn
 
 from ctrkit.batch import Batch
 from ctrkit.models.registry import ConfigError, register_model
-from ctrkit.nn.embedding import EmbeddingBagCollection
 from ctrkit.nn.crossnet import CrossNet, LowRankCrossNet, LowRankMixtureCrossNet, VectorCrossNet
+from ctrkit.nn.embedding import EmbeddingBagCollection
 from ctrkit.nn.interaction import DCNInteraction, DotInteraction, ProjectionInteraction
 from ctrkit.nn.mlp import MLP
 from ctrkit.schema import Schema

@@ -49,8 +49,9 @@ def _load_builtin() -> None:
 
 
 def list_models() -> list[str]:
+    """Registered model names; names starting with "_" are private (e.g. test doubles) and not listed."""
     _load_builtin()
-    return sorted(_MODELS)
+    return sorted(n for n in _MODELS if not n.startswith("_"))
 
 
 def get_model_class(name: str) -> type[nn.Module]:

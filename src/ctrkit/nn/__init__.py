@@ -3,7 +3,12 @@
 Shape letters: B batch, F fields, D embedding dim, T sequence length, N flattened width, K rank/experts.
 """
 
-from ctrkit.nn.attention import AFMAttention, MultiHeadSelfAttention, TransformerEncoderLayer, positional_encoding
+from ctrkit.nn.attention import (
+    AFMAttention,
+    MultiHeadSelfAttention,
+    TransformerEncoderLayer,
+    positional_encoding,
+)
 from ctrkit.nn.cin import CIN
 from ctrkit.nn.crossnet import CrossNet, LowRankCrossNet, LowRankMixtureCrossNet, VectorCrossNet
 from ctrkit.nn.embedding import EmbeddingBagCollection, PooledEmbeddings, embedding_parameters
@@ -14,9 +19,28 @@ from ctrkit.nn.product import InnerProduct, OuterProduct, PNNProductLayer
 from ctrkit.nn.senet import SENET, BilinearInteraction
 
 __all__ = [
-    "AFMAttention", "BiInteractionPooling", "BilinearInteraction", "CIN", "CrossNet", "DCNInteraction",
-    "DotInteraction", "EmbeddingBagCollection", "FFMInteraction", "FMInteraction", "InnerProduct",
-    "LowRankCrossNet", "LowRankMixtureCrossNet", "MLP", "MultiHeadSelfAttention", "OuterProduct",
-    "PNNProductLayer", "PooledEmbeddings", "ProjectionInteraction", "SENET", "TransformerEncoderLayer",
-    "VectorCrossNet", "embedding_parameters", "positional_encoding",
+    "CIN",
+    "MLP",
+    "SENET",
+    "AFMAttention",
+    "BiInteractionPooling",
+    "BilinearInteraction",
+    "CrossNet",
+    "DCNInteraction",
+    "DotInteraction",
+    "EmbeddingBagCollection",
+    "FFMInteraction",
+    "FMInteraction",
+    "InnerProduct",
+    "LowRankCrossNet",
+    "LowRankMixtureCrossNet",
+    "MultiHeadSelfAttention",
+    "OuterProduct",
+    "PNNProductLayer",
+    "PooledEmbeddings",
+    "ProjectionInteraction",
+    "TransformerEncoderLayer",
+    "VectorCrossNet",
+    "embedding_parameters",
+    "positional_encoding",
 ]

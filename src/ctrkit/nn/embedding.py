@@ -27,9 +27,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctrkit.batch import KeyedJagged
+from ctrkit.errors import CtrkitError
 from ctrkit.schema import Schema, SchemaError, SequenceFeature, SparseFeature, TableSpec
 
 POOLINGS = ("sum", "mean")
+
+
+class IdOutOfRangeError(CtrkitError, IndexError):
+    """An id outside its table: the data was preprocessed with another vocabulary than the model's."""
 
 
 class EmbeddingWeight(nn.Parameter):
@@ -318,7 +323,7 @@ class EmbeddingBagCollection(nn.Module):
             lo, hi = int(ids.min()), int(ids.max())
             if lo < 0 or hi >= t.num_embeddings:
                 bad = lo if lo < 0 else hi
-                raise IndexError(
+                raise IdOutOfRangeError(
                     f"feature {key!r}: id {bad} is outside table {t.name!r} of size {t.num_embeddings} "
                     f"(valid ids 0..{t.num_embeddings - 1})"
                 )
@@ -332,7 +337,7 @@ class EmbeddingBagCollection(nn.Module):
         f = int((torch.cumsum(per_key, 0) <= pos).sum())
         key = keys[f]
         t = self.tables[self.feature_to_table[key]]
-        raise IndexError(
+        raise IdOutOfRangeError(
             f"feature {key!r}: id {int(values[pos])} is outside table {t.name!r} of size {t.num_embeddings} "
             f"(valid ids 0..{t.num_embeddings - 1}); check the vocab_size in the schema or the preprocessing"
         )
