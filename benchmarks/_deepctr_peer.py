@@ -70,6 +70,8 @@ def main():
     common = {"task": "binary", "device": "cpu", "seed": a.seed}
     if a.model == "PNN":
         model = zoo.PNN(cols, **params, **common)
+    elif a.model == "AFM":  # AFM's interaction part takes sparse features only; dense ones stay in the linear part
+        model = zoo.AFM(cols, [c for c in cols if not isinstance(c, DenseFeat)], **params, **common)
     elif a.model == "MLR":
         model = zoo.MLR(cols, **params, **common)
     else:
