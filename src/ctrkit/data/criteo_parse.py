@@ -1,0 +1,220 @@
+"""Criteo TSV block parser: decompressed bytes -> label, raw dense integers and 32-bit categorical keys.
+
+Lines are tokenised by numpy on whole blocks (tab / newline positions -> a [rows, 40] matrix of field
+starts); each 8-hex-digit field and each integer of up to 8 digits is read as one unaligned
+little-endian uint64 and decoded with SWAR bit arithmetic, so no Python runs per field or per row.
+Malformed lines are reported back with their reason, not raised. Used by :mod:`ctrkit.data.criteo`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+NUM_DENSE, NUM_SPARSE = 13, 26
+NUM_FIELDS = 1 + NUM_DENSE + NUM_SPARSE
+DENSE_CLAMP = -2.0
+
+# ---- SWAR constants (8 ASCII bytes in one little-endian uint64; byte 0 = first character) ------------
+_U = np.uint64
+_H = _U(0x8080808080808080)
+_ONES = 0x0101010101010101
+_KEEP = np.array([(1 << (8 * n)) - 1 for n in range(9)], dtype=np.uint64)  # low n bytes
+_SHIFT = np.array([0] + [8 * (8 - n) for n in range(1, 9)], dtype=np.uint64)
+_FILL = np.array([0x3030303030303030 if n == 0 else (0x3030303030303030 >> (8 * n)) for n in range(9)],
+                 dtype=np.uint64)  # '0' in the low (8 - n) bytes
+_DENSE_LUT_SIZE = 1 << 16
+with np.errstate(divide="ignore"):
+    _LOG_LUT = np.log(np.arange(_DENSE_LUT_SIZE, dtype=np.float64))  # ln(x + 3) indexed by x + 3
+_LOG_LUT = np.maximum(_LOG_LUT, DENSE_CLAMP).astype(np.float32)
+
+
+_SLICE = 1 << 13  # elements per SWAR pass: temporaries stay in cache (2-4x faster than whole blocks)
+
+
+def _sliced(fn: Any, *arrays: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Apply a SWAR decoder to cache-sized slices of ``arrays`` -> (int64 values [m], ok [m])."""
+    m = len(arrays[0])
+    if m <= _SLICE:
+        return fn(*arrays)
+    val, ok = np.empty(m, np.int64), np.empty(m, bool)
+    for i in range(0, m, _SLICE):
+        val[i:i + _SLICE], ok[i:i + _SLICE] = fn(*(a[i:i + _SLICE] for a in arrays))
+    return val, ok
+
+
+def _swar_decimal(x: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Decode decimal fields of ``n`` [m] (0..8) digits whose bytes start ``x`` [m] uint64 -> (value, ok).
+
+    Right-aligns the digits into "000ddddd", checks every byte is '0'..'9', then combines digit
+    pairs, quads and octets with multiply-add (x*10 + x>>8, x*100 + x>>16, x*10^4 + x>>32).
+    """
+    x &= _KEEP[n]
+    x <<= _SHIFT[n]
+    x |= _FILL[n]
+    bad = x + _U(0x46 * _ONES)  # high bit set where byte >= '9' + 1
+    bad |= x
+    bad |= ~(x + _U(0x50 * _ONES))  # high bit clear where byte < '0'
+    ok = (bad & _H) == 0
+    x -= _U(0x30 * _ONES)
+    x = x * _U(10) + (x >> _U(8))
+    x &= _U(0x00FF00FF00FF00FF)
+    x = x * _U(100) + (x >> _U(16))
+    x &= _U(0x0000FFFF0000FFFF)
+    x = x * _U(10000) + (x >> _U(32))
+    x &= _U(0xFFFFFFFF)
+    return x.view(np.int64), ok
+
+
+def _swar_hex8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Decode 8 hex digits (either case) held in ``x`` [m] uint64 -> (uint32 value as int64, ok)."""
+    hi = x & _H
+    d = (x + _U(0x50 * _ONES)) & ~(x + _U(0x46 * _ONES))  # '0'..'9'
+    y = x | _U(0x20 * _ONES)  # fold 'A'..'F' onto 'a'..'f'
+    a = (y + _U(0x1F * _ONES)) & ~(y + _U(0x19 * _ONES))  # 'a'..'f'
+    a &= _H
+    ok = (((d & _H) | a) == _H) & (hi == 0)
+    nib = (x & _U(0x0F * _ONES)) + (a >> _U(7)) * _U(9)  # one nibble per byte
+    t = ((nib << _U(4)) | (nib >> _U(8))) & _U(0x00FF00FF00FF00FF)
+    t = ((t << _U(8)) | (t >> _U(16))) & _U(0x0000FFFF0000FFFF)
+    t = ((t << _U(16)) | (t >> _U(32))) & _U(0xFFFFFFFF)
+    return t.view(np.int64), ok
+
+
+@dataclass
+class ParsedBlock:
+    """Good rows of one block of lines. ``line`` [n] is each row's 0-based line index in the block."""
+
+    n_lines: int
+    line: np.ndarray
+    label: np.ndarray  # (n,) float32
+    raw_dense: np.ndarray  # (n, 13) int64, missing -> 0
+    keys: np.ndarray  # (n, 26) int64, 32-bit hash value, missing -> -1
+    bad: list[tuple[np.ndarray, str]] = field(default_factory=list)  # (line indices, reason)
+    empty_lines: int = 0
+
+
+def parse_block(buf: bytes) -> ParsedBlock:
+    """Tokenise and validate a block of whole lines (``buf`` ends with b"\\n")."""
+    size = len(buf)
+    b = np.empty(size + 8, np.uint8)  # + 8 so an 8-byte read at any field start stays inside
+    b[:size] = np.frombuffer(buf, np.uint8)
+    b[size:] = 0
+    u64 = np.ndarray((size,), dtype="<u8", buffer=b, strides=(1,))  # unaligned uint64 at every byte
+    body = b[:size]
+    sep = np.flatnonzero((body == 9) | (body == 10))  # positions of tabs and newlines
+    nl = np.flatnonzero(body[sep] == 10)  # index into sep of each line end
+    n_lines = len(nl)
+    nfields = np.diff(nl, prepend=-1)  # (lines,)
+    line_end = sep[nl]
+    line_start = np.empty(n_lines, np.int64)
+    if n_lines:
+        line_start[0] = 0
+        line_start[1:] = line_end[:-1] + 1
+    good = nfields == NUM_FIELDS
+    empty = line_end == line_start
+    bad: list[tuple[np.ndarray, str]] = []
+    wrong = np.flatnonzero(~good & ~empty)
+    if len(wrong):
+        for k in np.unique(nfields[wrong]):  # few distinct counts; one reason each
+            bad.append((wrong[nfields[wrong] == k], f"expected {NUM_FIELDS} tab-separated fields, found {k}"))
+    gi = np.flatnonzero(good)
+    n = len(gi)
+    ends = sep[nl[gi][:, None] + np.arange(-(NUM_FIELDS - 1), 1)]  # (n, 40) end of each field
+    starts = np.empty_like(ends)
+    starts[:, 0] = line_start[gi]
+    starts[:, 1:] = ends[:, :-1] + 1
+    ends[:, -1] -= body[np.maximum(ends[:, -1] - 1, 0)] == 13  # tolerate CRLF
+    lens = ends - starts
+
+    # label: exactly "0" or "1"
+    lab = body[starts[:, 0]]
+    lab_ok = (lens[:, 0] == 1) & ((lab == 48) | (lab == 49))
+    label = (lab.astype(np.float32) - 48.0)
+
+    # dense integers: optional '-', up to 8 digits by SWAR, longer ones (rare) digit by digit
+    ds = starts[:, 1:1 + NUM_DENSE].ravel()
+    dl = lens[:, 1:1 + NUM_DENSE].ravel()
+    x = u64[ds]
+    neg = ((x & _U(0xFF)) == _U(45)) & (dl >= 2)
+    ni = np.flatnonzero(neg)
+    if len(ni):
+        ds[ni] += 1
+        dl[ni] -= 1
+        x[ni] = u64[ds[ni]]
+    val, dok = _sliced(_swar_decimal, x, np.minimum(dl, 8))
+    long_ = np.flatnonzero(dl > 8)
+    if len(long_):
+        lv, lok = _parse_long_ints(body, ds[long_], dl[long_])
+        val[long_], dok[long_] = lv, lok
+    np.negative(val, out=val, where=neg)
+    dense_ok = dok.reshape(n, NUM_DENSE).all(axis=1)
+
+    # categorical: empty or exactly 8 hex digits
+    cs = starts[:, 1 + NUM_DENSE:].ravel()
+    cl = lens[:, 1 + NUM_DENSE:].ravel()
+    key, hok = _sliced(_swar_hex8, u64[cs])
+    present = cl == 8
+    cok = (hok & present) | (cl == 0)
+    key[~present] = -1
+    cat_ok = cok.reshape(n, NUM_SPARSE).all(axis=1)
+
+    row_ok = lab_ok & dense_ok & cat_ok
+    if not row_ok.all():
+        for mask, what in ((~lab_ok, "label is not 0 or 1"), (lab_ok & ~dense_ok, "a dense field is not an integer"),
+                           (lab_ok & dense_ok & ~cat_ok, "a categorical field is not empty or 8 hex digits")):
+            idx = gi[mask]
+            if len(idx):
+                bad.extend(_with_non_ascii(body, line_start, line_end, idx, what))
+        keep = np.flatnonzero(row_ok)
+        gi, label = gi[keep], label[keep]
+        val = val.reshape(n, NUM_DENSE)[keep]
+        key = key.reshape(n, NUM_SPARSE)[keep]
+    else:
+        val, key = val.reshape(n, NUM_DENSE), key.reshape(n, NUM_SPARSE)
+    return ParsedBlock(n_lines, gi, label, val, key, bad, int(empty.sum()))
+
+
+def _parse_long_ints(body: np.ndarray, start: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Integers of 9+ digits (rare), vectorised over fields, looping over digit positions (<= 18)."""
+    ok = length <= 18  # larger would overflow int64
+    width = int(min(length.max(), 18))
+    val = np.zeros(len(start), np.int64)
+    for k in range(width):
+        live = (k < length) & ok
+        d = body[np.minimum(start + k, len(body) - 1)].astype(np.int64) - 48
+        ok &= ~live | ((d >= 0) & (d <= 9))
+        val = np.where(live, val * 10 + d, val)
+    return val, ok
+
+
+def _with_non_ascii(body: np.ndarray, line_start: np.ndarray, line_end: np.ndarray, idx: np.ndarray,
+                    reason: str) -> list[tuple[np.ndarray, str]]:
+    """Split bad lines ``idx`` into those holding non-ASCII bytes (named as such) and the rest."""
+    non = np.array([bool((body[line_start[i]:line_end[i]] >= 128).any()) for i in idx[:50]] +
+                   [False] * max(0, len(idx) - 50), dtype=bool)  # only the first few are reported
+    out = []
+    if non.any():
+        out.append((idx[non], "non-ASCII / non-UTF-8 bytes"))
+    if (~non).any():
+        out.append((idx[~non], reason))
+    return out
+
+
+def dense_transform(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``ln(x + 3)`` as float32 with x + 3 <= e^-2 clamped to -2 -> (values, clamped count per column).
+
+    ``raw`` int64 [n, k]; a lookup table serves 0 <= x + 3 < 65536, np.log the rest.
+    """
+    x3 = raw + 3
+    small = (x3 >= 0) & (x3 < _DENSE_LUT_SIZE)
+    out = _LOG_LUT[np.where(small, x3, 0)]
+    if not small.all():
+        big = ~small
+        with np.errstate(divide="ignore", invalid="ignore"):
+            v = np.log(x3[big].astype(np.float64))
+        out[big] = np.where(np.isfinite(v) & (v >= DENSE_CLAMP), v, DENSE_CLAMP).astype(np.float32)
+    clamped = (x3 <= 0).sum(axis=0)  # integers: ln(x + 3) < -2 only when x + 3 <= 0
+    return out, clamped
