@@ -183,7 +183,9 @@ def run_peer(python: Path, data: Path, model: str, params: dict[str, Any], cfg: 
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("PEER_RESULT ")]
     if proc.returncode != 0 or not lines:
-        raise SystemExit(f"DeepCTR peer failed ({' '.join(cmd)}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+        err = (proc.stderr.strip().splitlines() or ["(no stderr)"])[-1]
+        sys.stderr.write(f"DeepCTR peer failed ({' '.join(cmd)}):\n{proc.stderr[-3000:]}\n")
+        return {"error": err}
     res = json.loads(lines[-1].split(" ", 1)[1])
     res["pred"] = np.load(out)["pred"]
     return res
@@ -218,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"{a.peer_python} not found: install DeepCTR-Torch with /work/shared/bench/install.sh")
     epochs = a.epochs or EPOCHS[a.dataset]
     rows: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    failed: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="ctrkit-deepctr-") as tmp:
         out = Path(a.out) if a.out else Path(tmp)
         stores = prepare(a.dataset, out, a.split_seed)
@@ -233,8 +236,13 @@ def main(argv: list[str] | None = None) -> int:
             params = peer_params(m, cfg.model.params)
             rows[m] = {"ctrkit": [], "deepctr": []}
             for seed in a.seeds:
-                ours = run_ctrkit(path, stores, seed, epochs)
                 peer = run_peer(Path(a.peer_python), data, PEERS[m], params, cfg, seed, epochs, a.threads)
+                if "error" in peer:  # the peer cannot run this model on this data: say so, skip the model
+                    failed[m] = peer["error"]
+                    sys.stdout.write(f"  {m:<10} seed {seed}: DeepCTR {PEERS[m]} failed: {peer['error']}\n")
+                    del rows[m]
+                    break
+                ours = run_ctrkit(path, stores, seed, epochs)
                 for side, r in (("ctrkit", ours), ("deepctr", peer)):
                     rows[m][side].append({**score(y, r.pop("pred")), **r})
                 o, d = rows[m]["ctrkit"][-1], rows[m]["deepctr"][-1]
@@ -262,9 +270,12 @@ def main(argv: list[str] | None = None) -> int:
                       **{f"{side}_{k}_{w}": v[i] for side, s in agg.items() for k, v in s.items()
                          for i, w in enumerate(("mean", "std"))},
                       "runs": r}
+    for m, err in failed.items():
+        sys.stdout.write(f"{m:<11}DeepCTR {PEERS[m]} failed on this data: {err}\n")
     sys.stdout.write("RESULT " + json.dumps({
         "dataset": a.dataset, "seeds": a.seeds, "epochs": epochs, "threads": a.threads,
-        "embedding_dim": meta["embedding_dim"], "torch": torch.__version__, "models": summary}) + "\n")
+        "embedding_dim": meta["embedding_dim"], "torch": torch.__version__, "models": summary,
+        "peer_failed": failed}) + "\n")
     return 0
 
 
