@@ -39,5 +39,6 @@ VARIANTS: dict[str, list[dict]] = {
     "autoint": [
         {"attention_layers": 2, "num_heads": 2},
         {**DNN, "attention_layers": 1, "num_heads": 2, "head_dim": 3, "autoint_plus": True},
+        {"attention_layers": 1, "num_heads": 2, "dense_as_fields": False},  # dense values reach the head
     ],
 }

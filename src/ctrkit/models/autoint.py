@@ -42,6 +42,7 @@ class AutoInt(nn.Module):
         use_residual: bool = True,
         scaled: bool = False,
         autoint_plus: bool = False,
+        dense_as_fields: bool = True,
         dnn_hidden: tuple[int, ...] = (256, 128),
         dnn_activation: str = "relu",
         dnn_dropout: float = 0.0,
@@ -54,8 +55,10 @@ class AutoInt(nn.Module):
         d = self.embedding.embedding_dim  # ConfigError naming autoint when dims differ
         f = self.embedding.num_fields
         nd = schema.num_dense
-        # one learned vector per dense feature: e_m = v_m x_m
-        self.dense_vectors = nn.Parameter(torch.randn(nd, d) * d**-0.5) if nd else None
+        # dense_as_fields (the paper, §4.2): one learned vector per dense feature, e_m = v_m x_m, attended
+        # like the sparse fields; otherwise (DeepCTR's AutoInt) dense values feed the DNN / the head only.
+        na = nd if dense_as_fields else 0
+        self.dense_vectors = nn.Parameter(torch.randn(na, d) * d**-0.5) if na else None
         self.attention = nn.ModuleList()
         width = d
         with layer_options("autoint", "num_heads / head_dim"):
@@ -64,14 +67,16 @@ class AutoInt(nn.Module):
                                                use_residual=use_residual, scaled=scaled)
                 self.attention.append(layer)
                 width = layer.out_features
-        n_att = (f + nd) * width
+        n_att = (f + na) * width
+        self.dense_to_head = nd > 0 and not dense_as_fields and not autoint_plus
         self.deep = None
         if autoint_plus:
             if not dnn_hidden:
                 raise ConfigError("autoint: autoint_plus=True needs a non-empty dnn_hidden")
             self.deep = dnn_tower("autoint", f * d + nd, dnn_hidden, activation=dnn_activation,
                                   dropout=dnn_dropout, batch_norm=dnn_batch_norm)
-        self.head = nn.Linear(n_att + (self.deep.out_features if self.deep is not None else 0), 1)
+        n_head = n_att + (self.deep.out_features if self.deep is not None else 0) + (nd if self.dense_to_head else 0)
+        self.head = nn.Linear(n_head, 1)
 
     def forward(self, batch: Batch) -> torch.Tensor:
         emb = self.embedding(batch)  # (B, F, D)
@@ -84,4 +89,6 @@ class AutoInt(nn.Module):
         parts = [x.flatten(1)]  # (B, M*H*d')
         if self.deep is not None:
             parts.append(self.deep(torch.cat([emb.flatten(1), batch.dense], dim=1)))  # (B, H_dnn)
+        if self.dense_to_head:
+            parts.append(batch.dense)  # (B, Nd)
         return self.head(torch.cat(parts, dim=1)).squeeze(-1)  # (B,)

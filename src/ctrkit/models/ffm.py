@@ -21,7 +21,7 @@ from ctrkit.batch import Batch
 from ctrkit.models.registry import ConfigError, register_model
 from ctrkit.nn.embedding import EmbeddingBagCollection
 from ctrkit.nn.fm import FFMInteraction
-from ctrkit.nn.inputs import LinearTerm, pooled_keys
+from ctrkit.nn.inputs import ZOO_INIT_STD, LinearTerm, pooled_keys
 from ctrkit.schema import Schema, TableSpec
 
 
@@ -57,12 +57,12 @@ class FFM(nn.Module):
                   for t in schema.tables().values() if t.name in used]
         self.embedding = EmbeddingBagCollection(
             tables, {k: schema.table_of(k) for k in self.keys},
-            {k: schema.feature(k).pooling for k in self.keys},
+            {k: schema.feature(k).pooling for k in self.keys}, init_std=ZOO_INIT_STD,
         )
         # F field-aware vectors of each dense value, scaled by x_j
         self.dense_vectors = nn.Parameter(torch.empty(n_dense, F, D)) if n_dense else None
         if self.dense_vectors is not None:
-            nn.init.normal_(self.dense_vectors, std=D**-0.5)
+            nn.init.normal_(self.dense_vectors, std=ZOO_INIT_STD)
         self.linear = LinearTerm(schema)
         self.interaction = FFMInteraction(F)
 

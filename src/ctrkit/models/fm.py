@@ -19,7 +19,7 @@ from torch import nn
 from ctrkit.batch import Batch
 from ctrkit.models.registry import ConfigError, register_model
 from ctrkit.nn.fm import FMInteraction
-from ctrkit.nn.inputs import FieldEmbedding, LinearTerm
+from ctrkit.nn.inputs import ZOO_INIT_STD, FieldEmbedding, LinearTerm
 from ctrkit.schema import Schema
 
 
@@ -41,7 +41,7 @@ class FM(nn.Module):
         # latent vector of each dense value: e_j = v_j * x_j
         self.dense_vectors = nn.Parameter(torch.empty(n_dense, D)) if n_dense else None
         if self.dense_vectors is not None:
-            nn.init.normal_(self.dense_vectors, std=D**-0.5)
+            nn.init.normal_(self.dense_vectors, std=ZOO_INIT_STD)
         self.interaction = FMInteraction()
 
     def field_embeddings(self, batch: Batch) -> torch.Tensor:

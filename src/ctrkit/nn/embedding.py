@@ -138,6 +138,7 @@ class EmbeddingBagCollection(nn.Module):
         lookup_keys: extra features (e.g. unpooled sequences) -> table, usable only with ``lookup``.
         sparse_grad: sparse gradients (only touched rows) for the fused weights.
         validate: check every id lies in ``[0, num_embeddings)`` of its table (cheap; one compare per id).
+        init_std: initialise tables N(0, init_std^2) instead of torchrec's U(-sqrt(1/n), sqrt(1/n)).
 
     ``forward(kj)`` -> :class:`PooledEmbeddings` (``.stacked()`` is ``[B, F, D]``). ``kj`` may hold
     more keys than the collection pools; the extra keys are ignored.
@@ -152,8 +153,10 @@ class EmbeddingBagCollection(nn.Module):
         lookup_keys: Mapping[str, str] | None = None,
         sparse_grad: bool = True,
         validate: bool = True,
+        init_std: float | None = None,
     ) -> None:
         super().__init__()
+        self.init_std = init_std
         self.tables: dict[str, TableSpec] = {}
         for t in tables:
             if t.name in self.tables:
@@ -218,6 +221,7 @@ class EmbeddingBagCollection(nn.Module):
         lookup_keys: Sequence[str] | None = None,
         sparse_grad: bool = True,
         validate: bool = True,
+        init_std: float | None = None,
     ) -> EmbeddingBagCollection:
         """Collection pooling ``keys`` (default: every sparse feature and every sequence feature whose
         pooling is not "none"), with the schema's tables and poolings. ``lookup_keys`` (default: the
@@ -243,13 +247,19 @@ class EmbeddingBagCollection(nn.Module):
         l2t = {k: schema.table_of(k) for k in lookup_keys}
         needed = set(f2t.values()) | set(l2t.values())
         tables = [t for name, t in schema.tables().items() if name in needed]
-        return cls(tables, f2t, pooling, lookup_keys=l2t, sparse_grad=sparse_grad, validate=validate)
+        return cls(tables, f2t, pooling, lookup_keys=l2t, sparse_grad=sparse_grad, validate=validate,
+                   init_std=init_std)
 
     # ---- parameters ----------------------------------------------------------------------------
     def reset_parameters(self) -> None:
-        """torchrec's default: each table ~ U(-sqrt(1/n), sqrt(1/n)), n = its rows."""
+        """torchrec's default: each table ~ U(-sqrt(1/n), sqrt(1/n)), n = its rows; with ``init_std``
+        every table ~ N(0, init_std^2) instead (DeepCTR / FuxiCTR's start for FM-style models, whose
+        pairwise products blow up from large initial vectors)."""
         with torch.no_grad():
             for t in self.tables.values():
+                if self.init_std is not None:
+                    self.table_weight(t.name).normal_(0.0, self.init_std)
+                    continue
                 bound = math.sqrt(1.0 / t.num_embeddings)
                 self.table_weight(t.name).uniform_(-bound, bound)
 
