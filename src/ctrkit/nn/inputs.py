@@ -95,6 +95,11 @@ class LinearTerm(nn.Module):
             for w in self.ebc.weights.values():
                 nn.init.zeros_(w)
         self.dense = nn.Linear(schema.num_dense, 1, bias=False) if use_dense and schema.num_dense else None
+        if self.dense is not None:
+            # zero start, like the id weights: nn.Linear's U(±1/sqrt(Nd)) start times raw dense values
+            # (Criteo's ln(x+3) reaches ~14) gave seed-dependent starting logits of several units and
+            # test AUCs from .658 to .733 for plain LR on the Criteo sample
+            nn.init.zeros_(self.dense.weight)
         self.bias = nn.Parameter(torch.zeros(1)) if bias else None
 
     def forward(self, batch: Batch) -> torch.Tensor:
