@@ -3,7 +3,7 @@
 VARIANTS: dict[str, list[dict]] = {
     "lr": [{}],
     "fm": [{}, {"dense_interaction": False}],
-    "ffm": [{"embedding_dim": 4}, {"dense_interaction": False}],
+    "ffm": [{"embedding_dim": 4}, {"dense_interaction": False, "embedding_dim": 2}],
     "mlr": [{"regions": 4}, {"regions": 2, "l1": 1e-5, "l2": 1e-5, "l21": 1e-5}],
     "gbdt_lr": [
         {"num_trees": 10, "num_leaves": 8, "num_threads": 1},
