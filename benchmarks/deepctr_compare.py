@@ -86,6 +86,8 @@ def peer_params(model: str, p: dict[str, Any]) -> dict[str, Any]:
         return {"dnn_hidden_units": list(p.get("dnn_hidden", [128, 64])), "use_inner": prod in ("inner", "both"),
                 "use_outter": prod in ("outer", "both"), "dnn_dropout": p.get("dropout", 0.0)}
     if model == "autoint":
+        if p.get("dense_as_fields", True):
+            raise SystemExit("DeepCTR's AutoInt attends over the sparse fields only: set dense_as_fields=false")
         return {**(dnn if p.get("autoint_plus") else {"dnn_hidden_units": []}),
                 "att_layer_num": p.get("attention_layers", 3), "att_head_num": p.get("num_heads", 2),
                 "att_res": p.get("use_residual", True), "dnn_dropout": p.get("dnn_dropout", 0.0)}
