@@ -70,6 +70,8 @@ def peer_params(model: str, p: dict[str, Any]) -> dict[str, Any]:
                 "cin_split_half": p.get("split_half", True), "cin_activation": "linear" if act == "identity" else act,
                 "dnn_dropout": p.get("dnn_dropout", 0.0)}
     if model == "nfm":
+        if p.get("bi_batch_norm", True):
+            raise SystemExit("DeepCTR's NFM has no BatchNorm on the pooled vector: set bi_batch_norm=false")
         return {**dnn, "bi_dropout": p.get("bi_dropout", 0.0), "dnn_dropout": p.get("dnn_dropout", 0.0)}
     if model == "afm":
         return {"attention_factor": p.get("attention_dim", 16), "afm_dropout": p.get("attention_dropout", 0.0)}

@@ -26,6 +26,7 @@ VARIANTS: dict[str, list[dict]] = {
     "nfm": [
         {**DNN, "bi_dropout": 0.1},
         {"dnn_hidden": ()},
+        {**DNN, "bi_batch_norm": False},
     ],
     "afm": [
         {"attention_dim": 4},

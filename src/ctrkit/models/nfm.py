@@ -30,13 +30,15 @@ from ctrkit.schema import Schema
 
 @register_model("nfm")
 class NFM(nn.Module):
-    """Linear part + DNN over BatchNorm'd bi-interaction pooling (dropout ``bi_dropout`` after the BN)."""
+    """Linear part + DNN over BatchNorm'd (``bi_batch_norm``) bi-interaction pooling (dropout ``bi_dropout``
+    after the BN)."""
 
     def __init__(
         self,
         schema: Schema,
         *,
         bi_dropout: float = 0.0,
+        bi_batch_norm: bool = True,
         dnn_hidden: tuple[int, ...] = (256, 128),
         dnn_activation: str = "relu",
         dnn_dropout: float = 0.0,
@@ -54,7 +56,8 @@ class NFM(nn.Module):
         self.linear = LinearTerm(schema)  # (B,)
         self.bi = BiInteractionPooling(embedding_dim=d)  # (B, F, D) -> (B, D)
         n = d + schema.num_dense
-        self.bn = nn.BatchNorm1d(n)
+        # the paper's BatchNorm on the pooled vector; DeepCTR's NFM has none
+        self.bn = nn.BatchNorm1d(n) if bi_batch_norm else nn.Identity()
         self.bi_dropout = nn.Dropout(bi_dropout)
         self.deep = dnn_tower("nfm", n, dnn_hidden, activation=dnn_activation, dropout=dnn_dropout,
                               batch_norm=dnn_batch_norm)
