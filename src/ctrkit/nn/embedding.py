@@ -90,8 +90,10 @@ class PooledEmbeddings:
                 + "; ".join(f"dim {d}: {ks}" for d, ks in by_dim.items())
                 + ". Give these features the same embedding_dim in the schema, or use concat()/to_dict()."
             )
+        # contiguous (B, F, D): the strided transpose view made every downstream broadcast op slow
+        # (xDeepFM training step on the Criteo shapes: 230 -> 160 ms)
         if len(self._tensors) == 1:
-            return self._tensors[0].transpose(0, 1)  # (B, F, D)
+            return self._tensors[0].transpose(0, 1).contiguous()  # (B, F, D)
         allf = torch.cat(self._tensors, 0)  # (F, B, D) in group order
         order = [p for g in self._groups for p in g.positions]
         if order != list(range(len(order))):
@@ -99,7 +101,7 @@ class PooledEmbeddings:
             for i, p in enumerate(order):
                 inv[p] = i
             allf = allf[inv]
-        return allf.transpose(0, 1)  # (B, F, D)
+        return allf.transpose(0, 1).contiguous()  # (B, F, D)
 
     def concat(self) -> torch.Tensor:
         """All features concatenated along the last dim: ``[B, sum_k D_k]`` in key order."""
