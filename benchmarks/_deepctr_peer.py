@@ -53,9 +53,13 @@ def main():
         cols.append(DenseFeat(name, 1))
     for f in meta["sparse"]:
         cols.append(SparseFeat(f["name"], vocabulary_size=f["vocab_size"], embedding_dim=meta["embedding_dim"]))
+    # DeepCTR-Torch 0.3.0's xDeepFM / AutoInt / FiBiNET size their layers by the number of embedding
+    # TABLES, not features, and crash when a sequence shares a table ("expected ... 64 channels, but got
+    # 81"). For those three the sequence gets a table of its own here (one extra table on the peer's side).
+    own_table = a.model in ("xDeepFM", "AutoInt", "FiBiNET")
     for f in meta["varlen"]:
         base = SparseFeat(f["name"], vocabulary_size=f["vocab_size"], embedding_dim=meta["embedding_dim"],
-                          embedding_name=f["table"])
+                          embedding_name=f["name"] if own_table else f["table"])
         cols.append(VarLenSparseFeat(base, maxlen=f["max_len"], combiner="mean"))
 
     def inputs(split):
