@@ -163,23 +163,27 @@ def log_loss(
     return float(np.average(ll, weights=w))
 
 
-def accuracy(preds: ArrayLike, labels: ArrayLike, weights: ArrayLike | None = None) -> float:
-    """Fraction (weighted) of rows with ``(p > 0.5) == y``."""
+def _nonempty(
+    preds: ArrayLike, labels: ArrayLike, weights: ArrayLike | None, metric: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """float64 (preds, labels, weights) of equal length; a MetricError naming ``metric`` when empty."""
     p = _np(preds, np.float64)
     y = _np(labels, np.float64)
     w = None if weights is None else _np(weights, np.float64)
     if _check_lengths(preds=p, labels=y, weights=w) == 0:
-        raise MetricError("accuracy of an empty set of predictions")
+        raise MetricError(f"{metric} of an empty set of predictions")
+    return p, y, w
+
+
+def accuracy(preds: ArrayLike, labels: ArrayLike, weights: ArrayLike | None = None) -> float:
+    """Fraction (weighted) of rows with ``(p > 0.5) == y``."""
+    p, y, w = _nonempty(preds, labels, weights, "accuracy")
     return float(np.average((p > 0.5) == (y > 0.5), weights=w))
 
 
 def calibration(preds: ArrayLike, labels: ArrayLike, weights: ArrayLike | None = None) -> float:
     """``mean(p) / mean(y)`` (weighted); nan when no positive label was observed."""
-    p = _np(preds, np.float64)
-    y = _np(labels, np.float64)
-    w = None if weights is None else _np(weights, np.float64)
-    if _check_lengths(preds=p, labels=y, weights=w) == 0:
-        raise MetricError("calibration of an empty set of predictions")
+    p, y, w = _nonempty(preds, labels, weights, "calibration")
     observed = np.average(y, weights=w)
     if observed == 0:
         return float("nan")
