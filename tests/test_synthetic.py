@@ -106,3 +106,6 @@ def test_cli_helpers(tmp_path):
     args = p.parse_args(["--rows", "50", "--out", str(tmp_path / "st"), "--max-cardinality", "100"])
     run_synth(args)
     assert Store(tmp_path / "st").schema.sparse[2].vocab_size == 100
+    # the format follows the output name when --format is not given
+    run_synth(p.parse_args(["--rows", "20", "--out", str(tmp_path / "y.tsv.gz"), "--scale", "0.01"]))
+    assert read_tsv(tmp_path / "y.tsv.gz").num_rows == 20

@@ -276,7 +276,8 @@ def write_synthetic_store(
 def add_synth_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--rows", type=int, required=True, help="number of rows to generate")
     parser.add_argument("--out", required=True, help="output path: a .tsv/.tsv.gz file or a store directory")
-    parser.add_argument("--format", choices=("tsv", "store"), default="store", help="raw Criteo TSV or a store")
+    parser.add_argument("--format", choices=("tsv", "store"), default=None,
+                        help="raw Criteo TSV or a store (default: tsv when --out ends in .tsv or .tsv.gz, else store)")
     parser.add_argument("--seed", type=int, default=0, help="row sampling seed (the planted signal is fixed)")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply the Kaggle cardinalities by this")
     parser.add_argument("--max-cardinality", type=int, default=None, help="cap every cardinality at this")
@@ -285,7 +286,8 @@ def add_synth_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def run_synth(args: argparse.Namespace) -> Path:
-    if args.format == "tsv":
+    fmt = args.format or ("tsv" if str(args.out).endswith((".tsv", ".tsv.gz")) else "store")
+    if fmt == "tsv":
         return write_criteo_tsv(args.out, args.rows, seed=args.seed, scale=args.scale,
                                 max_cardinality=args.max_cardinality)
     return write_synthetic_store(args.out, args.rows, seed=args.seed, scale=args.scale,
