@@ -119,6 +119,33 @@ def test_ratio_split_union_is_input_and_reproducible(tmp_path: Path) -> None:
     assert pos == sorted(pos)
 
 
+def test_in_order_splits_roll_over_small_shards_and_keep_order(tmp_path: Path) -> None:
+    """valid / test (and an unshuffled train) spill into shards of bounded size that keep input order,
+    so memory does not grow with the split's row count: tiny shards give the same stores as one big one."""
+    lines = sample_lines(3000)
+    src = write(tmp_path / "s.tsv", lines)
+    big = preprocess_criteo(src, tmp_path / "big", split="0.6,0.2,0.2", seed=1, progress=False)
+    small = preprocess_criteo(src, tmp_path / "small", split="0.6,0.2,0.2", seed=1, shard_bytes=4_000,
+                              progress=False)
+    for k in ("valid", "test"):
+        np.testing.assert_array_equal(store_rows(big[k]), store_rows(small[k]))
+    ordered = preprocess_criteo(src, tmp_path / "ordered", split="1,0", shuffle=False, shard_bytes=4_000,
+                                progress=False)
+    np.testing.assert_array_equal(store_rows(ordered["train"]), reference(lines))
+
+
+def test_shard_spill_rolls_over_in_order(tmp_path: Path) -> None:
+    from ctrkit.data.rows import ShardSpill, SpillColumn
+
+    spill = ShardSpill(tmp_path / "sp", 1, {"x": SpillColumn("<i8")}, roll_rows=10)
+    data = np.arange(47)
+    for s in range(0, 47, 7):
+        spill.add({"x": data[s:s + 7]})
+    shards = list(spill)
+    assert len(shards) == 4 and max(spill.rows) <= 10 + 7  # bounded by roll_rows + one chunk
+    np.testing.assert_array_equal(np.concatenate([spill.read(i)["x"] for i in shards]), data)
+
+
 def test_shuffled_train_is_permutation_with_many_shards(tmp_path: Path) -> None:
     lines = sample_lines(2000)
     src = write(tmp_path / "s.tsv", lines)

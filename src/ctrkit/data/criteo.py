@@ -273,8 +273,11 @@ def preprocess_criteo(
 
     with TempDir(out, ".criteo-tmp-") as tmp:
         k_train = shard_count(est_rows, row_bytes, shard_bytes) if shuffle else 1
-        spills = [ShardSpill(tmp / "train", k_train, spill_cols), ShardSpill(tmp / "valid", 1, spill_cols),
-                  ShardSpill(tmp / "test", 1, spill_cols)]
+        roll = max(1, shard_bytes // row_bytes)  # in-order splits roll over to a new shard at this size
+        spills = [ShardSpill(tmp / "train", k_train, spill_cols) if shuffle
+                  else ShardSpill(tmp / "train", 1, spill_cols, roll_rows=roll),
+                  ShardSpill(tmp / "valid", 1, spill_cols, roll_rows=roll),
+                  ShardSpill(tmp / "test", 1, spill_cols, roll_rows=roll)]
         total_bytes = sum(f.stat().st_size for f in files)
         bar = _progress(total_bytes, progress)
         done_bytes = 0

@@ -162,10 +162,19 @@ class ShardSpill:
     ``read(i, seed)`` loads shard i and, when ``seed`` is not None, permutes its rows. Assigning rows
     to shards uniformly at random and shuffling every shard gives a uniformly random permutation
     while holding only one shard in memory.
+
+    An in-order spill (``n_shards=1`` with ``roll_rows``) starts a new shard once the current one
+    holds ``roll_rows`` rows, so reading shards in order gives the input order back while memory
+    stays bounded by one shard (not by the split's row count).
     """
 
-    def __init__(self, directory: Path, n_shards: int, columns: dict[str, SpillColumn]) -> None:
+    def __init__(
+        self, directory: Path, n_shards: int, columns: dict[str, SpillColumn], roll_rows: int | None = None
+    ) -> None:
         self.dir, self.n_shards, self.columns = Path(directory), int(n_shards), columns
+        if roll_rows is not None and self.n_shards != 1:
+            raise ValueError("roll_rows is for in-order spills (n_shards=1)")
+        self.roll_rows = roll_rows
         self.dir.mkdir(parents=True, exist_ok=True)
         self.rows = np.zeros(self.n_shards, np.int64)
 
@@ -178,7 +187,12 @@ class ShardSpill:
         n = len(first[1]) if isinstance(first, tuple) else len(first)
         if n == 0:
             return
-        if shard is None or self.n_shards == 1:
+        if self.roll_rows is not None:
+            if self.rows[-1] >= self.roll_rows:  # roll over to a new in-order shard
+                self.rows = np.append(self.rows, 0)
+                self.n_shards += 1
+            groups = [(self.n_shards - 1, None)]
+        elif shard is None or self.n_shards == 1:
             groups = [(0, None)]
         else:
             order = np.argsort(shard, kind="stable")

@@ -366,8 +366,11 @@ def preprocess_table(
     key_split, key_shard = stream_key(seed, 11), stream_key(seed, 12)
     est_rows = path.stat().st_size / 32 if path.exists() else 1
     with TempDir(out, ".table-tmp-") as tmp:
-        k_train = shard_count(est_rows, 8 * (len(spill_cols) + len(spec.dense) + len(single) + 8), shard_bytes)
-        spills = [ShardSpill(tmp / s, k_train if i == 0 else 1, spill_cols) for i, s in enumerate(SPLITS)]
+        row_bytes = 8 * (len(spill_cols) + len(spec.dense) + len(single) + 8)
+        k_train = shard_count(est_rows, row_bytes, shard_bytes)
+        roll = max(1, shard_bytes // row_bytes)  # valid / test keep input order in shards of bounded size
+        spills = [ShardSpill(tmp / "train", k_train, spill_cols)] + [
+            ShardSpill(tmp / s, 1, spill_cols, roll_rows=roll) for s in SPLITS[1:]]
         for t, lines in _iter_batches(path, spec.columns(), batch_rows, bad):
             n = t.num_rows
             bad.total += n
