@@ -45,8 +45,7 @@ class DataConfig:
     eval_batch_size: int | None = None  # None: 4 x batch_size
     shuffle: bool = True
     drop_last: bool = False
-    num_workers: int = 0
-    prefetch: int = 2
+    prefetch: int = 2  # batches built ahead by the loader's background thread
     # multi-hot expansion of seed 000 (None: off)
     multi_hot_size: int | None = None
     multi_hot_min_table_size: int = 200
