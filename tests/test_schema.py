@@ -33,6 +33,9 @@ def test_tables_shared_and_auto_dims():
     assert auto_embedding_dim(10**12) == 64  # capped
     assert auto_embedding_dim(1024, "log2") == 10
     assert s.sparse_keys == ["user", "item", "item_cat", "target_item", "hist_item"]
+    assert s.pooled_keys == s.sparse_keys  # hist_item pools (mean)
+    unpooled = Schema(sparse=list(s.sparse), sequence=[SequenceFeature("hist_item", 20, shares="item", pooling="none")])
+    assert unpooled.pooled_keys == ["user", "item", "item_cat", "target_item"]
     assert s.embedding_dim("hist_item") == 16
     assert s.group("item") == ["item", "item_cat", "target_item"]
 

@@ -127,6 +127,12 @@ class Schema:
         """Keys of the batch's KeyedJagged, in order: sparse features, then sequences."""
         return [s.name for s in self.sparse] + [q.name for q in self.sequence]
 
+    @property
+    def pooled_keys(self) -> list[str]:
+        """Keys an EmbeddingBagCollection can pool: sparse features, then sequences whose pooling is not
+        "none" (those are embedded unpooled by attention layers)."""
+        return [s.name for s in self.sparse] + [q.name for q in self.sequence if q.pooling != "none"]
+
     def feature(self, name: str) -> DenseFeature | SparseFeature | SequenceFeature:
         for f in (*self.dense, *self.sparse, *self.sequence):
             if f.name == name:

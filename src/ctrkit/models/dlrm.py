@@ -75,7 +75,7 @@ class DLRM(nn.Module):
             raise ConfigError(f"dlrm: interaction {interaction!r} is not one of {INTERACTIONS}")
         if schema.num_dense == 0:
             raise ConfigError("dlrm needs at least one dense feature (its DenseArch feeds the interaction)")
-        self.sparse_keys = [k for k in schema.sparse_keys if _pooled(schema, k)]
+        self.sparse_keys = schema.pooled_keys
         self.sparse_arch = EmbeddingBagCollection.from_schema(schema, self.sparse_keys)
         dims = {schema.embedding_dim(k) for k in self.sparse_keys}
         if len(dims) != 1:
@@ -105,7 +105,3 @@ class DLRM(nn.Module):
         z = self.interaction_arch(dense, sparse)  # (B, N)
         return self.over_arch(z).squeeze(-1)  # (B,)
 
-
-def _pooled(schema: Schema, key: str) -> bool:
-    f = schema.feature(key)
-    return getattr(f, "pooling", "sum") != "none"

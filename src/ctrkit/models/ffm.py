@@ -21,7 +21,7 @@ from ctrkit.batch import Batch
 from ctrkit.models.registry import ConfigError, register_model
 from ctrkit.nn.embedding import EmbeddingBagCollection
 from ctrkit.nn.fm import FFMInteraction
-from ctrkit.nn.inputs import ZOO_INIT_STD, LinearTerm, pooled_keys
+from ctrkit.nn.inputs import ZOO_INIT_STD, LinearTerm
 from ctrkit.schema import Schema, TableSpec
 
 
@@ -34,7 +34,7 @@ class FFM(nn.Module):
         self, schema: Schema, *, embedding_dim: int | None = None, dense_interaction: bool = True
     ) -> None:
         super().__init__()
-        self.keys = pooled_keys(schema)
+        self.keys = schema.pooled_keys
         if len(self.keys) < 2:
             raise ConfigError(
                 f"ffm needs at least 2 sparse fields to form a field pair; the schema has {self.keys}"

@@ -36,7 +36,6 @@ from torch import nn
 from ctrkit.batch import Batch
 from ctrkit.models.registry import ConfigError, register_model
 from ctrkit.nn.embedding import EmbeddingBagCollection
-from ctrkit.nn.inputs import pooled_keys
 from ctrkit.schema import Schema, TableSpec
 
 
@@ -55,7 +54,7 @@ class MLR(nn.Module):
                 raise ConfigError(f"mlr: {name} must be >= 0, got {value}")
         self.regions, self.l1, self.l2, self.l21 = int(regions), float(l1), float(l2), float(l21)
         m2 = 2 * self.regions
-        self.keys = pooled_keys(schema)
+        self.keys = schema.pooled_keys
         used = {schema.table_of(k) for k in self.keys}
         tables = [TableSpec(t.name, t.num_embeddings, m2, t.features)
                   for t in schema.tables().values() if t.name in used]

@@ -230,7 +230,7 @@ class EmbeddingBagCollection(nn.Module):
         sequences with pooling "none" whose table is already used) can only be embedded with
         ``lookup``. Only tables used by these keys are created."""
         if keys is None:
-            keys = [s.name for s in schema.sparse] + [q.name for q in schema.sequence if q.pooling != "none"]
+            keys = schema.pooled_keys
         pooling: dict[str, str] = {}
         for k in keys:
             f = schema.feature(k)

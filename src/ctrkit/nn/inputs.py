@@ -18,11 +18,6 @@ from ctrkit.nn.embedding import EmbeddingBagCollection
 from ctrkit.schema import Schema, TableSpec
 
 
-def pooled_keys(schema: Schema) -> list[str]:
-    """Sparse features plus sequences whose pooling is not "none", in schema order."""
-    return [s.name for s in schema.sparse] + [q.name for q in schema.sequence if q.pooling != "none"]
-
-
 def _select(kj: KeyedJagged, keys: list[str]) -> KeyedJagged:
     return kj if kj.keys == keys else kj.select(keys)
 
@@ -34,7 +29,7 @@ ZOO_INIT_STD = 0.01
 
 
 class FieldEmbedding(nn.Module):
-    """Pooled field embeddings of ``keys`` (default: :func:`pooled_keys`), initialised N(0, init_std^2).
+    """Pooled field embeddings of ``keys`` (default: ``schema.pooled_keys``), initialised N(0, init_std^2).
 
     ``forward(batch)`` -> (B, F, D); needs one embedding dim across the fields (``model`` names the
     caller in the error). ``concat(batch)`` -> (B, sum of dims) works for any dims.
@@ -45,7 +40,7 @@ class FieldEmbedding(nn.Module):
         init_std: float | None = ZOO_INIT_STD,
     ) -> None:
         super().__init__()
-        self.keys = list(keys) if keys is not None else pooled_keys(schema)
+        self.keys = list(keys) if keys is not None else schema.pooled_keys
         if not self.keys:
             raise ConfigError(f"{model} needs at least one sparse feature in the schema")
         self.ebc = EmbeddingBagCollection.from_schema(schema, self.keys, init_std=init_std)
@@ -82,7 +77,7 @@ class LinearTerm(nn.Module):
         self, schema: Schema, *, keys: list[str] | None = None, use_dense: bool = True, bias: bool = True
     ) -> None:
         super().__init__()
-        self.keys = list(keys) if keys is not None else pooled_keys(schema)
+        self.keys = list(keys) if keys is not None else schema.pooled_keys
         specs = schema.tables()
         used = {schema.table_of(k) for k in self.keys}
         tables = [TableSpec(t.name, t.num_embeddings, 1, t.features) for t in specs.values() if t.name in used]
