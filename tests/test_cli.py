@@ -35,6 +35,15 @@ def test_train_writes_run_directory(trained):
     assert (run / "metrics.jsonl").read_text().strip()
 
 
+def test_train_prints_valid_and_test_metrics(trained, capsys):
+    rc = main(["train", "--config", "configs/criteo/dlrm.yaml", "--quiet",
+               f"--data.train={trained / 'criteo/train'}", f"--data.valid={trained / 'criteo/valid'}",
+               f"--data.test={trained / 'criteo/test'}", f"--run.dir={trained / 'runs'}", "--run.name=p",
+               "--train.epochs=1", "--model.params.dense_arch=[8]", "--model.params.over_arch=[8]"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "valid: auc=" in out and "test:  auc=" in out
+
+
 def test_evaluate(trained, capsys):
     assert main(["evaluate", "--checkpoint", str(trained / "runs/r/best.pt"),
                  "--data", str(trained / "criteo/test")]) == 0

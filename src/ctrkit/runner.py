@@ -130,10 +130,10 @@ def predict_store(model: torch.nn.Module, store: Store, batch_size: int = 8192) 
 def run_train(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, list(getattr(args, "overrides", []) or []))
     summary = train_from_config(cfg, resume=args.resume, progress=not args.quiet)
-    best = summary.get("best_metrics") or summary.get("valid") or {}
+    valid = {k: v for k, v in summary.get("last_eval", {}).items() if k != "step"}
     sys.stdout.write(f"run: {summary['run_dir']}\n")
-    if best:
-        sys.stdout.write("valid: " + _fmt(best) + "\n")
+    if valid:  # the last validation metrics (the trainer's summary key "last_eval")
+        sys.stdout.write("valid: " + _fmt(valid) + "\n")
     if "test" in summary:
         sys.stdout.write("test:  " + _fmt(summary["test"]) + "\n")
     return 0
