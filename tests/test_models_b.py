@@ -176,9 +176,10 @@ def test_dcnv2_matrix_one_layer_equals_loop_reference(structure):
         torch.testing.assert_close(out[b], model.head.weight[0] @ z + model.head.bias[0], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("split_half, sizes, width", [(True, (4, 3), 2 + 3), (False, (4, 3), 4 + 3)])
-def test_xdeepfm_is_linear_plus_cin_plus_dnn(split_half, sizes, width):
-    model = build("xdeepfm", cin_layer_sizes=sizes, split_half=split_half, dnn_hidden=(5,))
+@pytest.mark.parametrize("split_half, sizes, width, act", [(True, (4, 3), 2 + 3, "identity"),
+                                                        (False, (4, 3), 4 + 3, "identity"), (True, (4, 3), 2 + 3, "relu")])
+def test_xdeepfm_is_linear_plus_cin_plus_dnn(split_half, sizes, width, act):
+    model = build("xdeepfm", cin_layer_sizes=sizes, split_half=split_half, cin_activation=act, dnn_hidden=(5,))
     assert model.cin_out.in_features == width
     assert model.cin_out.bias is None and model.deep_out.bias is None and model.linear.bias is not None
     batch = tiny_batch()

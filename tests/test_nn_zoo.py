@@ -204,6 +204,34 @@ def test_cin_equals_loops(split_half: bool, activation: str, bias: bool) -> None
     torch.testing.assert_close(out, cin_reference(layer, e))
 
 
+@pytest.mark.parametrize(
+    ("sizes", "split_half", "activation", "bias"),
+    [((4, 6, 3), True, "identity", False), ((4, 6, 3), True, "identity", True), ((4, 5), False, "identity", True),
+     ((6,), True, "identity", False), ((4, 6, 3), True, "relu", True)],
+)
+def test_cin_logit_equals_pooled_maps_through_a_linear_unit(sizes, split_half, activation, bias) -> None:
+    """The folded path (identity) and the plain one give forward(e) @ w, and the same gradients."""
+    layer = CIN(F, D, layer_sizes=sizes, split_half=split_half, activation=activation, bias=bias).double()
+    with torch.no_grad():
+        for cin_layer in layer.layers:
+            if cin_layer.bias is not None:
+                cin_layer.bias.normal_()
+    w = torch.randn(layer.out_features, dtype=torch.double, requires_grad=True)
+    e1 = emb().requires_grad_()
+    e2 = e1.detach().clone().requires_grad_()
+    got = layer.logit(e1, w.view(1, -1))
+    got_grads = torch.autograd.grad(got.square().sum(), [e1, w, *layer.parameters()])
+    want = layer(e2) @ w
+    want_grads = torch.autograd.grad(want.square().sum(), [e2, w, *layer.parameters()])
+    assert got.shape == (B,)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got, cin_reference(layer, e2.detach()) @ w.detach())
+    for g, r in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(g, r)
+    with pytest.raises(LayerConfigError, match="CIN.logit: weight has 3 entries"):
+        layer.logit(e1, w[:3])
+
+
 def test_cin_bad_options() -> None:
     with pytest.raises(LayerConfigError, match="CIN: with split_half=True"):
         CIN(F, D, layer_sizes=(3, 4))

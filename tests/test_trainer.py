@@ -13,6 +13,7 @@ from ctrkit.batch import Batch, KeyedJagged
 from ctrkit.metrics import roc_auc
 from ctrkit.train.checkpoint import load_checkpoint
 from ctrkit.train.config import EarlyStoppingConfig, TrainConfig
+from ctrkit.train import trainer as trainer_module
 from ctrkit.train.trainer import Callback, Trainer, TrainingError
 
 VOCAB = 50
@@ -194,6 +195,15 @@ def test_max_steps_and_grad_clip():
                       callbacks=[cb]).fit()
     assert summary["steps"] == 9 and len(cb.norms) == 9
     assert max(cb.norms) <= 0.05 + 1e-6
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_keep_freed_memory_is_applied_only_when_configured(monkeypatch, enabled):
+    calls = []
+    monkeypatch.setattr(trainer_module, "keep_freed_memory", lambda: calls.append(1))
+    train, _ = _loaders(n_train=128, bs=64)
+    Trainer(TinyCTR(), train, _cfg(epochs=1, keep_freed_memory=enabled)).fit()
+    assert calls == ([1] if enabled else [])
 
 
 def test_bf16_autocast_trains():

@@ -12,6 +12,8 @@ Network building explicit vector-wise interactions of bounded order, and a DNN f
 CIN works on the sparse field embeddings only (seed: "只针对sparse feature 的 embedding"); with
 ``split_half`` every CIN layer but the last sends half of its maps to the output (xDeepFM's code).
 The CIN and DNN output units have no bias (the linear part holds the one bias), as DeepCTR-Torch.
+With the identity activation, ``CIN.logit`` folds the output unit into the maps that only feed the
+output (exact, same parameters and gradients), which is most of xDeepFM's cost.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ class XDeepFM(nn.Module):
 
     def forward(self, batch: Batch) -> torch.Tensor:
         emb = self.embedding(batch)  # (B, F, D)
-        cin = self.cin_out(self.cin(emb)).squeeze(-1)  # (B, sum H_k) -> (B,)
+        cin = self.cin.logit(emb, self.cin_out.weight)  # = cin_out(cin(emb)), (B,); folded when identity
         h = torch.cat([emb.flatten(1), batch.dense], dim=1)  # (B, F*D + Nd)
         if self.deep is not None:
             h = self.deep(h)  # (B, H)

@@ -44,14 +44,21 @@ class _CINLayer(nn.Module):
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
-    def forward(self, h: Tensor, x0: Tensor) -> Tensor:
-        b, _, d = x0.shape
-        # Hadamard maps laid out (B*D, H_{k-1}*F) so the 1x1 convolution is ONE large GEMM with the
-        # (H_{k-1}F, H_k) kernel (measured 1.3x faster fwd+bwd than B small (H_k, H_{k-1}F) @ (H_{k-1}F, D))
-        z = (h.transpose(1, 2).unsqueeze(3) * x0.transpose(1, 2).unsqueeze(2)).reshape(b * d, -1)  # (B*D, H_{k-1}F)
-        x = (z @ self.weight.reshape(self.size, -1).t()).view(b, d, self.size).transpose(1, 2)  # (B, H_k, D)
+    def forward(self, h: Tensor, x0: Tensor, maps: int | None = None) -> Tensor:
+        """``h`` (B, D, H_{k-1}) and ``x0`` (B, D, F), both contiguous -> (B, D, n) for the first
+        ``n = maps`` feature maps (default all H_k).
+
+        The embedding position D is the batch-like axis, so the Hadamard maps of one position are a
+        contiguous (H_{k-1}, F) outer product and the 1x1 convolution is ONE GEMM of the
+        (B*D, H_{k-1}F) maps with the (H_{k-1}F, H_k) kernel whose output is already (B, D, H_k).
+        Broadcasting over strided (B, F, D) views instead made the products 6x slower (measured).
+        """
+        b, d, _ = x0.shape
+        n = self.size if maps is None else maps
+        z = (h.unsqueeze(3) * x0.unsqueeze(2)).view(b * d, -1)  # (B*D, H_{k-1}*F), [i, j] row-major
+        x = (z @ self.weight[:n].reshape(n, -1).t()).view(b, d, n)  # (B, D, n)
         if self.bias is not None:
-            x = x + self.bias.unsqueeze(1)
+            x = x + self.bias[:n]
         return x
 
 
@@ -115,16 +122,55 @@ class CIN(nn.Module):
 
     def forward(self, emb: Tensor) -> Tensor:
         check_embeddings("CIN", emb, self.num_fields, self.embedding_dim)
-        h = emb  # (B, H_0 = F, D)
+        x0 = emb.transpose(1, 2).contiguous()  # (B, D, F): every layer works in (B, D, H) layout
+        h = x0  # (B, D, H_0 = F)
         pooled: list[Tensor] = []
         for layer in self.layers:
-            x = self.activation(layer(h, emb))  # (B, H_k, D)
+            x = self.activation(layer(h, x0))  # (B, D, H_k)
             if layer.keep < layer.size:  # split_half and not the last layer
-                h, direct = x[:, : layer.keep], x[:, layer.keep :]  # (B, H_k/2, D) each
+                h, direct = x[..., : layer.keep].contiguous(), x[..., layer.keep :]  # (B, D, H_k/2) each
             else:
                 h, direct = x, x
-            pooled.append(direct.sum(dim=2))  # (B, out_k)
+            pooled.append(direct.sum(dim=1))  # sum pooling over D -> (B, out_k)
         return torch.cat(pooled, dim=1)  # (B, out_features)
+
+    def logit(self, emb: Tensor, weight: Tensor) -> Tensor:
+        """``forward(emb) @ weight`` -> (B,): the pooled maps through a linear unit ``weight`` (out_features,).
+
+        With the identity activation (the paper's formula, the default) this is computed without the
+        pooled maps, exactly: a map only sent to the output contributes through
+        ``Σ_h w_h Σ_d X^k_{h,d} = Σ_d (X^{k-1}_{*,d})ᵀ V^k X^0_{*,d}  [+ D Σ_h w_h b^k_h]`` with
+        ``V^k[i, j] = Σ_h w_h W^k[h, i, j]`` (H_{k-1}, F), a bilinear form per position. So only the maps
+        that feed the next layer go through the Hadamard GEMM (the kept half with ``split_half``,
+        nothing for the last layer): for (128, 128) with split_half that is 64 of 256 maps, ~7x fewer
+        FLOPs than ``forward``. Parameters and gradients are the same as ``forward`` then a linear
+        layer (tested against it). Other activations take that plain path.
+        """
+        w = weight.reshape(-1)
+        if w.numel() != self.out_features:
+            raise LayerConfigError(f"CIN.logit: weight has {w.numel()} entries, expected out_features={self.out_features}")
+        if not isinstance(self.activation, nn.Identity):
+            return self.forward(emb) @ w
+        check_embeddings("CIN", emb, self.num_fields, self.embedding_dim)
+        b, f, d = emb.shape
+        x0 = emb.transpose(1, 2).contiguous()  # (B, D, F)
+        x0_flat = x0.view(b * d, f)
+        h = x0  # (B, D, H_0)
+        out = emb.new_zeros(b)
+        start = 0
+        for k, layer in enumerate(self.layers):
+            w_k = w[start : start + layer.out_size]  # output weights of this layer's direct maps
+            start += layer.out_size
+            first = layer.keep if layer.keep < layer.size else 0  # direct maps: [first, size)
+            direct = layer.weight[first:]  # (out_k, H_{k-1}, F)
+            v = (w_k @ direct.reshape(layer.out_size, -1)).view(direct.shape[1], f)  # V^k (H_{k-1}, F)
+            t = x0_flat @ v.t()  # (B*D, H_{k-1}): Σ_j V[i, j] x0_j
+            out = out + (h.reshape(b * d, -1) * t).sum(1).view(b, d).sum(1)  # (B,)
+            if layer.bias is not None:
+                out = out + d * (w_k @ layer.bias[first:])
+            if k + 1 < len(self.layers):  # maps feeding the next layer: the kept half, or all of them
+                h = layer(h, x0, maps=layer.keep)  # (B, D, H_k or H_k/2)
+        return out
 
     def extra_repr(self) -> str:
         return (

@@ -101,6 +101,8 @@ class TrainConfig:
     precision: Literal["fp32", "bf16"] = "fp32"
     device: str = "cpu"
     progress: bool = True  # tqdm progress bar
+    # glibc: reuse freed tensor memory across steps instead of fresh page-faulted mmaps (train/memory.py)
+    keep_freed_memory: bool = True
 
 
 @dataclass

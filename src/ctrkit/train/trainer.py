@@ -48,6 +48,7 @@ from ctrkit.errors import CtrkitError
 from ctrkit.metrics import MAXIMISE, MetricSet
 from ctrkit.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from ctrkit.train.config import TrainConfig, config_to_dict
+from ctrkit.train.memory import keep_freed_memory
 from ctrkit.train.optim import OptimizerSet, build_optimizers
 
 log = logging.getLogger(__name__)
@@ -159,6 +160,8 @@ class Trainer:
                 "batch_size larger than the data with drop_last=True)"
             )
         self._prepare_run_dir()
+        if cfg.keep_freed_memory:
+            keep_freed_memory()
         total = cfg.epochs * n_batches if cfg.max_steps is None else min(cfg.max_steps, cfg.epochs * n_batches)
         self._pbar = tqdm(total=total, initial=min(self.step, total), disable=not cfg.progress,
                           desc="train", dynamic_ncols=True, leave=False)

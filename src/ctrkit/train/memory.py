@@ -1,0 +1,64 @@
+"""Keep freed tensor memory in the process instead of returning it to the OS after every step.
+
+PyTorch on CPU allocates through the C library's ``malloc``. glibc serves large blocks with fresh
+``mmap`` calls (above a dynamic threshold of at most 32 MB) and trims the heap top once more than
+twice that threshold is free, so the big activations of a training step (a CIN layer's Hadamard
+maps, a wide MLP's batch) are handed back to the kernel at the end of each step and page-faulted in
+again, zero-filled, at the next one. On this project's reference VM (a Firecracker guest) that
+costs about 2.6 µs per 4 KiB page: ``python benchmarks/alloc_reuse.py`` measured four fresh 100 MB
+blocks at 261 ms against 30 ms reused from the heap, and a CIN forward + backward at xDeepFM's
+Criteo size at 145 ms against 117 ms.
+
+:func:`keep_freed_memory` raises glibc's mmap threshold and trim threshold (``mallopt``) so that
+blocks up to ``threshold`` bytes come from, and return to, the heap and stay mapped: every step
+after the first reuses the previous step's pages. This is the steady-state behaviour PyTorch's CPU
+tuning guide gets by preloading jemalloc or tcmalloc, without the preload. The cost is that the
+process keeps its peak heap resident after a step instead of shrinking between steps.
+
+The setting is process-wide and only acts on Linux with glibc; elsewhere it is a logged no-op.
+``TrainConfig.keep_freed_memory`` (default true) turns it on at the start of ``Trainer.fit``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import platform
+
+log = logging.getLogger(__name__)
+
+__all__ = ["keep_freed_memory"]
+
+_M_TRIM_THRESHOLD = -1  # glibc <malloc.h>
+_M_MMAP_THRESHOLD = -3
+_DONE: set[int] = set()
+
+
+def keep_freed_memory(threshold: int = 1 << 30) -> bool:
+    """Serve allocations below ``threshold`` bytes from the heap and never trim it below that much free.
+
+    Returns True when glibc accepted both settings, False when this is not glibc (nothing changed).
+    Idempotent for a given threshold.
+    """
+    if threshold < 1 << 20:
+        raise ValueError(f"keep_freed_memory: threshold must be >= 1 MiB, got {threshold} bytes")
+    if threshold in _DONE:
+        return True
+    libc_name = platform.libc_ver()[0]
+    if platform.system() != "Linux" or libc_name != "glibc":
+        log.info("keep_freed_memory: not Linux/glibc (%s %s); allocator left as is", platform.system(), libc_name)
+        return False
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    # glibc keeps a freed block mapped while the heap top holds < trim threshold of free memory; twice
+    # the mmap threshold mirrors glibc's own dynamic rule (trim = 2 * mmap threshold)
+    ok = bool(libc.mallopt(_M_MMAP_THRESHOLD, ctypes.c_int(min(threshold, 2**31 - 1)))) and bool(
+        libc.mallopt(_M_TRIM_THRESHOLD, ctypes.c_int(min(2 * threshold, 2**31 - 1)))
+    )
+    if ok:
+        _DONE.add(threshold)
+        log.info("keep_freed_memory: glibc mmap threshold %d MiB, trim threshold %d MiB",
+                 threshold >> 20, min(2 * threshold, 2**31 - 1) >> 20)
+    else:
+        log.warning("keep_freed_memory: glibc refused mallopt(%d bytes); allocator left as is", threshold)
+    return ok
