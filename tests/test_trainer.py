@@ -11,9 +11,9 @@ from torch import nn
 
 from ctrkit.batch import Batch, KeyedJagged
 from ctrkit.metrics import roc_auc
+from ctrkit.train import trainer as trainer_module
 from ctrkit.train.checkpoint import load_checkpoint
 from ctrkit.train.config import EarlyStoppingConfig, TrainConfig
-from ctrkit.train import trainer as trainer_module
 from ctrkit.train.trainer import Callback, Trainer, TrainingError
 
 VOCAB = 50
