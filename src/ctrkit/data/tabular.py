@@ -27,20 +27,14 @@ line numbers (CSV: physical line, assuming no blank lines or quoted newlines; Pa
 from __future__ import annotations
 
 import argparse
-import io
 import logging
 import math
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
-import yaml
 
 from ctrkit.data.rows import (
     BadRows,
@@ -57,6 +51,17 @@ from ctrkit.data.rows import (
     stream_key,
 )
 from ctrkit.data.store import ColumnSpec, StoreError, StoreWriter
+from ctrkit.data.tabular_read import (
+    SPLITS,
+    is_list_or_int,
+    iter_batches,
+    keep_last,
+    kind_of,
+    load_spec,
+    numeric,
+    to_string,
+    tokens,
+)
 from ctrkit.data.vocab import (
     MODES,
     VocabBuilder,
@@ -69,219 +74,6 @@ from ctrkit.data.vocab import (
 from ctrkit.schema import DenseFeature, Schema, SequenceFeature, SparseFeature
 
 log = logging.getLogger(__name__)
-
-SPLITS = ("train", "valid", "test")
-TRANSFORMS = ("none", "log", "standardize")
-_NUMBER = r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$"
-_TOP_KEYS = {"label", "weight", "group_id", "split_column", "dense", "sparse", "sequence", "options"}
-_DENSE_KEYS = {"name", "column", "transform", "group"}
-_SPARSE_KEYS = {"name", "column", "embedding_dim", "table", "group", "min_freq", "multi_valued", "delimiter",
-                "pooling", "max_len"}
-_SEQ_KEYS = {"name", "column", "shares", "max_len", "delimiter", "pooling", "group"}
-
-
-# ---- spec -------------------------------------------------------------------------------------------------
-@dataclass
-class TableSpecYaml:
-    """The parsed YAML spec (validated; unknown keys are errors naming the entry)."""
-
-    label: str
-    label_threshold: float | None
-    weight: str | None
-    group_id: str | None
-    split_column: str | None
-    dense: list[dict[str, Any]]
-    sparse: list[dict[str, Any]]
-    sequence: list[dict[str, Any]]
-    options: dict[str, Any] = field(default_factory=dict)
-
-    def columns(self) -> list[str]:
-        cols = [self.label, self.weight, self.group_id, self.split_column]
-        cols += [e["column"] for e in (*self.dense, *self.sparse, *self.sequence)]
-        return list(dict.fromkeys(c for c in cols if c))
-
-
-def load_spec(path_or_dict: str | Path | dict[str, Any]) -> TableSpecYaml:
-    """Read and validate a YAML feature spec."""
-    where = str(path_or_dict) if not isinstance(path_or_dict, dict) else "spec"
-    if isinstance(path_or_dict, dict):
-        d = path_or_dict
-    else:
-        p = Path(path_or_dict)
-        if not p.is_file():
-            raise DataError(f"schema file {p} does not exist")
-        try:
-            d = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise DataError(f"{p} is not valid YAML: {e}") from e
-    if not isinstance(d, dict):
-        raise DataError(f"{where}: top level must be a mapping with keys {sorted(_TOP_KEYS)}")
-    unknown = set(d) - _TOP_KEYS
-    if unknown:
-        raise DataError(f"{where}: unknown keys {sorted(unknown)}; valid keys: {sorted(_TOP_KEYS)}")
-    if "label" not in d:
-        raise DataError(f"{where}: needs a 'label' column")
-    label, thr = d["label"], None
-    if isinstance(label, dict):
-        label, thr = label.get("column"), label.get("threshold")
-        if label is None or thr is None:
-            raise DataError(f"{where}: label as a mapping needs 'column' and 'threshold'")
-    entries: dict[str, list[dict[str, Any]]] = {}
-    for kind, keys in (("dense", _DENSE_KEYS), ("sparse", _SPARSE_KEYS), ("sequence", _SEQ_KEYS)):
-        out = []
-        for i, e in enumerate(d.get(kind) or []):
-            if isinstance(e, str):
-                e = {"name": e}
-            if not isinstance(e, dict) or "name" not in e:
-                raise DataError(f"{where}: {kind} entry #{i} needs a 'name'")
-            bad = set(e) - keys
-            if bad:
-                raise DataError(f"{where}: {kind} feature {e['name']!r} has unknown keys {sorted(bad)}; "
-                                f"valid keys: {sorted(keys)}")
-            e = {"column": e["name"], **e}
-            if kind == "dense" and e.setdefault("transform", "none") not in TRANSFORMS:
-                raise DataError(f"{where}: dense feature {e['name']!r}: transform {e['transform']!r} is not "
-                                f"one of {TRANSFORMS}")
-            if kind == "sequence" and ("shares" not in e or "max_len" not in e):
-                raise DataError(f"{where}: sequence feature {e['name']!r} needs 'shares' and 'max_len'")
-            out.append(e)
-        entries[kind] = out
-    opts = d.get("options") or {}
-    return TableSpecYaml(str(label), thr, d.get("weight"), d.get("group_id"), d.get("split_column"),
-                         entries["dense"], entries["sparse"], entries["sequence"], opts)
-
-
-# ---- reading ----------------------------------------------------------------------------------------------
-def _iter_batches(path: Path, columns: list[str], batch_rows: int, bad: BadRows) -> Iterator[tuple[pa.Table, np.ndarray]]:
-    """(batch table, 1-based line / row numbers [n]) for CSV (strings, header line 1) or Parquet."""
-    if not path.is_file():
-        raise DataError(f"input file {path} does not exist")
-    if path.stat().st_size == 0:
-        raise DataError(f"input file {path} is empty")
-    if path.suffix == ".parquet" or path.suffixes[-2:-1] == [".parquet"]:
-        try:
-            f = pq.ParquetFile(path)
-        except (pa.ArrowInvalid, OSError) as e:
-            raise DataError(f"{path}: not a readable Parquet file ({e})") from None
-        missing = [c for c in columns if c not in f.schema_arrow.names]
-        if missing:
-            raise DataError(f"{path}: columns {missing} named in the schema are not in the file; "
-                            f"it has {f.schema_arrow.names}")
-        row = 1
-        for b in f.iter_batches(batch_size=batch_rows, columns=columns):
-            yield pa.Table.from_batches([b]), np.arange(row, row + b.num_rows)
-            row += b.num_rows
-        return
-    skipped: list[int] = []
-
-    def handler(r: Any) -> str:
-        skipped.append(r.number if r.number is not None else -1)
-        bad.total += 1
-        bad.add(np.array([r.number or -1]), f"wrong field count: {r.text[:80]!r}")
-        return "skip"
-
-    try:
-        with open(path, "rb") as fh:
-            first = fh.readline()
-        names = pacsv.read_csv(io.BytesIO(first.rstrip(b"\r\n") + b"\n")).schema.names
-    except (pa.ArrowInvalid, OSError, EOFError) as e:
-        raise DataError(f"{path}: cannot read the CSV header ({e})") from None
-    missing = [c for c in columns if c not in names]
-    if missing:
-        raise DataError(f"{path}: columns {missing} named in the schema are not in the CSV header {names}")
-    reader = pacsv.open_csv(
-        path,
-        read_options=pacsv.ReadOptions(use_threads=False, block_size=max(1 << 20, batch_rows * 64)),
-        parse_options=pacsv.ParseOptions(invalid_row_handler=handler),
-        convert_options=pacsv.ConvertOptions(column_types={c: pa.binary() for c in names}, include_columns=columns,
-                                             strings_can_be_null=False, quoted_strings_can_be_null=False),
-    )
-    line = 2
-    while True:
-        try:
-            b = reader.read_next_batch()
-        except StopIteration:
-            return
-        except (pa.ArrowInvalid, OSError, EOFError) as e:
-            raise DataError(f"{path}: cannot parse after line {line} ({e})") from None
-        n = b.num_rows
-        gaps = np.array(sorted(s for s in skipped if s >= line), np.int64)
-        lines = np.setdiff1d(np.arange(line, line + n + len(gaps)), gaps)[:n]
-        line = int(lines[-1]) + 1 if n else line
-        yield pa.Table.from_batches([b]), lines
-
-
-def _to_string(col: pa.Array, lines: np.ndarray, bad_rows: np.ndarray, bad: BadRows, name: str) -> pa.Array:
-    """binary -> string; rows holding invalid UTF-8 are marked bad (a per-value check only on failure)."""
-    if not pa.types.is_binary(col.type):
-        return col if pa.types.is_string(col.type) or pa.types.is_large_string(col.type) else pc.cast(col, pa.string())
-    try:
-        return pc.cast(col, pa.string())
-    except pa.ArrowInvalid:
-        vals = col.to_pylist()
-        invalid = []
-        for i, v in enumerate(vals):  # error path only
-            try:
-                v is None or v.decode("utf-8")
-            except UnicodeDecodeError:
-                invalid.append(i)
-                vals[i] = b""
-        inv = np.array(invalid, np.int64)
-        bad_rows[inv] = True
-        bad.add(lines[inv], f"column {name!r}: non-UTF-8 bytes")
-        return pc.cast(pa.array(vals, pa.binary()), pa.string())
-
-
-def _numeric(col: pa.Array, lines: np.ndarray, bad_rows: np.ndarray, bad: BadRows, what: str) -> np.ndarray:
-    """A column as float64 [n]; empty / null -> NaN; non-numeric strings mark the row bad."""
-    if pa.types.is_integer(col.type) or pa.types.is_floating(col.type) or pa.types.is_boolean(col.type):
-        return pc.cast(col, pa.float64()).fill_null(math.nan).to_numpy(zero_copy_only=False)
-    s = _to_string(col, lines, bad_rows, bad, what)
-    empty = pc.equal(pc.utf8_trim_whitespace(s.fill_null("")), "")
-    ok = pc.or_(pc.match_substring_regex(s.fill_null(""), _NUMBER), empty).to_numpy(zero_copy_only=False)
-    if not ok.all():
-        idx = np.flatnonzero(~ok)
-        bad_rows[idx] = True
-        bad.add(lines[idx], f"{what} is not a number")
-    clean = pc.if_else(pc.or_(empty, pa.array(~ok)), pa.scalar(None, pa.string()), s)
-    return pc.cast(pc.utf8_trim_whitespace(clean), pa.float64()).fill_null(math.nan).to_numpy(zero_copy_only=False)
-
-
-def _tokens(col: pa.Array, delimiter: str, lines: np.ndarray, bad_rows: np.ndarray, bad: BadRows,
-            name: str) -> tuple[pa.Array, np.ndarray]:
-    """A multi-valued column (delimited string or list) -> (flat values, lengths [n]); empty tokens dropped."""
-    if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
-        lst = col.fill_null(pa.scalar([], col.type))
-    else:
-        s = _to_string(col, lines, bad_rows, bad, name).fill_null("")
-        lst = pc.split_pattern(s, delimiter)
-    flat = pc.list_flatten(lst)
-    parent = pc.list_parent_indices(lst).to_numpy()
-    if pa.types.is_string(flat.type) or pa.types.is_binary(flat.type):
-        flat = pc.utf8_trim_whitespace(flat) if pa.types.is_string(flat.type) else flat
-        keep = pc.not_equal(pc.utf8_length(flat) if pa.types.is_string(flat.type) else pc.binary_length(flat),
-                            0).to_numpy(zero_copy_only=False)
-        flat, parent = flat.filter(pa.array(keep)), parent[keep]
-    lengths = np.bincount(parent, minlength=len(col)).astype(np.int64)
-    return flat, lengths
-
-
-def _keep_last(values: np.ndarray, lengths: np.ndarray, max_len: int) -> tuple[np.ndarray, np.ndarray]:
-    """Keep the last ``max_len`` values of every row of a jagged column."""
-    if len(lengths) == 0 or lengths.max(initial=0) <= max_len:
-        return values, lengths
-    ends = np.cumsum(lengths)
-    row = np.repeat(np.arange(len(lengths)), lengths)
-    keep = (ends[row] - np.arange(len(values))) <= max_len
-    return values[keep], np.minimum(lengths, max_len)
-
-
-def _kind_of(col: pa.Array) -> str:
-    t = col.type
-    if pa.types.is_list(t) or pa.types.is_large_list(t):
-        t = t.value_type
-    return "int" if pa.types.is_integer(t) else "str"
-
 
 # ---- the pipeline -------------------------------------------------------------------------------------------
 def preprocess_table(
@@ -342,7 +134,7 @@ def preprocess_table(
         if frozen is not None:
             return frozen[table].lookup(values)
         if table not in builders:
-            builders[table] = VocabBuilder(table, _kind_of(values) if isinstance(values, pa.Array) else "str")
+            builders[table] = VocabBuilder(table, kind_of(values) if isinstance(values, pa.Array) else "str")
         b = builders[table]
         if b.kind == "int" and isinstance(values, pa.Array) and not pa.types.is_integer(values.type):
             raise DataError(f"vocabulary {table!r} mixes integer and string columns; give them the same type")
@@ -371,12 +163,12 @@ def preprocess_table(
         roll = max(1, shard_bytes // row_bytes)  # valid / test keep input order in shards of bounded size
         spills = [ShardSpill(tmp / "train", k_train, spill_cols)] + [
             ShardSpill(tmp / s, 1, spill_cols, roll_rows=roll) for s in SPLITS[1:]]
-        for t, lines in _iter_batches(path, spec.columns(), batch_rows, bad):
+        for t, lines in iter_batches(path, spec.columns(), batch_rows, bad):
             n = t.num_rows
             bad.total += n
             badm = np.zeros(n, bool)
             col = {c: t.column(c).combine_chunks() for c in t.column_names}
-            y = _numeric(col[spec.label], lines, badm, bad, f"label {spec.label!r}")
+            y = numeric(col[spec.label], lines, badm, bad, f"label {spec.label!r}")
             if spec.label_threshold is not None:
                 y = np.where(np.isnan(y), np.nan, (y >= spec.label_threshold).astype(np.float64))
             lab_bad = ~np.isin(y, (0.0, 1.0)) & ~badm
@@ -385,7 +177,7 @@ def preprocess_table(
                 bad.add(lines[lab_bad], f"label {spec.label!r} is not 0 or 1")
             dense = np.zeros((n, len(spec.dense)))
             for j, e in enumerate(spec.dense):
-                x = np.nan_to_num(_numeric(col[e["column"]], lines, badm, bad, f"dense {e['name']!r}"), nan=0.0)
+                x = np.nan_to_num(numeric(col[e["column"]], lines, badm, bad, f"dense {e['name']!r}"), nan=0.0)
                 if e["transform"] == "log":
                     low = x + 3 <= math.exp(-2)
                     clamped[j] += int(low.sum())
@@ -394,9 +186,9 @@ def preprocess_table(
                 dense[:, j] = x
             w = None
             if spec.weight:
-                w = np.nan_to_num(_numeric(col[spec.weight], lines, badm, bad, f"weight {spec.weight!r}"), nan=1.0)
+                w = np.nan_to_num(numeric(col[spec.weight], lines, badm, bad, f"weight {spec.weight!r}"), nan=1.0)
             if spec.split_column:
-                sv = _to_string(col[spec.split_column], lines, badm, bad, spec.split_column)
+                sv = to_string(col[spec.split_column], lines, badm, bad, spec.split_column)
                 code = np.full(n, -1, np.int8)
                 for i, s in enumerate(SPLITS):
                     code[pc.equal(sv.fill_null(""), s).to_numpy(zero_copy_only=False)] = i
@@ -407,8 +199,8 @@ def preprocess_table(
             else:
                 code = assign_split(row_uniform(key_split, lines), fractions)
             # categorical columns: invalid UTF-8 marks the row bad before any value enters a vocabulary
-            strs = {e["column"]: _to_string(col[e["column"]], lines, badm, bad, e["column"])
-                    for e in (*single, *multi, *spec.sequence) if not _is_list_or_int(col[e["column"]])}
+            strs = {e["column"]: to_string(col[e["column"]], lines, badm, bad, e["column"])
+                    for e in (*single, *multi, *spec.sequence) if not is_list_or_int(col[e["column"]])}
             good = ~badm
             keep = np.flatnonzero(good)
             take = pa.array(keep)
@@ -422,12 +214,12 @@ def preprocess_table(
                 sparse[:, j] = ids_for(table_of[e["name"]], values(e["column"]))
             jag: dict[str, tuple[np.ndarray, np.ndarray]] = {}
             for e in (*multi, *spec.sequence):
-                flat, lens = _tokens(values(e["column"]), e.get("delimiter", "|"), lines[keep],
+                flat, lens = tokens(values(e["column"]), e.get("delimiter", "|"), lines[keep],
                                      np.zeros(len(keep), bool), bad, e["name"])
                 table = table_of[e["shares"]] if "shares" in e else table_of[e["name"]]
                 ids = ids_for(table, flat) if len(flat) else np.zeros(0, np.int64)
                 if e.get("max_len"):
-                    ids, lens = _keep_last(ids, lens, int(e["max_len"]))
+                    ids, lens = keep_last(ids, lens, int(e["max_len"]))
                 jag[e["name"]] = (ids, lens)
             group = ids_for("__group__", values(spec.group_id)) if spec.group_id else None
             code, y, dense, lk = code[keep], y[keep], dense[keep], lines[keep]
@@ -549,11 +341,6 @@ def preprocess_table(
             result[name] = out / name
     log.info("table %s: %d rows (%d bad) -> %s", path, bad.total, bad.bad, {k: rows[k] for k in result})
     return result
-
-
-def _is_list_or_int(col: pa.Array) -> bool:
-    t = col.type
-    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_integer(t)
 
 
 # ---- command line ------------------------------------------------------------------------------------------

@@ -119,7 +119,7 @@ def add_touched_row_l2_(p: torch.Tensor, l2: float) -> None:
             g = p.grad.coalesce()
             rows = g.indices()[0]
             values = g.values() + l2 * p[rows]
-            p.grad = torch.sparse_coo_tensor(g.indices(), values, g.shape, is_coalesced=True)
+            p.grad = torch.sparse_coo_tensor(g.indices(), values, g.shape, is_coalesced=True, check_invariants=False)
         else:
             rows, _ = _touched_rows(p.grad)
             p.grad.index_add_(0, rows, p[rows], alpha=l2)
