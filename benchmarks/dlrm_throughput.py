@@ -6,7 +6,7 @@ one epoch, only the training loop timed (batches built beforehand, as the peer s
 Optimizers as the peer's fastest path: Adam (lr 1e-3) on dense parameters, row-wise Adagrad
 (lr 0.02) on the embedding tables.
 
-    python benchmarks/dlrm_throughput.py [--reps 3] [--skip-peer] [--interaction dot|dcn]
+    python benchmarks/dlrm_throughput.py [--reps 3] [--skip-peer] [--interaction dot|dcn] [--no-keep-freed-memory]
 
 Prints a table and ends with one JSON line:
 {"ctrkit_samples_per_s": ..., "torchrec_samples_per_s": ..., "ratio": ...}
@@ -54,15 +54,18 @@ def run_peer(mode: str, model: str) -> dict:
     return json.loads(m.group(1))
 
 
-def run_ctrkit(interaction: str, precision: str, seed: int = 0) -> dict:
+def run_ctrkit(interaction: str, precision: str, seed: int = 0, keep_memory: bool = True) -> dict:
     from ctrkit.batch import Batch, KeyedJagged
     from ctrkit.models.registry import create_model
     from ctrkit.schema import DenseFeature, Schema, SparseFeature
     from ctrkit.train.config import TrainConfig
+    from ctrkit.train.memory import keep_freed_memory
     from ctrkit.train.optim import build_optimizers
 
     torch.manual_seed(seed)
     torch.set_num_threads(THREADS)
+    if keep_memory:  # as Trainer.fit does with train.keep_freed_memory (the default)
+        keep_freed_memory()
     d = np.load(DATA)
     dense, sparse, label, cards = d["dense"], d["sparse"], d["label"], [int(c) for c in d["cards"]]
     keys = [f"C{j + 1}" for j in range(26)]
@@ -108,6 +111,8 @@ def main() -> None:
     ap.add_argument("--skip-peer", action="store_true")
     ap.add_argument("--interaction", default="dot", choices=("dot", "dcn"))
     ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
+    ap.add_argument("--no-keep-freed-memory", action="store_true",
+                    help="leave glibc's allocator at its defaults (Trainer: train.keep_freed_memory=false)")
     args = ap.parse_args()
     ensure_peers_and_data()
     peer_model = "DLRM" if args.interaction == "dot" else "DLRM_DCN"
@@ -117,13 +122,14 @@ def main() -> None:
             peer.append(run_peer("dmp_fused", peer_model))
             print(f"rep {r}: torchrec {peer[-1]['samples_per_s']:.0f} samples/s, last loss {peer[-1]['last_loss']}",
                   flush=True)
-        ours.append(run_ctrkit(args.interaction, args.precision, seed=r))
+        ours.append(run_ctrkit(args.interaction, args.precision, seed=r, keep_memory=not args.no_keep_freed_memory))
         print(f"rep {r}: ctrkit   {ours[-1]['samples_per_s']:.0f} samples/s, last loss {ours[-1]['last_loss']}",
               flush=True)
     c = statistics.median(x["samples_per_s"] for x in ours)
     t = statistics.median(x["samples_per_s"] for x in peer) if peer else None
     out = {"workload": "200k rows, 13 dense + 26 sparse, D=16, dense 512-256-16, over 512-256-1, B=4096, 2 threads",
            "interaction": args.interaction, "precision": args.precision, "reps": args.reps,
+           "keep_freed_memory": not args.no_keep_freed_memory,
            "ctrkit_samples_per_s": round(c, 1), "torchrec_samples_per_s": round(t, 1) if t else None,
            "ratio": round(c / t, 3) if t else None,
            "ctrkit_last_loss": [x["last_loss"] for x in ours],
