@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from ctrkit.train.config import TrainConfig
-from ctrkit.train.optim import OptimizerSet, RowWiseAdagrad, build_optimizers, split_parameters
+from ctrkit.train.optim import OptimizerSet, RowWiseAdagrad, build_optimizers, coalesce_rows, split_parameters
 
 
 class Tiny(nn.Module):
@@ -40,6 +40,19 @@ def _run(model, opt, batches):
         opt.zero_grad(set_to_none=True)
         nn.functional.binary_cross_entropy_with_logits(model(ids, offsets), y).backward()
         opt.step()
+
+
+@pytest.mark.parametrize("rows, lookups", [(7, 40), (50, 12), (5, 5)])  # dense-buffer path, coalesce path, edge
+def test_coalesce_rows_equals_torch_coalesce(rows, lookups):
+    g = torch.Generator().manual_seed(rows)
+    ids = torch.randint(0, rows, (lookups,), generator=g)
+    grad = torch.sparse_coo_tensor(ids[None], torch.randn(lookups, 3, generator=g, dtype=torch.float64), (rows, 3))
+    got, want = coalesce_rows(grad), grad.coalesce()
+    assert got.is_coalesced() and torch.equal(got.indices(), want.indices())
+    torch.testing.assert_close(got.values(), want.values())
+    assert coalesce_rows(got) is got  # already coalesced: returned as is
+    dense = torch.randn(4, 3)
+    assert coalesce_rows(dense) is dense
 
 
 def test_rowwise_adagrad_matches_per_row_loop():
