@@ -143,12 +143,14 @@ class CIN(nn.Module):
         ``V^k[i, j] = Σ_h w_h W^k[h, i, j]`` (H_{k-1}, F), a bilinear form per position. So only the maps
         that feed the next layer go through the Hadamard GEMM (the kept half with ``split_half``,
         nothing for the last layer): for (128, 128) with split_half that is 64 of 256 maps, 6.6x fewer
-        forward FLOPs than ``forward`` (F = 26, D = 16). Parameters and gradients are the same as ``forward`` then a linear
-        layer (tested against it). Other activations take that plain path.
+        forward FLOPs than ``forward`` at F = 26, D = 16. Parameters and gradients are the same as
+        ``forward`` then a linear layer (tested against it). Other activations take that plain path.
         """
         w = weight.reshape(-1)
         if w.numel() != self.out_features:
-            raise LayerConfigError(f"CIN.logit: weight has {w.numel()} entries, expected out_features={self.out_features}")
+            raise LayerConfigError(
+                f"CIN.logit: weight has {w.numel()} entries, expected out_features={self.out_features}"
+            )
         if not isinstance(self.activation, nn.Identity):
             return self.forward(emb) @ w
         check_embeddings("CIN", emb, self.num_fields, self.embedding_dim)
