@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
-import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from nn_micro import bench
 
 
 def child(reuse: bool, mb: int, batch: int, iters: int) -> dict[str, float]:
@@ -39,16 +41,7 @@ def child(reuse: bool, mb: int, batch: int, iters: int) -> dict[str, float]:
     def cin_step() -> None:
         cin(emb).sum().backward()
 
-    out = {}
-    for name, fn in (("blocks_ms", blocks), ("cin_step_ms", cin_step)):
-        fn()
-        times = []
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        out[name] = statistics.median(times) * 1e3
-    return out
+    return {name: bench(fn, iters, warmup=1)[0] for name, fn in (("blocks_ms", blocks), ("cin_step_ms", cin_step))}
 
 
 def main() -> None:

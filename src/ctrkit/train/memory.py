@@ -52,13 +52,14 @@ def keep_freed_memory(threshold: int = 1 << 30) -> bool:
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     # glibc keeps a freed block mapped while the heap top holds < trim threshold of free memory; twice
     # the mmap threshold mirrors glibc's own dynamic rule (trim = 2 * mmap threshold)
-    ok = bool(libc.mallopt(_M_MMAP_THRESHOLD, ctypes.c_int(min(threshold, 2**31 - 1)))) and bool(
-        libc.mallopt(_M_TRIM_THRESHOLD, ctypes.c_int(min(2 * threshold, 2**31 - 1)))
+    mmap = min(threshold, 2**31 - 1)  # mallopt takes an int
+    trim = min(2 * threshold, 2**31 - 1)
+    ok = bool(libc.mallopt(_M_MMAP_THRESHOLD, ctypes.c_int(mmap))) and bool(
+        libc.mallopt(_M_TRIM_THRESHOLD, ctypes.c_int(trim))
     )
     if ok:
         _DONE.add(threshold)
-        log.info("keep_freed_memory: glibc mmap threshold %d MiB, trim threshold %d MiB",
-                 threshold >> 20, min(2 * threshold, 2**31 - 1) >> 20)
+        log.info("keep_freed_memory: glibc mmap threshold %d MiB, trim threshold %d MiB", mmap >> 20, trim >> 20)
     else:
         log.warning("keep_freed_memory: glibc refused mallopt(%d bytes); allocator left as is", threshold)
     return ok
