@@ -8,7 +8,7 @@ again, zero-filled, at the next one. On this project's reference VM (a Firecrack
 costs about 2.6 µs per 4 KiB page: ``python benchmarks/alloc_reuse.py`` measured four fresh 100 MB
 blocks at 261–348 ms against 30–36 ms reused from the heap. On whole training runs it took an
 xDeepFM Criteo fit from 6.2 s to 4.6 s; a lone CIN forward + backward, repeated in one process,
-measured 0.93–1.29x over eight runs, i.e. within noise.
+measured 0.93–1.29x over twelve runs, i.e. within noise.
 
 :func:`keep_freed_memory` raises glibc's mmap threshold and trim threshold (``mallopt``) so that
 blocks up to ``threshold`` bytes come from, and return to, the heap and stay mapped: every step
