@@ -1,8 +1,55 @@
-"""The root of ctrkit's own error types. The CLI prints these as one line (no traceback) and exits 2.
+"""Every error type ctrkit raises on purpose, in one place. The CLI prints these as one line (no
+traceback) and exits 2.
 
-Each error message names what is wrong (file, row, feature, option) and how to fix it.
+Each error message names what is wrong (file, row, feature, option) and how to fix it. Each type also
+derives from the built-in exception a caller would expect (ValueError for bad input, ...), so
+``except ValueError`` keeps working.
 """
 
 
 class CtrkitError(Exception):
     """Base class of every error ctrkit raises on purpose."""
+
+
+class CheckpointError(CtrkitError, RuntimeError):
+    """A checkpoint that cannot be written or read; the message names the file and the fix."""
+
+
+class ConfigError(CtrkitError, ValueError):
+    """A bad option (config key, model parameter, CLI flag): the message names the option and suggests the valid one."""
+
+
+class DataError(CtrkitError, ValueError):
+    """Raw input that cannot be preprocessed; the message names the file, the line and the fix."""
+
+
+class IdOutOfRangeError(CtrkitError, IndexError):
+    """An id outside its table: the data was preprocessed with another vocabulary than the model's."""
+
+
+class JobError(CtrkitError, ValueError):
+    """A job that cannot run as configured; the message names the option or file."""
+
+
+class LayerConfigError(CtrkitError, ValueError):
+    """A bad option or input shape given to an ``nn`` layer; the message names the layer and option."""
+
+
+class MetricError(CtrkitError, ValueError):
+    """A metric that cannot be computed on the given inputs; the message says why."""
+
+
+class NotFittedError(CtrkitError, RuntimeError):
+    """A model whose pre-fitted part (GBDT+LR's trees) is used before it was fitted."""
+
+
+class SchemaError(CtrkitError, ValueError):
+    """A schema that cannot be used; the message names the feature and the fix."""
+
+
+class StoreError(CtrkitError, RuntimeError):
+    """A store that cannot be opened or written, or that does not match another store or a checkpoint; the message names the file and the fix."""
+
+
+class TrainingError(CtrkitError, RuntimeError):
+    """Training cannot go on (non-finite loss, empty data, bad resume); the message says where."""

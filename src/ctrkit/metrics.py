@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ctrkit.errors import CtrkitError
+from ctrkit.errors import MetricError
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +43,6 @@ MAXIMISE = {"auc": True, "gauc": True, "accuracy": True, "logloss": False, "cali
 
 ArrayLike = Any  # np.ndarray | torch.Tensor | Sequence[float]
 
-
-class MetricError(CtrkitError, ValueError):
-    """A metric that cannot be computed on the given inputs; the message says why."""
 
 
 def _np(x: ArrayLike, dtype: Any = None) -> np.ndarray:

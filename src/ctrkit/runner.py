@@ -22,16 +22,13 @@ import torch
 
 from ctrkit.data.loader import BatchLoader
 from ctrkit.data.store import Store
-from ctrkit.errors import CtrkitError
+from ctrkit.errors import JobError
 from ctrkit.models.registry import create_model, get_model_class
 from ctrkit.schema import Schema
 from ctrkit.train.config import Config, config_to_dict, load_config
 
 log = logging.getLogger(__name__)
 
-
-class JobError(CtrkitError, ValueError):
-    """A job that cannot run as configured; the message names the option or file."""
 
 
 # ---- building blocks -----------------------------------------------------------------------------

@@ -15,16 +15,13 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
-from ctrkit.errors import CtrkitError
+from ctrkit.errors import SchemaError
 
 GROUPS = ("user", "item", "context")
 POOLINGS = ("sum", "mean")
 SEQUENCE_POOLINGS = ("sum", "mean", "none")
 AUTO_RULES = ("fourth_root", "log2")
 
-
-class SchemaError(CtrkitError, ValueError):
-    """A schema that cannot be used; the message names the feature and the fix."""
 
 
 def auto_embedding_dim(vocab_size: int, rule: str = "fourth_root", k: float = 6.0, cap: int = 64) -> int:

@@ -17,15 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from ctrkit.errors import CtrkitError
+from ctrkit.errors import DataError
 
 log = logging.getLogger(__name__)
 
 _MASK64 = 0xFFFFFFFFFFFFFFFF
 
-
-class DataError(CtrkitError, ValueError):
-    """Raw input that cannot be preprocessed; the message names the file, the line and the fix."""
 
 
 # ---- bad rows ---------------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from ctrkit.errors import CtrkitError
+from ctrkit.errors import StoreError
 from ctrkit.schema import Schema
 
 FORMAT = "ctrkit-store"
@@ -43,9 +43,6 @@ VERSION = 1
 KINDS = ("label", "weight", "group", "dense", "sparse", "jagged")
 _HEADER_BYTES = 128  # fixed .npy v1 header size, so the header can be rewritten in place
 
-
-class StoreError(CtrkitError, RuntimeError):
-    """A store that cannot be opened or written; the message names the file and the fix."""
 
 
 def _npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:

@@ -26,15 +26,11 @@ import torch
 from torch import nn
 
 from ctrkit.batch import Batch, KeyedJagged
-from ctrkit.errors import CtrkitError
+from ctrkit.errors import NotFittedError
 from ctrkit.models.registry import ConfigError, register_model
 from ctrkit.nn.embedding import EmbeddingBagCollection
 from ctrkit.nn.inputs import LinearTerm
 from ctrkit.schema import Schema, TableSpec
-
-
-class NotFittedError(CtrkitError, RuntimeError):
-    """A model whose pre-fitted part (GBDT+LR's trees) is used before it was fitted."""
 
 
 def _lightgbm() -> Any:

@@ -13,15 +13,12 @@ from typing import Any, TypeVar
 
 from torch import nn
 
-from ctrkit.errors import CtrkitError
+from ctrkit.errors import ConfigError
 from ctrkit.schema import Schema
 
 _MODELS: dict[str, type[nn.Module]] = {}
 M = TypeVar("M", bound=type[nn.Module])
 
-
-class ConfigError(CtrkitError, ValueError):
-    """A bad option: the message names the option and suggests the valid one."""
 
 
 def suggest(name: str, valid: list[str] | set[str] | tuple[str, ...]) -> str:

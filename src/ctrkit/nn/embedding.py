@@ -27,14 +27,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctrkit.batch import KeyedJagged
-from ctrkit.errors import CtrkitError
+from ctrkit.errors import IdOutOfRangeError
 from ctrkit.schema import Schema, SchemaError, SequenceFeature, SparseFeature, TableSpec
 
 POOLINGS = ("sum", "mean")
 
-
-class IdOutOfRangeError(CtrkitError, IndexError):
-    """An id outside its table: the data was preprocessed with another vocabulary than the model's."""
 
 
 class EmbeddingWeight(nn.Parameter):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ctrkit.errors import CtrkitError
+from ctrkit.errors import LayerConfigError
 
 __all__ = [
     "BiInteractionPooling",
@@ -22,9 +22,6 @@ __all__ = [
     "pair_indices",
 ]
 
-
-class LayerConfigError(CtrkitError, ValueError):
-    """A bad option or input shape given to an ``nn`` layer; the message names the layer and option."""
 
 
 def pair_indices(num_fields: int) -> tuple[Tensor, Tensor]:

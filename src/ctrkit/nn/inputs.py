@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from ctrkit.batch import Batch, KeyedJagged
-from ctrkit.models.registry import ConfigError
+from ctrkit.errors import ConfigError
 from ctrkit.nn.embedding import EmbeddingBagCollection
 from ctrkit.schema import Schema, TableSpec
 

@@ -30,14 +30,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from ctrkit.errors import CtrkitError
+from ctrkit.errors import CheckpointError
 
 FORMAT = "ctrkit-checkpoint"
 VERSION = 1
 
-
-class CheckpointError(CtrkitError, RuntimeError):
-    """A checkpoint that cannot be written or read; the message names the file and the fix."""
 
 
 # ---- plain-data conversion ---------------------------------------------------------------------------

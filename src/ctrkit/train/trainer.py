@@ -44,7 +44,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ctrkit.batch import Batch
-from ctrkit.errors import CtrkitError
+from ctrkit.errors import TrainingError
 from ctrkit.metrics import MAXIMISE, MetricSet
 from ctrkit.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from ctrkit.train.config import TrainConfig, config_to_dict
@@ -53,9 +53,6 @@ from ctrkit.train.optim import OptimizerSet, build_optimizers
 
 log = logging.getLogger(__name__)
 
-
-class TrainingError(CtrkitError, RuntimeError):
-    """Training cannot go on (non-finite loss, empty data, bad resume); the message says where."""
 
 
 class Loader(Protocol):

@@ -23,7 +23,7 @@ from ctrkit.data.store import Store
 from ctrkit.data.vocab import load_vocabularies
 
 SAMPLE = Path("/work/shared/data/criteo_dac/criteo_kaggle_merged_unique.tsv.gz")
-BUNDLED = Path(__file__).resolve().parents[1] / "examples" / "data" / "criteo_sample.tsv.gz"
+BUNDLED = Path(__file__).resolve().parents[2] / "examples" / "data" / "criteo_sample.tsv.gz"
 
 
 def sample_lines(n: int | None = None, start: int = 0) -> list[str]:

@@ -17,7 +17,7 @@ from ctrkit.data.store import Store
 from ctrkit.data.tabular import load_spec, preprocess_table
 from ctrkit.data.vocab import load_vocabularies
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ML = Path("/work/shared/data/movielens_100k")
 
 

@@ -17,7 +17,7 @@ from ctrkit.data.tabular import preprocess_table
 from ctrkit.models.registry import create_model, get_model_class, list_models
 from ctrkit.train.config import load_config
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((REPO / "configs").glob("*/*.yaml"))
 DATASETS = ("criteo", "movielens")
 ZOO = {p.stem for p in (REPO / "src" / "ctrkit" / "models").glob("*.py") if not p.stem.startswith("_")} - {
