@@ -118,13 +118,16 @@ def save_checkpoint(
     optimizer: Any = None,
     trainer_state: dict[str, Any] | None = None,
     vocab: dict[str, Any] | str | Path | None = None,
+    pipeline: dict[str, Any] | None = None,
     extra: dict[str, Any] | None = None,
 ) -> Path:
     """Write a checkpoint atomically; returns its path.
 
     ``schema`` is a :class:`~ctrkit.schema.Schema` (or its dict); ``model_name`` defaults to the
     registry name of the model's class; ``vocab`` is a dict of arrays (stored inside, so predict
-    needs nothing else) or a path to a store's vocab directory (stored as a reference).
+    needs nothing else) or a path to a store's vocab directory (stored as a reference);
+    ``pipeline`` is the training data's :class:`~ctrkit.data.pipeline.FeaturePipeline` as plain
+    arrays + JSON (``FeaturePipeline.to_payload()``), so evaluate / predict apply what training applied.
     """
     path = Path(path)
     name = model_name or getattr(model, "model_name", None)
@@ -143,6 +146,7 @@ def save_checkpoint(
         "optimizer": optimizer.state_dict() if hasattr(optimizer, "state_dict") else optimizer,
         "trainer": trainer_state,
         "vocab": vocab_entry,
+        "pipeline": pipeline,
         "extra": extra or {},
     }
     ckpt = to_plain(ckpt)
@@ -181,6 +185,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         )
     ckpt["vocab"] = from_plain(ckpt.get("vocab"))
     ckpt["extra"] = from_plain(ckpt.get("extra"))
+    ckpt["pipeline"] = from_plain(ckpt.get("pipeline"))
     if ckpt.get("trainer") is not None:
         rng = ckpt["trainer"].get("rng")
         ckpt["trainer"] = from_plain({k: v for k, v in ckpt["trainer"].items() if k != "rng"})

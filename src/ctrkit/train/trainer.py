@@ -104,6 +104,7 @@ class Trainer:
         schema: Any = None,
         model_params: dict[str, Any] | None = None,
         vocab: dict[str, Any] | str | Path | None = None,
+        pipeline: dict[str, Any] | None = None,
         extra: dict[str, Any] | None = None,
     ) -> None:
         self.config = config
@@ -120,6 +121,7 @@ class Trainer:
         self.model_name = getattr(model, "model_name", None) or (
             run_config.model.name if run_config is not None else None)
         self.vocab = vocab
+        self.pipeline = pipeline  # FeaturePipeline.to_payload() of the training data, stored in every checkpoint
         self.extra = dict(extra or {})  # stored in every checkpoint (e.g. how raw data was read)
         self.run_dir = Path(run_dir) if run_dir is not None else None
 
@@ -357,7 +359,8 @@ class Trainer:
         return save_checkpoint(
             path, model=self.model, model_name=self.model_name, model_params=self.model_params,
             schema=self.schema, config=self._config_dict(), optimizer=self.optimizer,
-            trainer_state=self.trainer_state(), vocab=self.vocab, extra=self.extra,
+            trainer_state=self.trainer_state(), vocab=self.vocab, pipeline=self.pipeline,
+            extra=self.extra,
         )
 
     def _save(self, name: str) -> None:
