@@ -61,7 +61,7 @@ def peer_params(model: str, p: dict[str, Any]) -> dict[str, Any]:
     if model == "wide_deep":
         if p.get("crosses"):
             raise SystemExit("wide_deep with crosses has no DeepCTR WDL equivalent; compare without crosses")
-        return {**dnn, "dnn_dropout": p.get("dropout", 0.0), "dnn_use_bn": p.get("batch_norm", False)}
+        return {**dnn, "dnn_dropout": p.get("dnn_dropout", 0.0), "dnn_use_bn": p.get("dnn_batch_norm", False)}
     if model == "deepfm":
         return {**dnn, "dnn_dropout": p.get("dnn_dropout", 0.0), "dnn_use_bn": p.get("dnn_batch_norm", False)}
     if model == "xdeepfm":
@@ -86,7 +86,7 @@ def peer_params(model: str, p: dict[str, Any]) -> dict[str, Any]:
     if model == "pnn":
         prod = p.get("product", "inner")
         return {"dnn_hidden_units": list(p.get("dnn_hidden", [128, 64])), "use_inner": prod in ("inner", "both"),
-                "use_outter": prod in ("outer", "both"), "dnn_dropout": p.get("dropout", 0.0)}
+                "use_outter": prod in ("outer", "both"), "dnn_dropout": p.get("dnn_dropout", 0.0)}
     if model == "autoint":
         if p.get("dense_as_fields", True):
             raise SystemExit("DeepCTR's AutoInt attends over the sparse fields only: set dense_as_fields=false")

@@ -7,6 +7,7 @@ import gzip
 
 import numpy as np
 import pytest
+import torch
 
 from ctrkit.cli import main
 from ctrkit.data.criteo import preprocess_criteo
@@ -85,7 +86,13 @@ def test_predict_refuses_malformed_rows(trained, tmp_path, caplog):
 @pytest.mark.parametrize("argv, message", [
     (["--model.name=dlrmm"], "unknown model 'dlrmm' (did you mean 'dlrm'?)"),
     (["--train.lrr=1"], "unknown config key 'train.lrr' in train (did you mean 'lr'?)"),
-    (["--model.params.interaction=dott", "--data.train={train}"], "interaction 'dott' is not one of"),
+    (["--model.params.interaction=dott", "--data.train={train}"],
+     "dlrm: unknown interaction='dott' (did you mean 'dot'?); valid: dot, dcn, projection"),
+    # a bad parameter value is a ConfigError naming model, parameter, type and value, before any data is read
+    (["--model.params.dense_arch=abc", "--data.train=/nonexistent/store"],
+     "dlrm: parameter 'dense_arch' expects tuple[int, ...], got 'abc' (a list)"),
+    (["--model.params.over_arch=[16,x]", "--data.train={train}"],
+     "dlrm: parameter 'over_arch' expects tuple[int, ...], got [16, 'x'] (item 1: 'x' is not int)"),
     (["--data.train=/nonexistent/store"], "store /nonexistent/store does not exist"),
 ])
 def test_train_errors_are_one_line(trained, caplog, argv, message):
@@ -93,6 +100,51 @@ def test_train_errors_are_one_line(trained, caplog, argv, message):
     rc = main(["train", "--config", "configs/criteo/dlrm.yaml", "--quiet", f"--run.dir={trained / 'bad'}", *argv])
     assert rc == 2
     assert message in caplog.text
+    assert "Traceback" not in caplog.text and len([r for r in caplog.records if r.levelname == "ERROR"]) == 1
+
+
+@pytest.fixture(scope="module")
+def other_stores(trained, tmp_path_factory):
+    """Rows of the sample preprocessed on their own (other vocabularies) and with --vocab-from the training store."""
+    d = tmp_path_factory.mktemp("other")
+    with gzip.open(SAMPLE, "rt") as f:
+        (d / "rows.tsv").write_text("".join(next(f) for _ in range(300)))
+    own = preprocess_criteo(d / "rows.tsv", d / "own", split="1,0", embedding_dim=8, progress=False)["train"]
+    mapped = preprocess_criteo(d / "rows.tsv", d / "mapped", split="1,0", embedding_dim=8, progress=False,
+                               vocab_from=trained / "criteo/train")["train"]
+    return {"own": own, "mapped": mapped}
+
+
+@pytest.mark.parametrize("split", ["valid", "test"])
+def test_train_refuses_a_valid_or_test_store_with_other_vocabularies(trained, other_stores, caplog, split):
+    train = trained / "criteo/train"
+    rc = main(["train", "--config", "configs/criteo/dlrm.yaml", "--quiet", f"--data.train={train}",
+               f"--data.valid={trained / 'criteo/valid'}", f"--data.test={trained / 'criteo/test'}",
+               f"--data.{split}={other_stores['own']}", f"--run.dir={trained / 'refused'}", "--run.name=x"])
+    assert rc == 2
+    assert (f"data.{split}: store {other_stores['own']} was preprocessed with other vocabularies than store {train}"
+            in caplog.text)
+    assert f"`ctrkit preprocess ... --vocab-from {train}`" in caplog.text
+    assert not (trained / "refused").exists()  # refused before training started
+
+
+def test_evaluate_refuses_a_store_with_other_vocabularies(trained, other_stores, caplog, capsys):
+    ckpt = trained / "runs/r/best.pt"
+    assert main(["evaluate", "--checkpoint", str(ckpt), "--data", str(other_stores["own"])]) == 2
+    assert f"--data: store {other_stores['own']} was preprocessed with other vocabularies than checkpoint {ckpt}" \
+        in caplog.text
+    assert f"--vocab-from {trained / 'criteo/train'}" in caplog.text
+    assert main(["evaluate", "--checkpoint", str(ckpt), "--data", str(other_stores["mapped"])]) == 0
+    assert "auc=" in capsys.readouterr().out
+
+
+def test_resume_refuses_a_training_store_with_other_vocabularies(trained, other_stores, caplog):
+    rc = main(["train", "--config", "configs/criteo/dlrm.yaml", "--quiet", f"--data.train={other_stores['own']}",
+               "--data.valid=", "--data.test=", f"--run.dir={trained / 'resumed'}", "--run.name=x",
+               "--resume", str(trained / "runs/r/last.pt"), "--model.params.dense_arch=[16]",
+               "--model.params.over_arch=[16]"])
+    assert rc == 2
+    assert "data.train (--resume): store" in caplog.text and "than checkpoint" in caplog.text
 
 
 def test_empty_training_store_is_a_clear_error(trained, tmp_path, caplog):
@@ -142,3 +194,129 @@ def test_out_of_range_id_names_the_feature():
     data["item"][3] = 40  # the item table has 40 rows: ids 0..39
     with pytest.raises(IdOutOfRangeError, match="feature 'item': id 40 is outside table 'item' of size 40"):
         model(make_batch(data, slice(0, 8)))
+
+
+# ---- predict / evaluate apply the training pipeline (issue 8 regressions) --------------------------------
+TABLE_SPEC = {"label": "label", "dense": [{"name": "x", "transform": "standardize"}, {"name": "rid"}],
+              "sparse": [{"name": "u", "embedding_dim": 8},
+                         {"name": "tags", "multi_valued": True, "delimiter": "|", "embedding_dim": 8}]}
+
+
+@pytest.fixture(scope="module")
+def table_run(tmp_path_factory):
+    """A DLRM trained on a CSV through `preprocess table`; rows carry their index (dense 'rid')."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    from ctrkit.data.tabular import preprocess_table
+
+    d = tmp_path_factory.mktemp("table")
+    rng = np.random.default_rng(0)
+    n = 900
+    u = rng.integers(0, 40, n)
+    table = pa.table({"label": (rng.random(n) < np.where(u % 3 == 0, 0.8, 0.2)).astype(np.int64),
+                      "rid": np.arange(n), "x": rng.normal(5, 2, n).round(3), "u": [f"user{k}" for k in u],
+                      "tags": ["|".join(f"t{t}" for t in rng.integers(0, 9, rng.integers(0, 4))) for _ in range(n)]})
+    pacsv.write_csv(table, d / "rows.csv")
+    stores = preprocess_table(d / "rows.csv", TABLE_SPEC, d / "st", split="0.6,0.2,0.2")
+    assert main(["train", "--config", "configs/criteo/dlrm.yaml", "--quiet", f"--data.train={stores['train']}",
+                 f"--data.valid={stores['valid']}", f"--data.test={stores['test']}", f"--run.dir={d / 'runs'}",
+                 "--run.name=t", "--train.epochs=2", "--model.params.dense_arch=[8]",
+                 "--model.params.over_arch=[8]"]) == 0
+    return {"dir": d, "table": table, "stores": stores, "ckpt": d / "runs/t/best.pt"}
+
+
+def _scores(path):
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["row"]) for r in rows] == list(range(len(rows)))
+    return np.array([float(r["score"]) for r in rows])
+
+
+def test_predict_a_table_checkpoint_reads_csv_and_parquet_with_or_without_label(table_run, tmp_path):
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    from ctrkit.data.pipeline_io import pipeline_from_checkpoint
+    from ctrkit.train.checkpoint import load_checkpoint
+
+    test = Store(table_run["stores"]["test"])  # test keeps input order: these raw rows, in this order
+    raw = table_run["table"].take(pa.array(np.asarray(test["rid"]).astype(np.int64)))
+    model, _, _ = load_model(table_run["ckpt"])
+    want = predict_store(model, test, pipeline=pipeline_from_checkpoint(load_checkpoint(table_run["ckpt"])))
+    pacsv.write_csv(raw, tmp_path / "with_label.csv")
+    pacsv.write_csv(raw.drop_columns(["label"]), tmp_path / "no_label.csv")
+    pq.write_table(raw.drop_columns(["label"]), tmp_path / "rows.parquet")
+    for name in ("with_label.csv", "no_label.csv", "rows.parquet"):
+        out = tmp_path / f"{name}.scores.csv"
+        assert main(["predict", "--checkpoint", str(table_run["ckpt"]), "--input", str(tmp_path / name),
+                     "--output", str(out), "--batch-size", "50"]) == 0, name
+        np.testing.assert_allclose(_scores(out), want, atol=1e-6, err_msg=name)
+    assert len(np.unique(want)) > 1
+
+
+def test_predict_a_table_checkpoint_names_a_malformed_line(table_run, tmp_path, caplog):
+    (tmp_path / "bad.csv").write_text("label,rid,x,u,tags\n1,0,1.5,user1,t1\n0,1,abc,user2,\n")
+    rc = main(["predict", "--checkpoint", str(table_run["ckpt"]), "--input", str(tmp_path / "bad.csv"),
+               "--output", str(tmp_path / "s.csv")])
+    assert rc == 2 and "line 3: dense 'x' is not a number" in caplog.text
+    assert not (tmp_path / "s.csv").exists()
+
+
+@pytest.fixture(scope="module")
+def multi_hot_run(trained):
+    from ctrkit.runner import train_from_config
+    from ctrkit.train.config import load_config
+
+    cfg = load_config("configs/criteo/dlrm.yaml", [
+        f"data.train={trained / 'criteo/train'}", f"data.valid={trained / 'criteo/valid'}",
+        f"data.test={trained / 'criteo/test'}", f"run.dir={trained / 'runs'}", "run.name=mh", "train.epochs=1",
+        "model.params.dense_arch=[16]", "model.params.over_arch=[16]", "data.multi_hot_size=3",
+        "data.multi_hot_min_table_size=20"])
+    return cfg, train_from_config(cfg, progress=False)
+
+
+def test_evaluate_applies_the_multi_hot_stage_training_used(trained, multi_hot_run, capsys):
+    from ctrkit.data.pipeline_io import pipeline_from_checkpoint
+    from ctrkit.runner import evaluate_store
+    from ctrkit.train.checkpoint import load_checkpoint
+
+    cfg, summary = multi_hot_run
+    ckpt = trained / "runs/mh/best.pt"
+    pipe = pipeline_from_checkpoint(load_checkpoint(ckpt))
+    assert pipe.multi_hot["size"] == 3 and sum(pipe.batch_stage.expanded) > 0
+    model, _, _ = load_model(ckpt)
+    test = Store(trained / "criteo/test")
+    got = evaluate_store(model, test, pipe, cfg.data.eval_batch_size)
+    assert got["auc"] == pytest.approx(summary["test"]["auc"], abs=1e-12)
+    assert evaluate_store(model, test, None, cfg.data.eval_batch_size)["auc"] != got["auc"]  # the old defect
+    assert main(["evaluate", "--checkpoint", str(ckpt), "--data", str(test.path)]) == 0
+    assert f"auc={summary['test']['auc']:.5f}" in capsys.readouterr().out
+
+
+def test_predict_applies_the_multi_hot_stage_and_reads_unlabelled_criteo(trained, multi_hot_run, tmp_path):
+    from ctrkit.data.loader import BatchLoader
+    from ctrkit.data.multihot import MultiHot
+
+    with gzip.open(SAMPLE, "rt") as f:
+        lines = [next(f) for _ in range(300)]
+    (tmp_path / "rows.tsv").write_text("".join(lines))
+    (tmp_path / "unlabelled.tsv").write_text("".join(ln.split("\t", 1)[1] for ln in lines))
+    ckpt = trained / "runs/mh/best.pt"
+    model, schema, _ = load_model(ckpt)
+    # reference: the rows mapped by the training store's vocabularies, expanded by a MultiHot built by hand
+    ref = preprocess_criteo(tmp_path / "rows.tsv", tmp_path / "ref", split="1,0", shuffle=False, embedding_dim=8,
+                            vocab_from=trained / "criteo/train", progress=False)["train"]
+    mh = MultiHot.from_schema(schema, 3, 20)
+    want = []
+    with torch.no_grad():
+        for b in BatchLoader(ref, 128, shuffle=False, prefetch=0):
+            b.sparse = mh(b.sparse)
+            want.append(torch.sigmoid(model(b)).numpy())
+    want = np.concatenate(want)
+    for name in ("rows.tsv", "unlabelled.tsv"):
+        out = tmp_path / f"{name}.csv"
+        assert main(["predict", "--checkpoint", str(ckpt), "--input", str(tmp_path / name), "--output", str(out),
+                     "--batch-size", "64"]) == 0
+        np.testing.assert_allclose(_scores(out), want, atol=1e-6, err_msg=name)

@@ -284,8 +284,6 @@ class MetricSet:
         return out
 
 
-Evaluator = MetricSet
-
 
 def evaluate_predictions(
     names: Sequence[str],

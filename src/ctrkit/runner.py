@@ -1,8 +1,9 @@
 """End-to-end jobs behind the CLI: train from a config, evaluate / predict with a checkpoint, the demo.
 
-A checkpoint is self-contained: besides config, schema and weights it carries the training store's
-vocabularies (the files of ``<store>/vocab`` as bytes) and how the raw data was read, so ``predict``
-maps raw rows exactly as preprocessing did, with nothing else on disk.
+A checkpoint is self-contained: besides config, schema and weights it carries the training data's
+:class:`~ctrkit.data.pipeline.FeaturePipeline` (vocabularies, dense statistics, the multi-hot stage
+when training used one), so ``evaluate`` and ``predict`` apply exactly what training applied, with
+nothing else on disk.
 """
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ from __future__ import annotations
 import argparse
 import csv
 import logging
+import os
 import sys
-import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -21,10 +23,12 @@ import numpy as np
 import torch
 
 from ctrkit.data.loader import BatchLoader
-from ctrkit.data.store import Store
+from ctrkit.data.pipeline import FeaturePipeline
+from ctrkit.data.pipeline_io import pipeline_from_checkpoint, pipeline_from_store
+from ctrkit.data.raw_rows import iter_transformed
+from ctrkit.data.store import Store, Vocabularies, check_same_vocabulary
 from ctrkit.errors import JobError
-from ctrkit.models.registry import create_model, get_model_class
-from ctrkit.schema import Schema
+from ctrkit.models.registry import check_model_params, create_model
 from ctrkit.train.config import Config, config_to_dict, load_config
 
 log = logging.getLogger(__name__)
@@ -32,24 +36,32 @@ log = logging.getLogger(__name__)
 
 
 # ---- building blocks -----------------------------------------------------------------------------
-def _loader(path: str | None, cfg: Config, *, train: bool, what: str) -> BatchLoader | None:
+def _loader(path: str | None, cfg: Config, *, train: bool, what: str,
+            pipeline: FeaturePipeline | None = None) -> BatchLoader | None:
+    """Loader of the store at ``path``, with the batch-level stage of ``pipeline`` (default: the store's
+    pipeline as :func:`training_pipeline` sets it up; valid / test loaders get the training one)."""
     if not path:
         return None
     if not Path(path).exists():
         raise JobError(f"data.{what}: store {path} does not exist; create it with `ctrkit preprocess`")
     d = cfg.data
-    multi_hot = None
     store = Store(path)
-    if d.multi_hot_size:
-        from ctrkit.data.multihot import MultiHot
-
-        multi_hot = MultiHot.from_schema(store.schema, d.multi_hot_size, d.multi_hot_min_table_size,
-                                         d.multi_hot_distribution)
+    pipeline = pipeline if pipeline is not None else training_pipeline(store, cfg)
     if train:
         return BatchLoader(store, d.batch_size, shuffle=d.shuffle, seed=cfg.train.seed, drop_last=d.drop_last,
-                           prefetch=d.prefetch, multi_hot=multi_hot)
+                           prefetch=d.prefetch, pipeline=pipeline)
     return BatchLoader(store, d.eval_batch_size or 4 * d.batch_size, shuffle=False, prefetch=d.prefetch,
-                       multi_hot=multi_hot)
+                       pipeline=pipeline)
+
+
+def training_pipeline(store: Store, cfg: Config) -> FeaturePipeline:
+    """The pipeline a model trained on ``store`` with ``cfg`` sees: the store's, plus the multi-hot stage
+    of ``data.multi_hot_*`` (the one place these options are read; checkpoints carry the result)."""
+    pipeline = pipeline_from_store(store)
+    d = cfg.data
+    if d.multi_hot_size:
+        pipeline = pipeline.with_multi_hot(d.multi_hot_size, d.multi_hot_min_table_size, d.multi_hot_distribution)
+    return pipeline
 
 
 def vocab_payload(store: Store) -> dict[str, np.ndarray] | None:
@@ -58,13 +70,6 @@ def vocab_payload(store: Store) -> dict[str, np.ndarray] | None:
     if not vdir.is_dir():
         return None
     return {p.name: np.frombuffer(p.read_bytes(), dtype=np.uint8).copy() for p in sorted(vdir.iterdir())}
-
-
-def _write_vocab(payload: dict[str, Any], directory: Path) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    for name, data in payload.items():
-        (directory / name).write_bytes(np.asarray(data, dtype=np.uint8).tobytes())
-    return directory
 
 
 def train_from_config(cfg: Config, *, resume: str | None = None, progress: bool | None = None) -> dict[str, Any]:
@@ -76,7 +81,7 @@ def train_from_config(cfg: Config, *, resume: str | None = None, progress: bool 
         raise JobError("data.train is not set: give the path of a training store")
     if not cfg.model.name:
         raise JobError("model.name is not set; see `ctrkit models` for the choices")
-    get_model_class(cfg.model.name)  # an unknown model fails before any data is touched
+    check_model_params(cfg.model.name, cfg.model.params)  # a bad model or parameter: before any data is read
     if progress is not None:
         cfg = replace(cfg, train=replace(cfg.train, progress=progress))
     t0 = time.perf_counter()
@@ -84,16 +89,21 @@ def train_from_config(cfg: Config, *, resume: str | None = None, progress: bool 
     store = train.store
     seed_everything(cfg.train.seed)
     model = create_model(cfg.model.name, store.schema, **cfg.model.params)
-    valid = _loader(cfg.data.valid, cfg, train=False, what="valid")
-    test = _loader(cfg.data.test, cfg, train=False, what="test")
-    if hasattr(model, "prefit"):  # e.g. GBDT+LR fits its trees on the training rows first
+    valid = _loader(cfg.data.valid, cfg, train=False, what="valid", pipeline=train.pipeline)
+    test = _loader(cfg.data.test, cfg, train=False, what="test", pipeline=train.pipeline)
+    for what, loader in (("data.valid", valid), ("data.test", test)):  # same ids as the training store
+        if loader is not None:
+            check_same_vocabulary(store, loader.store, what)
+    if resume:  # a resumed run goes on with the ids it started with
+        check_same_vocabulary(_checkpoint_vocabularies(resume), store, "data.train (--resume)")
+    if model.needs_prefit:  # e.g. GBDT+LR fits its trees on the training rows first
         model.prefit(list(train))
     name = cfg.run.name or f"{cfg.model.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = Path(cfg.run.dir) / name
     trainer = Trainer(
         model, train, cfg.train, valid_loader=valid, run_dir=run_dir, resume_from=resume, run_config=cfg,
         schema=store.schema, model_params=dict(cfg.model.params), vocab=vocab_payload(store),
-        extra={"data_format": store.preprocessing.get("format", "criteo"), "preprocessing": store.preprocessing},
+        pipeline=train.pipeline.to_payload(), extra={"preprocessing": store.preprocessing},
     )
     summary = trainer.fit()
     best = run_dir / "best.pt"
@@ -109,18 +119,54 @@ def train_from_config(cfg: Config, *, resume: str | None = None, progress: bool 
     return summary
 
 
-def _eval_loader(store: Store, batch_size: int) -> BatchLoader:
-    return BatchLoader(store, batch_size, shuffle=False, prefetch=2)
+def _checkpoint_vocabularies(path: str | Path) -> Vocabularies:
+    """The vocabularies a checkpoint's model was trained with (to check a store against them)."""
+    from ctrkit.train.checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(path)
+    cfg = ckpt.get("config") or {}
+    train_store = (cfg.get("data") or {}).get("train") if isinstance(cfg, dict) else None
+    return Vocabularies.of_checkpoint(ckpt.get("vocab"), ckpt.get("schema"), f"checkpoint {path}",
+                                      train_store)
 
 
-def predict_store(model: torch.nn.Module, store: Store, batch_size: int = 8192) -> np.ndarray:
-    """Click probabilities for every row of ``store``, in order."""
+def _eval_loader(store: Store, batch_size: int, pipeline: FeaturePipeline | None) -> BatchLoader:
+    return BatchLoader(store, batch_size, shuffle=False, prefetch=2, pipeline=pipeline)
+
+
+def predict_store(model: torch.nn.Module, store: Store, batch_size: int = 8192,
+                  pipeline: FeaturePipeline | None = None) -> np.ndarray:
+    """Click probabilities for every row of ``store``, in order; ``pipeline``: the one the model was trained
+    with (its batch-level stage is applied)."""
     model.eval()
     out = []
     with torch.no_grad():
-        for batch in _eval_loader(store, batch_size):
+        for batch in _eval_loader(store, batch_size, pipeline):
             out.append(torch.sigmoid(model(batch)).numpy())
     return np.concatenate(out) if out else np.zeros(0, np.float32)
+
+
+def evaluate_store(model: torch.nn.Module, store: Store, pipeline: FeaturePipeline | None,
+                   batch_size: int = 8192) -> dict[str, float]:
+    """AUC, LogLoss, accuracy and calibration of ``model`` on ``store`` through ``pipeline``."""
+    from ctrkit.metrics import MetricSet
+
+    ms = MetricSet(["auc", "logloss", "accuracy", "calibration"])
+    model.eval()
+    with torch.no_grad():
+        for batch in _eval_loader(store, batch_size, pipeline):
+            ms.update(torch.sigmoid(model(batch)), batch.labels, batch.weights)
+    return ms.compute()
+
+
+def predict_file(model: torch.nn.Module, pipeline: FeaturePipeline, path: str | Path,
+                 batch_size: int = 8192) -> Iterator[np.ndarray]:
+    """Click probabilities of the raw rows of ``path`` (the format the pipeline was fitted on), in input
+    order, one array per chunk of about ``batch_size`` rows; a malformed row is an error naming its line."""
+    model.eval()
+    with torch.no_grad():
+        for columns in iter_transformed(pipeline, path, batch_size):
+            yield torch.sigmoid(model(pipeline.to_batch(columns))).numpy()
 
 
 # ---- CLI commands ----------------------------------------------------------------------------------
@@ -141,56 +187,43 @@ def _fmt(metrics: dict[str, Any]) -> str:
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
-    from ctrkit.metrics import MetricSet
-    from ctrkit.train.checkpoint import load_model
+    from ctrkit.train.checkpoint import load_checkpoint, load_model
 
-    model, _schema, cfg = load_model(args.checkpoint)
+    ckpt = load_checkpoint(args.checkpoint)
+    model, _schema, cfg = load_model(args.checkpoint, ckpt=ckpt)
     path = args.data or (cfg.data.test if isinstance(cfg, Config) else None)
     if not path:
         raise JobError("no store to evaluate: pass --data (the checkpoint's config names no test store)")
     store = Store(path)
-    ms = MetricSet(["auc", "logloss", "accuracy", "calibration"])
-    model.eval()
-    with torch.no_grad():
-        for batch in _eval_loader(store, args.batch_size):
-            ms.update(torch.sigmoid(model(batch)), batch.labels, batch.weights)
-    sys.stdout.write(f"{path}: {_fmt(ms.compute())}\n")
+    check_same_vocabulary(_checkpoint_vocabularies(args.checkpoint), store,
+                          "--data" if args.data else "the checkpoint's data.test")
+    metrics = evaluate_store(model, store, pipeline_from_checkpoint(ckpt), args.batch_size)
+    sys.stdout.write(f"{path}: {_fmt(metrics)}\n")
     return 0
 
 
 def run_predict(args: argparse.Namespace) -> int:
-    from ctrkit.data.criteo import preprocess_criteo
     from ctrkit.train.checkpoint import load_checkpoint, load_model
 
     ckpt = load_checkpoint(args.checkpoint)
-    payload = (ckpt.get("vocab") or {}).get("arrays")
-    fmt = (ckpt.get("extra") or {}).get("data_format", "criteo")
-    if not payload:
-        raise JobError(f"{args.checkpoint} carries no vocabularies, so raw rows cannot be mapped to ids")
-    if fmt != "criteo":
-        raise JobError(f"predict from raw rows supports Criteo TSV checkpoints; this one was trained on {fmt!r}")
-    model, schema, _ = load_model(args.checkpoint)
-    with tempfile.TemporaryDirectory(prefix="ctrkit-predict-") as tmp:
-        vocab_store = Path(tmp) / "vocab_store"
-        _write_vocab(payload, vocab_store / "vocab")
-        # every row in one split, in input order; any malformed row is an error (no score may go missing)
-        stores = preprocess_criteo(args.input, Path(tmp) / "rows", split="1,0", shuffle=False, vocab_from=vocab_store,
-                                   max_bad_fraction=0.0, embedding_dim=_embedding_dim(schema), progress=False)
-        store = Store(stores["train"])
-        scores = predict_store(model, store, args.batch_size)
+    model, _, _ = load_model(args.checkpoint, ckpt=ckpt)
+    pipeline = pipeline_from_checkpoint(ckpt)
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["row", "score"])
-        w.writerows(zip(range(len(scores)), (f"{s:.6f}" for s in scores)))
-    log.info("wrote %d scores to %s", len(scores), out)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")  # published only once every row is scored
+    n = 0
+    try:
+        with open(tmp, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["row", "score"])
+            for scores in predict_file(model, pipeline, args.input, args.batch_size):
+                w.writerows(zip(range(n, n + len(scores)), (f"{s:.6f}" for s in scores)))
+                n += len(scores)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    log.info("wrote %d scores to %s", n, out)
     return 0
-
-
-def _embedding_dim(schema: Schema) -> int | str:
-    dims = {t.embedding_dim for t in schema.tables().values()}
-    return dims.pop() if len(dims) == 1 else "auto"
 
 
 # ---- demo -------------------------------------------------------------------------------------------

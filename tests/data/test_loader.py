@@ -7,6 +7,7 @@ import torch
 from ctrkit.batch import KeyedJagged
 from ctrkit.data.loader import BatchLoader
 from ctrkit.data.multihot import MultiHot
+from ctrkit.data.pipeline import FeaturePipeline
 from ctrkit.data.store import Store, write_store
 from ctrkit.schema import DenseFeature, Schema, SequenceFeature, SparseFeature
 
@@ -167,9 +168,10 @@ def test_prefetch_error_propagates_and_thread_stops(store):
     assert not any(t.name == "ctrkit-batch-prefetch" and t.is_alive() for t in threading.enumerate())
 
 
-def test_multi_hot_applied(store):
-    mh = MultiHot([50, 1000], 3, 100)
-    batch = next(iter(BatchLoader(store, 20, shuffle=False, multi_hot=mh, prefetch=0)))
+def test_multi_hot_applied_from_the_pipeline(store):
+    mh = MultiHot([50, 1000], 3, 100)  # reference: built by hand from the schema's table sizes
+    pipe = FeaturePipeline.from_schema(store.schema).with_multi_hot(3, 100)
+    batch = next(iter(BatchLoader(store, 20, shuffle=False, pipeline=pipe, prefetch=0)))
     r = row_ids(batch)
     item = batch.sparse["item"][0].view(20, 3)
     assert torch.equal(item[:, 0], r) and torch.equal(item[:, 1:], mh.weight[1][r][:, 1:].long())

@@ -181,3 +181,18 @@ def test_vocab_from_and_spec_errors(tmp_path: Path) -> None:
         preprocess_table(a, {"label": "label", "sparse": ["zz"]}, tmp_path / "e")
     with pytest.raises(DataError, match="does not exist"):
         preprocess_table(tmp_path / "nope.csv", spec, tmp_path / "e")
+
+
+def test_vocab_from_reuses_the_pipeline_with_its_dense_statistics(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    pacsv.write_csv(pa.table({"label": [0, 1, 1, 0], "x": [1.0, 2.0, 3.0, 6.0], "c": ["p", "q", "p", "r"]}), a)
+    pacsv.write_csv(pa.table({"label": [1, 0, 1], "x": [100.0, 200.0, 4.0], "c": ["q", "new", "p"]}), b)
+    spec = {"label": "label", "dense": [{"name": "x", "transform": "standardize"}], "sparse": ["c"]}
+    first = preprocess_table(a, spec, tmp_path / "a_st", split="1")["train"]
+    second = preprocess_table(b, spec, tmp_path / "b_st", split="1", vocab_from=first)["train"]
+    mean, std = np.mean([1.0, 2.0, 3.0, 6.0]), np.std([1.0, 2.0, 3.0, 6.0])  # of the training file, not of b
+    got = sorted(zip(Store(second)["c"].tolist(), Store(second)["x"].tolist()))
+    want = sorted(zip([3, 1, 2], ((np.array([100.0, 200.0, 4.0]) - mean) / std).astype(np.float32).tolist()))
+    assert got == want
+    assert Store(second).preprocessing["dense_stats"] == Store(first).preprocessing["dense_stats"]
+    assert (Path(second) / "pipeline" / "pipeline.json").is_file()

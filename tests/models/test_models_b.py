@@ -13,6 +13,49 @@ from ctrkit.batch import Batch, KeyedJagged
 from ctrkit.models.registry import ConfigError, create_model
 from ctrkit.schema import DenseFeature, Schema, SparseFeature
 
+# Variants exercised by test_models_contract.py (small sizes, every option branch).
+DNN = {"dnn_hidden": (16,)}
+
+CONTRACT_VARIANTS: dict[str, list[dict]] = {
+    "dcn": [
+        {**DNN, "cross_layers": 2},
+        {"cross_layers": 1, "dnn_hidden": ()},
+    ],
+    "dcnv2": [
+        {**DNN, "cross_type": "matrix", "structure": "parallel", "cross_layers": 2},
+        {**DNN, "cross_type": "matrix", "structure": "stacked", "cross_layers": 2},
+        {**DNN, "cross_type": "mix", "structure": "parallel", "cross_layers": 2, "rank": 4, "experts": 2},
+        {**DNN, "cross_type": "mix", "structure": "stacked", "cross_layers": 2, "rank": 4, "experts": 1},
+    ],
+    "deepfm": [
+        {**DNN},
+        {"dnn_hidden": (), "bias": False},
+    ],
+    "xdeepfm": [
+        {**DNN, "cin_layer_sizes": (8, 6), "split_half": True},
+        {**DNN, "cin_layer_sizes": (5, 3), "split_half": False, "cin_activation": "relu"},
+    ],
+    "nfm": [
+        {**DNN, "bi_dropout": 0.1},
+        {"dnn_hidden": ()},
+        {**DNN, "bi_batch_norm": False},
+    ],
+    "afm": [
+        {"attention_dim": 4},
+        {"attention_dim": 4, "attention_dropout": 0.1},
+    ],
+    "fibinet": [
+        {**DNN, "bilinear_type": "field_all", "senet_pooling": "mean"},
+        {**DNN, "bilinear_type": "field_each", "senet_pooling": "max", "reduction_ratio": 2.0},
+        {**DNN, "bilinear_type": "field_interaction", "senet_pooling": "mean"},
+    ],
+    "autoint": [
+        {"attention_layers": 2, "num_heads": 2},
+        {**DNN, "attention_layers": 1, "num_heads": 2, "head_dim": 3, "autoint_plus": True},
+        {"attention_layers": 1, "num_heads": 2, "dense_as_fields": False},  # dense values reach the head
+    ],
+}
+
 B, D = 4, 4
 KEYS = ["s0", "s1", "s2"]
 PAIRS = list(itertools.combinations(range(len(KEYS)), 2))
@@ -128,13 +171,13 @@ def test_cross_models_accept_unequal_dims(name):
 # ------------------------------------------------------------------------------------- hand computations
 def test_deepfm_is_first_order_plus_fm_pairs_plus_dnn():
     model = build("deepfm", dnn_hidden=(5,))
-    assert model.linear.bias is None and model.deep_out.bias is None  # seed: no bias in the heads
+    assert model.linear.bias is None and model.deep.out.bias is None  # seed: no bias in the heads
     batch = tiny_batch()
     out = model(batch)
     for b in range(B):
         e = rows(model.embedding.ebc, ids_of(batch)[b])
         second = sum(sum(e[i][d] * e[j][d] for d in range(D)) for i, j in PAIRS)
-        dnn = model.deep_out.weight[0] @ mlp_ref(model.deep, torch.cat([*e, batch.dense[b]]))
+        dnn = model.deep.out.weight[0] @ mlp_ref(model.deep.tower, torch.cat([*e, batch.dense[b]]))
         ref = linear_ref(model, batch, b) + second + dnn + model.bias[0]
         torch.testing.assert_close(out[b], ref, rtol=1e-5, atol=1e-5)
 
@@ -156,8 +199,8 @@ def test_dcn_one_layer_equals_loop_reference():
         n = len(x0)
         dot = sum(x0[k] * w[k] for k in range(n))
         x1 = torch.stack([x0[i] * dot + bias[i] + x0[i] for i in range(n)])
-        z = torch.cat([x1, mlp_ref(model.deep, x0)])
-        ref = sum(model.head.weight[0, k] * z[k] for k in range(len(z))) + model.head.bias[0]
+        z = torch.cat([x1, mlp_ref(model.head.tower, x0)])
+        ref = sum(model.head.out.weight[0, k] * z[k] for k in range(len(z))) + model.head.out.bias[0]
         torch.testing.assert_close(out[b], ref, rtol=1e-5, atol=1e-5)
 
 
@@ -171,9 +214,9 @@ def test_dcnv2_matrix_one_layer_equals_loop_reference(structure):
         x0 = torch.cat([*rows(model.embedding.ebc, ids_of(batch)[b]), batch.dense[b]])
         n = len(x0)
         x1 = torch.stack([x0[i] * (sum(W[i, k] * x0[k] for k in range(n)) + bias[i]) + x0[i] for i in range(n)])
-        z = mlp_ref(model.deep, x1) if structure == "stacked" else torch.cat([x1, mlp_ref(model.deep, x0)])
-        assert model.head.in_features == len(z)
-        torch.testing.assert_close(out[b], model.head.weight[0] @ z + model.head.bias[0], rtol=1e-5, atol=1e-5)
+        z = mlp_ref(model.head.tower, x1) if structure == "stacked" else torch.cat([x1, mlp_ref(model.head.tower, x0)])
+        assert model.head.out.in_features == len(z)
+        torch.testing.assert_close(out[b], model.head.out.weight[0] @ z + model.head.out.bias[0], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("split_half, sizes, width, act", [(True, (4, 3), 2 + 3, "identity"),
@@ -181,21 +224,21 @@ def test_dcnv2_matrix_one_layer_equals_loop_reference(structure):
 def test_xdeepfm_is_linear_plus_cin_plus_dnn(split_half, sizes, width, act):
     model = build("xdeepfm", cin_layer_sizes=sizes, split_half=split_half, cin_activation=act, dnn_hidden=(5,))
     assert model.cin_out.in_features == width
-    assert model.cin_out.bias is None and model.deep_out.bias is None and model.linear.bias is not None
+    assert model.cin_out.bias is None and model.deep.out.bias is None and model.linear.bias is not None
     batch = tiny_batch()
     out = model(batch)
     emb = model.embedding(batch)
     cin = model.cin_out(model.cin(emb))[:, 0]
     for b in range(B):
         e = rows(model.embedding.ebc, ids_of(batch)[b])
-        dnn = model.deep_out.weight[0] @ mlp_ref(model.deep, torch.cat([*e, batch.dense[b]]))
+        dnn = model.deep.out.weight[0] @ mlp_ref(model.deep.tower, torch.cat([*e, batch.dense[b]]))
         torch.testing.assert_close(out[b], linear_ref(model, batch, b) + cin[b] + dnn, rtol=1e-5, atol=1e-5)
 
 
 def test_nfm_bi_interaction_batchnorm_dnn_plus_linear():
     model = build("nfm", dnn_hidden=(5,))
     assert isinstance(model.bn, torch.nn.BatchNorm1d) and model.bn.num_features == D + 2
-    assert model.deep_out.bias is None and model.linear.bias is not None  # seed: DNN head no bias
+    assert model.deep.out.bias is None and model.linear.bias is not None  # seed: DNN head no bias
     with torch.no_grad():  # non-trivial running statistics so the BN visibly acts
         model.bn.running_mean.normal_()
         model.bn.running_var.uniform_(0.5, 2.0)
@@ -207,7 +250,7 @@ def test_nfm_bi_interaction_batchnorm_dnn_plus_linear():
         bi = sum(e[i] * e[j] for i, j in PAIRS)  # (D,)
         z = torch.cat([bi, batch.dense[b]])
         z = (z - bn.running_mean) / torch.sqrt(bn.running_var + bn.eps) * bn.weight + bn.bias
-        ref = linear_ref(model, batch, b) + model.deep_out.weight[0] @ mlp_ref(model.deep, z)
+        ref = linear_ref(model, batch, b) + model.deep.out.weight[0] @ mlp_ref(model.deep.tower, z)
         torch.testing.assert_close(out[b], ref, rtol=1e-5, atol=1e-5)
 
 
@@ -253,7 +296,7 @@ def test_fibinet_equals_loop_reference(bilinear_type, pooling):
         v = [a[f] * e[f] for f in range(len(e))]
         h = torch.cat([*bilinear(model.bilinear_raw.weight, e), *bilinear(model.bilinear_senet.weight, v),
                        batch.dense[b]])
-        ref = linear_ref(model, batch, b) + model.deep_out.weight[0] @ h
+        ref = linear_ref(model, batch, b) + model.deep.out.weight[0] @ h
         torch.testing.assert_close(out[b], ref, rtol=1e-5, atol=1e-5)
 
 
@@ -261,8 +304,8 @@ def test_fibinet_equals_loop_reference(bilinear_type, pooling):
 def test_autoint_dense_fields_attention_and_head(plus):
     model = build("autoint", attention_layers=2, num_heads=2, head_dim=3, autoint_plus=plus, dnn_hidden=(5,))
     fields = len(KEYS) + 2
-    assert model.head.in_features == fields * 6 + (5 if plus else 0)
-    assert (model.deep is not None) == plus
+    assert model.head.out.in_features == fields * 6 + (5 if plus else 0)
+    assert (model.head.tower is not None) == plus
     batch = tiny_batch()
     out = model(batch)
     for b in range(B):
@@ -273,8 +316,8 @@ def test_autoint_dense_fields_attention_and_head(plus):
             x = layer(x)
         parts = [x.flatten()]
         if plus:
-            parts.append(mlp_ref(model.deep, torch.cat([*e, batch.dense[b]])))
-        ref = model.head.weight[0] @ torch.cat(parts) + model.head.bias[0]
+            parts.append(mlp_ref(model.head.tower, torch.cat([*e, batch.dense[b]])))
+        ref = model.head.out.weight[0] @ torch.cat(parts) + model.head.out.bias[0]
         torch.testing.assert_close(out[b], ref, rtol=1e-5, atol=1e-5)
 
 

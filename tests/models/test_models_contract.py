@@ -1,4 +1,9 @@
-"""The contract every registered model keeps (DESIGN.md §5), driven by the registry."""
+"""The contract every registered model keeps (DESIGN.md §5-6), driven by the registry.
+
+Each model's variants live beside its own tests (``CONTRACT_VARIANTS`` in test_dlrm.py,
+test_models_a.py, test_models_b.py) and are imported here explicitly; a registered model without
+variants runs with its defaults, under the test id ``<name>-defaults``.
+"""
 
 from __future__ import annotations
 
@@ -9,46 +14,54 @@ import pytest
 import torch
 from conftest import contract_schema, make_batch, planted_data
 from sklearn.metrics import roc_auc_score
+from test_dlrm import CONTRACT_VARIANTS as DLRM_VARIANTS
+from test_models_a import CONTRACT_VARIANTS as A_VARIANTS
+from test_models_b import CONTRACT_VARIANTS as B_VARIANTS
 
-from ctrkit.models.registry import ConfigError, create_model, list_models
-
-SMALL = {"dense_arch": (16,), "over_arch": (16,)}
-# Variants exercised per model (small sizes keep the suite fast); models not listed use defaults.
-VARIANTS: dict[str, list[dict]] = {
-    "dlrm": [
-        dict(SMALL, interaction="dot"),
-        dict(SMALL, interaction="dcn", dcn_type="full", dcn_layers=2),
-        dict(SMALL, interaction="dcn", dcn_type="low_rank", dcn_layers=2, dcn_rank=4),
-        dict(SMALL, interaction="dcn", dcn_type="vector", dcn_layers=2),
-        dict(SMALL, interaction="dcn", dcn_type="low_rank_mixture", dcn_layers=2, dcn_rank=4, dcn_experts=2),
-        dict(SMALL, interaction="projection", projection_branch1=(16, 3 * 8), projection_branch2=(16, 2 * 8)),
-    ],
-}
+from ctrkit.models.base import CTRModel, ModelOutput, logits_of
+from ctrkit.models.registry import ConfigError, create_model, get_model_class, list_models
+from ctrkit.schema import Schema, SequenceFeature
+from ctrkit.train.tasks import CTRTask
 
 
-for _extra in ("contract_variants_a", "contract_variants_b"):
-    try:
-        VARIANTS.update(__import__(_extra).VARIANTS)
-    except ImportError:
-        pass
+def merge(*parts: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for part in parts:
+        twice = set(out) & set(part)
+        assert not twice, f"contract variants of {sorted(twice)} are defined in two test files"
+        out.update(part)
+    return out
+
+
+VARIANTS = merge(DLRM_VARIANTS, A_VARIANTS, B_VARIANTS)
+
+# What each model does with an unpooled (pooling "none") history: "ignores" it (the default: the zoo's
+# field models read only pooled features, schema.pooled_keys), "uses" it (attention over the
+# sequence) or "rejects" it with a ConfigError naming the feature.
+UNPOOLED: dict[str, str] = {}
 
 
 def cases() -> list:
     out = []
     for name in list_models():
-        for i, params in enumerate(VARIANTS.get(name, [{}])):
+        if name not in VARIANTS:
+            out.append(pytest.param(name, {}, id=f"{name}-defaults"))
+            continue
+        for i, params in enumerate(VARIANTS[name]):
             out.append(pytest.param(name, params, id=f"{name}-{i}"))
     return out
 
 
-def build(name: str, params: dict, seed: int = 0, data: dict | None = None) -> torch.nn.Module:
-    """Create the model; models with a ``prefit(batches)`` step (e.g. GBDT+LR's trees) get it on the
-    training rows, as the trainer does."""
+def build(name: str, params: dict, seed: int = 0, data: dict | None = None,
+          schema: Schema | None = None) -> CTRModel:
+    """Create the model; a model that declares ``needs_prefit`` (GBDT+LR's trees) gets its prefit on
+    the training rows, as the runner does."""
     torch.manual_seed(seed)
-    model = create_model(name, contract_schema(), **params)
-    if hasattr(model, "prefit"):
-        data = data if data is not None else planted_data(3000, seed=1)
-        model.prefit([make_batch(data, slice(s, s + 500)) for s in range(0, 2500, 500)])
+    schema = schema or contract_schema()
+    model = create_model(name, schema, **params)
+    if model.needs_prefit:
+        data = data if data is not None else planted_data(3000, seed=1, schema=schema)
+        model.prefit([make_batch(data, slice(s, s + 500), schema) for s in range(0, 2500, 500)])
     return model
 
 
@@ -57,28 +70,88 @@ def data() -> dict[str, np.ndarray]:
     return planted_data(3000, seed=1)
 
 
+def test_variants_name_registered_models():
+    assert set(VARIANTS) <= set(list_models()), sorted(set(VARIANTS) - set(list_models()))
+
+
+@pytest.mark.parametrize("name", list_models())
+def test_declarations(name):
+    """A CTRModel with its registry name; groups and tables are the model's own parameters."""
+    cls = get_model_class(name)
+    assert issubclass(cls, CTRModel) and cls.model_name == name
+    model = build(name, VARIANTS.get(name, [{}])[0])
+    params = {id(p) for p in model.parameters()}
+    tables = [id(p) for p in model.embedding_parameters()]
+    assert tables and len(set(tables)) == len(tables) and set(tables) <= params
+    names = [g.name for g in model.param_groups()]
+    assert len(set(names)) == len(names)
+    for g in model.param_groups():
+        assert g.params and {id(p) for p in g.params} <= params, f"{name}: group {g.name!r}"
+    assert isinstance(cls.exportable, bool) and isinstance(cls.needs_prefit, bool)
+    if not cls.needs_prefit:
+        assert model.prefit([]) is model  # nothing to fit
+
+
 @pytest.mark.parametrize("name, params", cases())
-def test_forward_shape_grads_and_consistency(name, params, data):
+def test_forward_loss_grads_and_consistency(name, params, data):
     model = build(name, params, data=data)
     batch = make_batch(data, slice(0, 64))
     model.train()
-    logits = model(batch)
+    task = CTRTask().bind(model)
+    torch.manual_seed(5)  # the same dropout masks for the task's forward and the reference one
+    loss, logs = task.loss(model, batch)
+    torch.manual_seed(5)
+    out = model(batch)
+    assert isinstance(out, (torch.Tensor, ModelOutput))
+    logits = logits_of(out)
     assert logits.shape == (64,) and torch.isfinite(logits).all()
-    loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, batch.labels)
-    extra = getattr(model, "extra_losses", None)
-    if extra is not None:
-        loss = loss + extra(batch)
+    aux = out.aux_losses if isinstance(out, ModelOutput) else {}
+    penalties = {f"penalty/{g.name}": g.penalty() for g in model.param_groups() if g.penalised}
+    bce = torch.nn.functional.binary_cross_entropy_with_logits(logits, batch.labels)
+    expected = bce + sum(aux.values(), torch.zeros(())) + sum(penalties.values(), torch.zeros(()))
+    torch.testing.assert_close(loss, expected)
+    assert set(logs) == ({"bce", *aux, *penalties} if aux or penalties else set())
     loss.backward()
     missing = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
     assert not missing, f"{name}: parameters without gradient: {missing}"
 
     model.eval()
     with torch.no_grad():
-        full = model(batch)
-        again = model(batch)
-        alone = torch.stack([model(make_batch(data, slice(i, i + 1)))[0] for i in (0, 17, 63)])
+        full = logits_of(model(batch))
+        again = logits_of(model(batch))
+        alone = torch.stack([logits_of(model(make_batch(data, slice(i, i + 1))))[0] for i in (0, 17, 63)])
     assert torch.equal(full, again), "eval must be deterministic"
     torch.testing.assert_close(alone, full[[0, 17, 63]], rtol=1e-5, atol=1e-5)
+
+
+def unpooled_schema() -> Schema:
+    """The contract schema plus a history kept unpooled (pooling "none"), as sequence models read it."""
+    s = contract_schema()
+    return Schema(dense=s.dense, sparse=s.sparse,
+                  sequence=[*s.sequence, SequenceFeature("hist_seq", 5, shares="item", pooling="none")])
+
+
+@pytest.mark.parametrize("name", list_models())
+def test_unpooled_history(name):
+    """Every model ignores, uses or rejects (ConfigError naming the feature) an unpooled history."""
+    schema = unpooled_schema()
+    data = planted_data(600, seed=4, schema=schema)
+    params = VARIANTS.get(name, [{}])[0]
+    expect = UNPOOLED.get(name, "ignores")
+    if expect == "rejects":
+        with pytest.raises(ConfigError, match="hist_seq"):
+            build(name, params, data=data, schema=schema)
+        return
+    model = build(name, params, data=data, schema=schema)
+    batch = make_batch(data, slice(0, 64), schema)
+    loss, _ = CTRTask().bind(model).loss(model, batch)
+    assert torch.isfinite(loss)
+    loss.backward()
+    shuffled = dict(data, hist_seq=(data["hist_seq"] * 7 + 3) % 38 + 2)  # other item ids, same lengths
+    model.eval()
+    with torch.no_grad():
+        same = torch.equal(logits_of(model(batch)), logits_of(model(make_batch(shuffled, slice(0, 64), schema))))
+    assert same == (expect == "ignores"), f"{name} should {expect.rstrip('s')} the unpooled history"
 
 
 @pytest.mark.parametrize("name, params", cases())
@@ -91,7 +164,7 @@ def test_checkpoint_round_trip(name, params, data):
     other.load_state_dict(torch.load(buf, weights_only=True))
     batch = make_batch(data, slice(0, 32))
     with torch.no_grad():
-        assert torch.equal(model(batch), other(batch))
+        assert torch.equal(logits_of(model(batch)), logits_of(other(batch)))
 
 
 @pytest.mark.parametrize("name", list_models())
@@ -104,8 +177,10 @@ def test_unknown_option_rejected(name):
 @pytest.mark.parametrize("name, params", cases())
 def test_learns_planted_signal(name, params, data):
     model = build(name, params, data=data)
-    emb = [p for p in model.parameters() if getattr(p, "is_embedding", False)]
-    dense = [p for p in model.parameters() if not getattr(p, "is_embedding", False)]
+    task = CTRTask().bind(model)
+    tables = {id(p) for p in model.embedding_parameters()}
+    emb = [p for p in model.parameters() if id(p) in tables]
+    dense = [p for p in model.parameters() if id(p) not in tables]
     opts = [torch.optim.Adam(dense, lr=1e-2)] if dense else []
     if emb:
         opts.append(torch.optim.Adagrad(emb, lr=0.1))
@@ -115,8 +190,7 @@ def test_learns_planted_signal(name, params, data):
     for _ in range(6):
         perm = rng.permutation(train_rows)
         for s in range(0, len(perm), 128):
-            batch = make_batch(data, perm[s:s + 128])
-            loss = torch.nn.functional.binary_cross_entropy_with_logits(model(batch), batch.labels)
+            loss, _ = task.loss(model, make_batch(data, perm[s:s + 128]))
             for o in opts:
                 o.zero_grad()
             loss.backward()
@@ -124,6 +198,8 @@ def test_learns_planted_signal(name, params, data):
                 o.step()
     model.eval()
     test = make_batch(data, slice(2500, 3000))
+    metrics = task.evaluate(model, [test])  # eval mode kept
     with torch.no_grad():
-        auc = roc_auc_score(test.labels.numpy(), model(test).numpy())
+        auc = roc_auc_score(test.labels.numpy(), logits_of(model(test)).numpy())
+    assert metrics["auc"] == pytest.approx(auc, abs=1e-6)
     assert auc > 0.75, f"{name} {params}: test AUC {auc:.3f} on a planted signal"

@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+from ctrkit.errors import LayerConfigError
 from ctrkit.nn.mlp import MLP
 
 
@@ -46,9 +47,18 @@ def test_empty_hidden_is_identity_and_bad_options():
     mlp = MLP(5, [])
     x = torch.randn(2, 5)
     assert mlp.out_features == 5 and torch.equal(mlp(x), x)
-    with pytest.raises(ValueError, match="unknown activation 'relux'"):
+    with pytest.raises(LayerConfigError, match="MLP: unknown activation='relux'; valid: gelu, identity"):
         MLP(3, [2], activation="relux")
-    with pytest.raises(ValueError, match="positive"):
+    with pytest.raises(LayerConfigError, match="positive"):
         MLP(3, [0])
-    with pytest.raises(ValueError, match="dropout"):
+    with pytest.raises(LayerConfigError, match="dropout"):
         MLP(3, [2], dropout=1.0)
+
+
+def test_a_factory_gives_each_layer_its_own_module_an_instance_is_shared():
+    own = MLP(3, [4, 4], activation=nn.PReLU)
+    shared_act = nn.PReLU()
+    shared = MLP(3, [4, 4], activation=shared_act)
+    assert len(list(own.parameters())) == 4 + 2  # two Linear (weight, bias) + two PReLU slopes
+    assert [m for m in shared.layers if isinstance(m, nn.PReLU)] == [shared_act, shared_act]
+    assert len(list(shared.parameters())) == 4 + 1

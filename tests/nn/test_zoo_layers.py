@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from ctrkit.errors import LayerConfigError
 from ctrkit.nn.attention import (
     AFMAttention,
     MultiHeadSelfAttention,
@@ -15,8 +16,8 @@ from ctrkit.nn.attention import (
     positional_encoding,
 )
 from ctrkit.nn.cin import CIN
-from ctrkit.nn.fm import BiInteractionPooling, FFMInteraction, FMInteraction, LayerConfigError, pair_indices
-from ctrkit.nn.product import InnerProduct, OuterProduct, PNNProductLayer, pooled_outer_product
+from ctrkit.nn.fm import BiInteractionPooling, FFMInteraction, FMInteraction, pair_indices
+from ctrkit.nn.product import InnerProduct, PNNProductLayer, pooled_outer_product
 from ctrkit.nn.senet import SENET, BilinearInteraction
 
 B, F, D = 3, 5, 4
@@ -94,32 +95,6 @@ def test_inner_product_equals_loops() -> None:
     layer = InnerProduct(F)
     torch.testing.assert_close(layer(e), ref)
     assert layer.out_features == len(PAIRS)
-
-
-@pytest.mark.parametrize("kernel_type", ["mat", "vec", "num"])
-def test_outer_product_equals_loops(kernel_type: str) -> None:
-    e = emb()
-    layer = OuterProduct(F, D, kernel_type=kernel_type).double()
-    with torch.no_grad():
-        layer.kernel.normal_()
-    ref = torch.zeros(B, len(PAIRS), dtype=torch.float64)
-    for b in range(B):
-        for p, (i, j) in enumerate(PAIRS):
-            outer = torch.outer(e[b, i], e[b, j])  # (D, D)
-            if kernel_type == "mat":
-                w = layer.kernel[p]
-            elif kernel_type == "vec":
-                w = torch.diag(layer.kernel[p])
-            else:
-                w = layer.kernel[p, 0] * torch.eye(D, dtype=torch.float64)
-            ref[b, p] = (outer * w).sum()
-    torch.testing.assert_close(layer(e), ref)
-    assert layer.out_features == len(PAIRS)
-
-
-def test_outer_product_unknown_kernel() -> None:
-    with pytest.raises(LayerConfigError, match="kernel_type='matrix'.*mat, vec, num"):
-        OuterProduct(F, D, kernel_type="matrix")
 
 
 def test_pooled_outer_product() -> None:
@@ -236,8 +211,9 @@ def test_cin_bad_options() -> None:
     with pytest.raises(LayerConfigError, match="CIN: with split_half=True"):
         CIN(F, D, layer_sizes=(3, 4))
     CIN(F, D, layer_sizes=(4, 3))  # odd last layer is fine
-    with pytest.raises(LayerConfigError, match="CIN: unknown activation='gelu'"):
-        CIN(F, D, activation="gelu")
+    with pytest.raises(LayerConfigError, match="CIN: unknown activation='softmax'; valid: gelu, identity"):
+        CIN(F, D, activation="softmax")
+    assert isinstance(CIN(F, D, activation="GELU").activation, torch.nn.GELU)  # the one factory's names
     with pytest.raises(LayerConfigError, match="CIN: built with num_fields=5"):
         CIN(F, D)(emb(f=4))
 
@@ -413,7 +389,6 @@ LAYERS = {
     "fm": lambda: FMInteraction(),
     "bi": lambda: BiInteractionPooling(embedding_dim=D),
     "inner": lambda: InnerProduct(F),
-    "outer": lambda: OuterProduct(F, D),
     "pnn": lambda: PNNProductLayer(F, D, 4, mode="both"),
     "cin": lambda: CIN(F, D, layer_sizes=(4, 2), bias=True),
     "senet": lambda: SENET(F),

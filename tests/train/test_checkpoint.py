@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from ctrkit.batch import Batch, KeyedJagged
+from ctrkit.models.base import CTRModel
 from ctrkit.models.registry import register_model
 from ctrkit.schema import DenseFeature, Schema, SparseFeature
 from ctrkit.train.checkpoint import (
@@ -25,19 +26,21 @@ from ctrkit.train.optim import build_optimizers
 
 
 @register_model("_test_ckpt_tiny")
-class CkptTiny(nn.Module):
+class CkptTiny(CTRModel):
     def __init__(self, schema: Schema, *, dim: int = 4) -> None:
         super().__init__()
         self.keys = schema.sparse_keys
         vocab = sum(f.vocab_size for f in schema.sparse)
         self.emb = nn.EmbeddingBag(vocab, dim, mode="sum", sparse=True)
-        self.emb.weight.is_embedding = True
         self.lin = nn.Linear(dim + schema.num_dense, 1)
 
     def forward(self, batch: Batch) -> torch.Tensor:
         values, _, offsets = batch.sparse[self.keys[0]]
         e = self.emb(values, offsets[:-1])  # (B, D)
         return self.lin(torch.cat([e, batch.dense], 1)).squeeze(1)
+
+    def embedding_parameters(self):
+        yield self.emb.weight
 
 
 SCHEMA = Schema(dense=[DenseFeature("d0")], sparse=[SparseFeature("c0", vocab_size=20, embedding_dim=4)])

@@ -90,3 +90,94 @@ def test_round_trip(tmp_path):
     assert again == cfg
     assert config_from_dict(yaml.safe_load(yaml.safe_dump(config_to_dict(cfg)))) == cfg
     assert load_config(None) == Config()
+
+
+# ---- defaults: base files ---------------------------------------------------------------------------
+def _files(tmp_path, files: dict[str, str]):
+    for name, text in files.items():
+        p = tmp_path / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return tmp_path
+
+
+def test_defaults_merge_in_order_and_the_file_wins(tmp_path):
+    _files(tmp_path, {
+        "_base/a.yaml": "data: {train: /a/train, batch_size: 64}\ntrain: {lr: 0.1, epochs: 3, "
+                        "early_stopping: {metric: auc, patience: 2}}\nrun: {dir: from_a}\n",
+        "_base/b.yaml": "data: {batch_size: 128, valid: /b/valid}\ntrain: {early_stopping: {patience: 5}}\n",
+        "exp/m.yaml": "defaults: [../_base/a.yaml, ../_base/b.yaml]\n"
+                      "model: {name: dlrm, params: {over_arch: [8]}}\ntrain: {lr: 0.5}\n",
+    })
+    cfg = load_config(tmp_path / "exp" / "m.yaml")
+    # a, then b over a (deep: early_stopping.metric survives), then the file's own keys
+    assert cfg.data.train == "/a/train" and cfg.data.valid == "/b/valid" and cfg.data.batch_size == 128
+    assert cfg.train.lr == 0.5 and cfg.train.epochs == 3
+    assert cfg.train.early_stopping.metric == "auc" and cfg.train.early_stopping.patience == 5
+    assert cfg.run.dir == "from_a" and cfg.model.params == {"over_arch": [8]}
+    # the same dict written out flat resolves to the same config
+    flat = {"data": {"train": "/a/train", "valid": "/b/valid", "batch_size": 128},
+            "model": {"name": "dlrm", "params": {"over_arch": [8]}},
+            "train": {"lr": 0.5, "epochs": 3, "early_stopping": {"metric": "auc", "patience": 5}},
+            "run": {"dir": "from_a"}}
+    assert cfg == config_from_dict(flat)
+
+
+def test_defaults_chain_and_overrides_apply_last(tmp_path):
+    _files(tmp_path, {
+        "root.yaml": "train: {lr: 0.1, seed: 7}\n",
+        "mid/base.yaml": "defaults: [../root.yaml]\ntrain: {lr: 0.2}\n",
+        "mid/leaf/m.yaml": "defaults: [../base.yaml]\nmodel: {name: dlrm, params: {dense_arch: [4], over_arch: [4]}}\n"
+                           "train: {epochs: 2}\n",
+    })
+    cfg = load_config(tmp_path / "mid/leaf/m.yaml", ["--train.lr=0.3", "--model.params.over_arch=[2]"])
+    assert (cfg.train.lr, cfg.train.seed, cfg.train.epochs) == (0.3, 7, 2)
+    assert cfg.model.params == {"dense_arch": [4], "over_arch": [2]}
+    # a list in the file replaces the base's list (no element-wise merge)
+    _files(tmp_path, {"l/base.yaml": "train: {metrics: [auc, logloss, accuracy]}\n",
+                      "l/m.yaml": "defaults: [base.yaml]\ntrain: {metrics: [auc]}\n"})
+    assert load_config(tmp_path / "l/m.yaml").train.metrics == ["auc"]
+
+
+def test_missing_base_names_the_file_and_the_config(tmp_path):
+    _files(tmp_path, {"exp/m.yaml": "defaults: [../_base/nope.yaml]\n"})
+    with pytest.raises(ConfigError, match=r"m\.yaml: base config '\.\./_base/nope\.yaml' \(.*nope\.yaml\) "
+                                          r"does not exist; defaults paths are relative to the config file"):
+        load_config(tmp_path / "exp" / "m.yaml")
+
+
+@pytest.mark.parametrize("files, start", [
+    ({"a.yaml": "defaults: [b.yaml]\n", "b.yaml": "defaults: [a.yaml]\n"}, "a.yaml"),
+    ({"self.yaml": "defaults: [self.yaml]\ntrain: {lr: 0.1}\n"}, "self.yaml"),
+    ({"x/a.yaml": "defaults: [../y/b.yaml]\n", "y/b.yaml": "defaults: [c.yaml]\n", "y/c.yaml": "defaults: [../x/a.yaml]\n"},
+     "x/a.yaml"),
+])
+def test_defaults_cycle_is_an_error(tmp_path, files, start):
+    _files(tmp_path, files)
+    with pytest.raises(ConfigError, match="makes a cycle: .* -> .*") as info:
+        load_config(tmp_path / start)
+    assert str((tmp_path / start).resolve()) in str(info.value)
+
+
+def test_defaults_diamond_is_not_a_cycle(tmp_path):
+    _files(tmp_path, {"root.yaml": "train: {seed: 3}\n", "a.yaml": "defaults: [root.yaml]\ntrain: {lr: 0.1}\n",
+                      "b.yaml": "defaults: [root.yaml]\ntrain: {epochs: 4}\n",
+                      "m.yaml": "defaults: [a.yaml, b.yaml]\n"})
+    t = load_config(tmp_path / "m.yaml").train
+    assert (t.seed, t.lr, t.epochs) == (3, 0.1, 4)
+
+
+@pytest.mark.parametrize("value", ["../_base/a.yaml", "{a: 1}", "[1]", "[]"])
+def test_defaults_must_be_a_list_of_files(tmp_path, value):
+    _files(tmp_path, {"m.yaml": f"defaults: {value}\n"})
+    if value == "[]":  # an empty list is no base at all
+        assert load_config(tmp_path / "m.yaml") == Config()
+        return
+    with pytest.raises(ConfigError, match="'defaults' must be a list of base config files"):
+        load_config(tmp_path / "m.yaml")
+
+
+def test_a_bad_key_in_a_base_is_reported(tmp_path):
+    _files(tmp_path, {"base.yaml": "train: {lrr: 0.1}\n", "m.yaml": "defaults: [base.yaml]\n"})
+    with pytest.raises(ConfigError, match=r"m\.yaml: unknown config key 'train\.lrr'.*did you mean 'lr'"):
+        load_config(tmp_path / "m.yaml")

@@ -1,6 +1,6 @@
 """Every shipped config (configs/<dataset>/*.yaml) parses, names a registered model, and that model is
 built from the config's params on the dataset's schema (from a tiny store preprocessed exactly like the
-real one) and scores a batch of it."""
+real one) and scores a batch of it. The shared blocks live in configs/_base/<dataset>.yaml."""
 
 from __future__ import annotations
 
@@ -9,19 +9,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from ctrkit.data.criteo import preprocess_criteo
 from ctrkit.data.loader import BatchLoader
 from ctrkit.data.store import Store
 from ctrkit.data.tabular import preprocess_table
 from ctrkit.models.registry import create_model, get_model_class, list_models
-from ctrkit.train.config import load_config
+from ctrkit.train.config import load_config, read_config_file
 
 REPO = Path(__file__).resolve().parents[2]
-CONFIGS = sorted((REPO / "configs").glob("*/*.yaml"))
+CONFIGS = sorted(p for p in (REPO / "configs").glob("*/*.yaml") if not p.parent.name.startswith("_"))
+BASES = sorted((REPO / "configs" / "_base").glob("*.yaml"))
 DATASETS = ("criteo", "movielens")
 ZOO = {p.stem for p in (REPO / "src" / "ctrkit" / "models").glob("*.py") if not p.stem.startswith("_")} - {
-    "__init__", "registry"}
+    "__init__", "registry", "base"}  # base.py: the model contract, not a model
 
 
 def _tiny_criteo(path: Path, n: int = 300, seed: int = 0) -> Path:
@@ -82,7 +84,7 @@ def test_config_builds_its_model_and_scores_a_batch(path: Path, stores: dict[str
     torch.manual_seed(0)
     model = create_model(cfg.model.name, store.schema, **cfg.model.params)
     loader = BatchLoader(store, 64, shuffle=False, prefetch=0)
-    if hasattr(model, "prefit"):
+    if model.needs_prefit:  # GBDT+LR grows its trees first
         model.prefit(list(loader))
     batch = next(iter(loader))
     model.eval()
@@ -102,3 +104,19 @@ def test_zoo_configs_of_a_dataset_share_data_and_base(dataset: str) -> None:
     base = {(repr(c.data), c.train.epochs, c.train.lr, c.train.dense_optimizer, c.train.sparse_optimizer,
              repr(c.train.early_stopping)) for c in cfgs.values()}
     assert len(base) == 1, base
+
+
+@pytest.mark.parametrize("dataset", DATASETS)
+def test_zoo_configs_inherit_their_dataset_base_and_keep_only_what_differs(dataset: str) -> None:
+    """Each model file lists configs/_base/<dataset>.yaml and repeats none of its values."""
+    base_file = REPO / "configs" / "_base" / f"{dataset}.yaml"
+    assert base_file in BASES
+    base = read_config_file(base_file)
+    assert "model" not in base and set(base) == {"data", "train", "run"}
+    for path in (p for p in CONFIGS if p.parent.name == dataset):
+        raw = yaml.safe_load(path.read_text())
+        assert raw["defaults"] == [f"../_base/{dataset}.yaml"], path
+        assert "data" not in raw and "run" not in raw, f"{path} repeats a block of its base"
+        repeated = {k for k, v in raw.get("train", {}).items() if base["train"].get(k) == v}
+        assert not repeated, f"{path} repeats train keys of its base: {sorted(repeated)}"
+        assert load_config(path).data == load_config(base_file).data

@@ -1,5 +1,5 @@
 """Sparse-aware optimizers: RowWiseAdagrad vs a per-row loop, sparse == dense gradients, touched-row
-L2, exact resume through state_dict."""
+L2, exact resume through state_dict; groups from the model's declarations (embedding tables, "wide")."""
 
 from __future__ import annotations
 
@@ -9,19 +9,23 @@ import pytest
 import torch
 from torch import nn
 
+from ctrkit.errors import ConfigError
+from ctrkit.models.base import CTRModel, ParamGroup
 from ctrkit.train.config import TrainConfig
 from ctrkit.train.optim import OptimizerSet, RowWiseAdagrad, build_optimizers, coalesce_rows, split_parameters
 
 
-class Tiny(nn.Module):
+class Tiny(CTRModel):
     def __init__(self, rows: int = 30, dim: int = 4, sparse: bool = True) -> None:
         super().__init__()
         self.emb = nn.EmbeddingBag(rows, dim, mode="sum", sparse=sparse)
-        self.emb.weight.is_embedding = True
         self.lin = nn.Linear(dim, 1)
 
     def forward(self, ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         return self.lin(self.emb(ids, offsets)).squeeze(1)
+
+    def embedding_parameters(self):
+        yield self.emb.weight
 
 
 def _batches(n: int = 4, rows: int = 30, seed: int = 0):
@@ -86,7 +90,6 @@ def test_sparse_and_dense_gradients_agree(sparse_opt, l2):
     a = Tiny(sparse=True)
     b = Tiny(sparse=False)
     b.load_state_dict(a.state_dict())
-    b.emb.weight.is_embedding = True
     before = a.emb.weight.detach().clone()
     oa, ob = build_optimizers(a, cfg), build_optimizers(b, cfg)
     _run(a, oa, _batches())
@@ -141,15 +144,43 @@ def test_state_dict_resume_is_exact(sparse_opt, dense_opt):
 def test_split_and_set_shapes():
     model = Tiny()
     dense, emb = split_parameters(model)
-    assert emb == [model.emb.weight] and len(dense) == 2
+    assert emb == [model.emb.weight] and dense == [model.lin.weight, model.lin.bias]
+    model.lin.bias.requires_grad_(False)  # frozen parameters are in no group
+    assert split_parameters(model)[0] == [model.lin.weight]
+    model.lin.bias.requires_grad_(True)
     opt = build_optimizers(model, TrainConfig())
     assert isinstance(opt, OptimizerSet) and opt.embedding_params == [model.emb.weight]
     with pytest.raises(ValueError, match="no sparse part"):
         opt.load_state_dict({"dense": opt.dense.state_dict(), "sparse": None})
 
 
+def test_embedding_tables_are_the_declared_ones():
+    """A zoo model's sparse group is exactly its declared embedding_parameters() (its collections' tables)."""
+    from conftest import contract_schema
+
+    from ctrkit.models.registry import create_model
+    from ctrkit.nn.embedding import EmbeddingCollection
+
+    model = create_model("deepfm", contract_schema(), dnn_hidden=(8,))
+    tables = {id(p) for m in model.modules() if isinstance(m, EmbeddingCollection) for p in m.embedding_parameters()}
+    assert tables and {id(p) for p in model.embedding_parameters()} == tables
+    opt = build_optimizers(model, TrainConfig())
+    assert {id(p) for p in opt.embedding_params} == tables
+    assert {id(p) for p in opt.dense_params} == {id(p) for p in model.parameters()} - tables
+
+
+def test_build_optimizers_needs_a_ctr_model():
+    with pytest.raises(ConfigError, match="needs a ctrkit CTRModel"):
+        build_optimizers(nn.Linear(2, 1), TrainConfig())
+
+
+def wide_group(model: CTRModel) -> ParamGroup:
+    (group,) = [g for g in model.param_groups() if g.name == "wide"]
+    return group
+
+
 def test_wide_part_trained_with_ftrl_l1_gives_exact_zeros():
-    """train.wide_optimizer=ftrl puts wide_deep's wide_parameters() in an FTRL group (and nowhere else)."""
+    """train.wide_optimizer=ftrl puts wide_deep's "wide" group in an FTRL optimizer (and nowhere else)."""
     from conftest import contract_schema, make_batch, planted_data
 
     from ctrkit.models.registry import create_model
@@ -161,7 +192,8 @@ def test_wide_part_trained_with_ftrl_l1_gives_exact_zeros():
     model = create_model("wide_deep", contract_schema(), dnn_hidden=(8,), crosses=(("user", "item"),))
     cfg = TrainConfig(wide_optimizer="ftrl", ftrl_l1=5.0, ftrl_alpha=0.1)
     opt = build_optimizers(model, cfg)
-    wide = {id(p) for p in model.wide_parameters()}
+    assert wide_group(model).optimizer == "ftrl"
+    wide = {id(p) for p in wide_group(model).params}
     assert isinstance(opt.wide, FTRL)
     assert {id(p) for g in opt.wide.param_groups for p in g["params"]} == wide
     assert not wide & {id(p) for p in opt.dense_params + opt.embedding_params}
@@ -172,11 +204,14 @@ def test_wide_part_trained_with_ftrl_l1_gives_exact_zeros():
         opt.zero_grad()
         loss.backward()
         opt.step()
-    wide_values = torch.cat([p.detach().reshape(-1) for p in model.wide_parameters()])
+    wide_values = torch.cat([p.detach().reshape(-1) for p in wide_group(model).params])
     assert (wide_values == 0).float().mean() > 0.5  # strong L1: most wide weights exactly zero
     state = opt.state_dict()
     assert state["wide"] is not None
     build_optimizers(model, cfg).load_state_dict(state)
+    # without wide_optimizer=ftrl the wide part stays with the dense / embedding optimizers
+    default = build_optimizers(model, TrainConfig())
+    assert default.wide is None and wide <= {id(p) for p in default.dense_params + default.embedding_params}
 
 
 def test_ftrl_needs_a_wide_part():
@@ -187,5 +222,5 @@ def test_ftrl_needs_a_wide_part():
     from ctrkit.train.optim import build_optimizers
 
     model = create_model("lr", contract_schema())
-    with pytest.raises(ConfigError, match="wide_optimizer=ftrl needs a model with a wide part"):
+    with pytest.raises(ConfigError, match="wide_optimizer=ftrl needs a model with a wide part.*'lr' declares none"):
         build_optimizers(model, TrainConfig(wide_optimizer="ftrl"))

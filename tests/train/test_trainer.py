@@ -1,4 +1,5 @@
-"""Trainer: learns a planted signal, early stopping, NaN guard, exact resume, run directory."""
+"""Trainer: learns a planted signal, early stopping, NaN guard, exact resume, run directory; trains
+through a Task, logs every part of the loss by name, keeps the model apart from the module it steps."""
 
 from __future__ import annotations
 
@@ -10,10 +11,13 @@ import torch
 from torch import nn
 
 from ctrkit.batch import Batch, KeyedJagged
+from ctrkit.errors import ConfigError
 from ctrkit.metrics import roc_auc
+from ctrkit.models.base import CTRModel, ModelOutput, ParamGroup
 from ctrkit.train import trainer as trainer_module
 from ctrkit.train.checkpoint import load_checkpoint
 from ctrkit.train.config import EarlyStoppingConfig, TrainConfig
+from ctrkit.train.tasks import CTRTask
 from ctrkit.train.trainer import Callback, Trainer, TrainingError
 
 VOCAB = 50
@@ -65,13 +69,12 @@ def make_data(n: int, seed: int = 0) -> dict[str, torch.Tensor]:
     return {"ids": ids, "dense": dense, "labels": labels, "groups": torch.randint(0, 20, (n,), generator=g)}
 
 
-class TinyCTR(nn.Module):
-    """EmbeddingBag (sparse grads, is_embedding) over both keys + dropout + Linear."""
+class TinyCTR(CTRModel):
+    """EmbeddingBag (sparse grads, declared as the embedding table) over both keys + dropout + Linear."""
 
     def __init__(self, dim: int = 8, dropout: float = 0.2) -> None:
         super().__init__()
         self.emb = nn.EmbeddingBag(2 * VOCAB, dim, mode="sum", sparse=True)
-        self.emb.weight.is_embedding = True
         self.drop = nn.Dropout(dropout)
         self.lin = nn.Linear(2 * dim + 2, 1)
 
@@ -80,6 +83,9 @@ class TinyCTR(nn.Module):
         ids = batch.sparse.values.view(2, B).t() + torch.tensor([0, VOCAB])  # (B, 2) rows of one table
         e = self.emb(ids.reshape(-1), torch.arange(0, 2 * B), ).view(B, -1)  # (B, 2D)
         return self.lin(self.drop(torch.cat([e, batch.dense], 1))).squeeze(1)
+
+    def embedding_parameters(self):
+        yield self.emb.weight
 
 
 def _cfg(**kw) -> TrainConfig:
@@ -134,14 +140,102 @@ def test_nan_guard_names_step_and_parameter():
     assert all(torch.isfinite(p).all() for p in model.parameters())  # the bad step was not applied
 
 
-class ExtraNaN(TinyCTR):
-    def extra_losses(self, batch: Batch) -> torch.Tensor:
-        return self.lin.weight.sum() * float("nan")
+class AuxNaN(TinyCTR):
+    def forward(self, batch: Batch) -> ModelOutput:
+        return ModelOutput(super().forward(batch), {"bad": self.lin.weight.sum() * float("nan")})
 
 
-def test_extra_losses_are_added():
+def test_aux_losses_are_added():
     with pytest.raises(TrainingError, match="step 1"):
-        Trainer(ExtraNaN(), _loaders()[0], _cfg()).fit()
+        Trainer(AuxNaN(), _loaders()[0], _cfg()).fit()
+
+
+class WithAux(TinyCTR):
+    """An auxiliary loss (0.1 * the logits' mean square) and an L1/L2/L2,1-penalised group (the Linear)."""
+
+    def forward(self, batch: Batch) -> ModelOutput:
+        logits = super().forward(batch)
+        return ModelOutput(logits, {"aux_sq": 0.1 * logits.pow(2).mean()})
+
+    def param_groups(self) -> list[ParamGroup]:
+        return [ParamGroup("head", [self.lin.weight], l1=1e-3, l2=1e-2, l21=1e-3)]
+
+
+def test_every_part_of_the_loss_is_logged_by_name(tmp_path):
+    torch.manual_seed(0)
+    train, valid = _loaders(n_train=640)
+    seen = []
+
+    class Parts(Callback):
+        def on_step(self, trainer, step, loss):
+            seen.append(float(loss))
+
+    tr = Trainer(WithAux(dropout=0.0), train, _cfg(epochs=1, log_every=4), valid_loader=valid,
+                 run_dir=tmp_path / "run", callbacks=[Parts()])
+    tr.fit()
+    records = [json.loads(s) for s in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    train_records = [r for r in records if r["kind"] == "train"]
+    assert len(train_records) == len(train) // 4 == 2
+    for r in train_records:
+        assert set(r) == {"kind", "step", "epoch", "loss", "bce", "aux_sq", "penalty/head"}
+        assert r["aux_sq"] > 0 and r["penalty/head"] > 0 and r["bce"] > 0
+        assert r["loss"] == pytest.approx(r["bce"] + r["aux_sq"] + r["penalty/head"], rel=1e-6)
+    # "loss" is the mean of the per-step losses of the last log_every steps
+    assert train_records[0]["loss"] == pytest.approx(sum(seen[:4]) / 4, rel=1e-6)
+    assert train_records[1]["loss"] == pytest.approx(sum(seen[4:8]) / 4, rel=1e-6)
+
+
+def test_plain_logits_log_only_the_loss(tmp_path):
+    train, _ = _loaders(n_train=320)
+    Trainer(TinyCTR(), train, _cfg(epochs=1, log_every=5), run_dir=tmp_path / "run").fit()
+    records = [json.loads(s) for s in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert {tuple(sorted(r)) for r in records if r["kind"] == "train"} == {("epoch", "kind", "loss", "step")}
+
+
+class CountingWrapper(nn.Module):
+    """Stands in for a DDP / torchrec wrapper: forwards to the model and counts the calls."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.inner = model
+        self.calls = 0
+
+    def forward(self, batch: Batch):
+        self.calls += 1
+        return self.inner(batch)
+
+
+def test_module_is_stepped_model_is_checkpointed(tmp_path):
+    train, valid = _loaders(n_train=320)
+    tr = Trainer(TinyCTR(), train, _cfg(epochs=1), valid_loader=valid, run_dir=tmp_path / "run")
+    assert tr.module is tr.model  # no wrapper today
+    tr.module = CountingWrapper(tr.model)
+    summary = tr.fit()
+    assert tr.module.calls == summary["steps"] + len(valid)  # every train step and every eval batch
+    state = load_checkpoint(tmp_path / "run" / "last.pt")["model_state"]
+    assert set(state) == set(tr.model.state_dict())  # the unwrapped model's keys, no "inner." prefix
+    assert all(not k.startswith("inner.") for k in state)
+
+
+def test_trainer_needs_a_ctr_model():
+    class Plain(nn.Module):
+        def forward(self, batch):
+            return batch.dense[:, 0]
+
+    with pytest.raises(ConfigError, match="derive it from ctrkit.models.base.CTRModel"):
+        Trainer(Plain(), _loaders()[0], _cfg())
+
+
+def test_given_task_is_used_and_must_have_the_early_stopping_metric():
+    train, valid = _loaders(n_train=320)
+    tr = Trainer(TinyCTR(), train, _cfg(epochs=1), valid_loader=valid, task=CTRTask(["logloss", "accuracy"]))
+    assert tr.metric_names == ["logloss", "accuracy"]
+    assert set(tr.fit()["last_eval"]) == {"step", "logloss", "accuracy"}
+    es = EarlyStoppingConfig(metric="auc", patience=2)
+    with pytest.raises(ConfigError, match="early_stopping.metric 'auc' is not one of the task's metrics"):
+        Trainer(TinyCTR(), train, _cfg(early_stopping=es), task=CTRTask(["logloss"]))
+    with pytest.raises(ConfigError, match="metrics= or task="):
+        Trainer(TinyCTR(), train, _cfg(), metrics=["auc"], task=CTRTask(["logloss"]))
 
 
 class Crash(Callback):

@@ -15,9 +15,14 @@ Rules (seed 000 §3.3):
 4. day files: day_0 .. day_(D-1) shuffled -> ``train``, the last day -> ``test`` (optionally halved at
    random into ``valid`` / ``test``); otherwise a seeded ratio split (default 0.8/0.1/0.1).
 
+Read -> fit/transform -> write: the rules above live in :class:`~ctrkit.data.pipeline.FeaturePipeline`
+(kind ``criteo``); this module reads and splits the rows, the pipeline's streaming fitter gives them
+provisional ids, and the stores are written through the fitted pipeline, which every store also holds
+(``<store>/pipeline``, next to ``<store>/vocab``). ``vocab_from`` reuses another store's pipeline.
+
 How it is fast: lines are tokenised and decoded by numpy on whole decompressed blocks
-(:mod:`ctrkit.data.criteo_parse`: SWAR bit arithmetic, no per-field Python); distinct values per chunk are found with pyarrow's hash ``dictionary_encode``. Reading (and gunzip)
-runs in a background thread. The train shuffle scatters rows into temporary shards at random
+(:mod:`ctrkit.data.criteo_parse`: SWAR bit arithmetic, no per-field Python); distinct values per chunk
+are found with pyarrow's hash ``dictionary_encode``. Reading (and gunzip) runs in a background thread. The train shuffle scatters rows into temporary shards at random
 (counter-based randomness, so the result does not depend on the chunk size) and shuffles each shard
 in memory; memory stays bounded by one block, one shard and the vocabularies.
 
@@ -47,16 +52,16 @@ import numpy as np
 from ctrkit.data.criteo_parse import (
     NUM_DENSE,
     NUM_FIELDS,
-    NUM_SPARSE,
     ParsedBlock,
     dense_transform,
     parse_block,
 )
+from ctrkit.data.pipeline import DENSE_NAMES, SPARSE_NAMES, FeaturePipeline
+from ctrkit.data.pipeline_io import PIPELINE_DIR, reuse_fitted, write_split_store
 from ctrkit.data.rows import (
     BadRows,
     DataError,
     ShardSpill,
-    SpillColumn,
     TempDir,
     assign_split,
     parse_split,
@@ -65,22 +70,11 @@ from ctrkit.data.rows import (
     splitmix64,
     stream_key,
 )
-from ctrkit.data.store import ColumnSpec, StoreError, StoreWriter
-from ctrkit.data.vocab import (
-    MODES,
-    VocabBuilder,
-    Vocabulary,
-    check_vocab_options,
-    link_tree,
-    load_vocabularies,
-    save_vocabularies,
-)
-from ctrkit.schema import DenseFeature, Schema, SparseFeature
+from ctrkit.data.store import StoreError, remove_stale_splits
+from ctrkit.data.vocab import MODES, check_vocab_options, save_vocabularies
 
 log = logging.getLogger(__name__)
 
-DENSE_NAMES = [f"I{i}" for i in range(1, NUM_DENSE + 1)]
-SPARSE_NAMES = [f"C{i}" for i in range(1, NUM_SPARSE + 1)]
 SPLITS = ("train", "valid", "test")
 _DAY_RE = re.compile(r"^day_(\d+)(\.[A-Za-z0-9]+)*$")
 _AVG_LINE_BYTES = 256  # chunk_rows -> read block size
@@ -160,6 +154,15 @@ def _background(gen: Iterator[Any], depth: int = 2) -> Iterator[Any]:
         stop.set()
 
 
+def block_columns(blk: ParsedBlock) -> dict[str, np.ndarray]:
+    """The parser's decoded rows as the pipeline's raw columns: label, I1..I13 (integers), C1..C26 (keys, -1
+    missing)."""
+    cols: dict[str, np.ndarray] = {"label": blk.label}
+    cols.update((n, blk.raw_dense[:, j]) for j, n in enumerate(DENSE_NAMES))
+    cols.update((c, blk.keys[:, j]) for j, c in enumerate(SPARSE_NAMES))
+    return cols
+
+
 def resolve_inputs(inputs: str | Path | Sequence[str | Path]) -> list[Path]:
     """Input files in processing order; a directory means its ``day_*`` files (by day number)."""
     items = [inputs] if isinstance(inputs, (str, Path)) else list(inputs)
@@ -182,6 +185,13 @@ def resolve_inputs(inputs: str | Path | Sequence[str | Path]) -> list[Path]:
             raise DataError(f"input {f} is not a regular file")
         if f.stat().st_size == 0:
             raise DataError(f"input file {f} is empty")
+    days: dict[tuple[Path, int], Path] = {}
+    for f in files:  # day_3 next to day_3.gz: every row read twice, and the test day leaks into train
+        if _DAY_RE.match(f.name):
+            twin = days.setdefault((f.parent.resolve(), _day_number(f)), f)
+            if twin != f:
+                raise DataError(f"{twin} and {f} are both day {_day_number(f)}; keep one of them (a plain "
+                                "and a compressed copy of a day would both be read)")
     return files
 
 
@@ -252,19 +262,19 @@ def preprocess_criteo(
         if (out / s).exists() and not overwrite:
             raise StoreError(f"output {out / s} already exists; choose another --out or pass --overwrite")
 
-    frozen: dict[str, Vocabulary] | None = None
-    if vocab_from is not None:
-        frozen = load_vocabularies(vocab_from)
-        missing = [c for c in SPARSE_NAMES if c not in frozen]
-        if missing:
-            raise DataError(f"vocab_from={vocab_from} has no vocabularies for {missing}")
-    builders = [VocabBuilder(c, "int") for c in SPARSE_NAMES] if frozen is None else []
+    pipe = FeaturePipeline.criteo(min_freq=min_freq, max_vocab=max_vocab, max_vocab_mode=max_vocab_mode,
+                                  embedding_dim=embedding_dim)
+    fitter = None
+    if vocab_from is not None:  # the fitted pipeline of another store, applied unchanged (unseen -> 1)
+        reuse_fitted(pipe, vocab_from)
+    else:
+        fitter = pipe.fitter()  # one streaming pass: provisional ids now, final ids when the stores are written
+    encoder = fitter if fitter is not None else pipe
 
     comp = [0.25 if _is_gzip(f) else 1.0 for f in files]  # gzip ratio of Criteo text is ~4
     est_rows = sum(f.stat().st_size / c for f, c in zip(files, comp)) / _AVG_LINE_BYTES * 1.5
     row_bytes = 4 * NUM_FIELDS
-    spill_cols = {"label": SpillColumn("<f4"), "dense": SpillColumn("<f4", (NUM_DENSE,)),
-                  "sparse": SpillColumn("<u4", (NUM_SPARSE,))}
+    spill_cols = pipe.spill_columns()
     block_bytes = max(1 << 16, int(chunk_rows) * _AVG_LINE_BYTES)
     file_stats: list[BadRows] = []
     clamped = np.zeros(NUM_DENSE, np.int64)
@@ -296,16 +306,8 @@ def preprocess_criteo(
                     bad.total += blk.n_lines - blk.empty_lines
                     empty_lines += blk.empty_lines
                     line0 += blk.n_lines
-                    dense, clamp = dense_transform(blk.raw_dense)
-                    clamped += clamp
-                    ids = np.empty(blk.keys.shape, np.uint32)  # (n, 26)
-                    for j in range(NUM_SPARSE):
-                        col = blk.keys[:, j]
-                        miss = col < 0
-                        ids[:, j] = (builders[j].add(col, miss) if frozen is None
-                                     else frozen[SPARSE_NAMES[j]].lookup(col, miss))
-                    if frozen is None and builders and max(b.next_id for b in builders) >= 1 << 32:
-                        raise DataError("a categorical column has more than 2^32 - 2 distinct values")
+                    enc = encoder.encode(block_columns(blk), lines=lines + 1, bad=bad)
+                    clamped += enc.clamped
                     if day_mode:
                         if path == test_day:
                             code = (np.where(row_uniform(key_split, lines) < 0.5, 1, 2).astype(np.int8)
@@ -322,7 +324,7 @@ def preprocess_criteo(
                             sel: Any = slice(None)
                         else:
                             sel = np.flatnonzero(code == s)
-                        part = {"label": blk.label[sel], "dense": dense[sel], "sparse": ids[sel]}
+                        part = enc.parts(sel)
                         pos_rows[s] += int(part["label"].sum())
                         shard = None
                         if s == 0 and k_train > 1:
@@ -342,27 +344,14 @@ def preprocess_criteo(
             bar.close()
         t_read = time.perf_counter() - t0
 
-        # ---- vocabularies --------------------------------------------------------------------------
-        luts: list[np.ndarray | None] = []
-        if frozen is None:
-            vocabs = {}
-            for b in builders:
-                vocabs[b.name], lut = b.finish(min_freq, max_vocab, max_vocab_mode, hash_seed=0)
-                luts.append(lut)
-        else:
-            vocabs = {c: frozen[c] for c in SPARSE_NAMES}
-            luts = [None] * NUM_SPARSE
-        save_vocabularies(tmp / "vocab", vocabs, fitted_on=[str(f) for f in files] if frozen is None
+        # ---- the fitted pipeline: vocabularies (store/vocab, as Arrow) and the whole pipeline -----------
+        if fitter is not None:
+            fitter.finish()
+        vocabs = pipe.vocabs_
+        save_vocabularies(tmp / "vocab", vocabs, fitted_on=[str(f) for f in files] if fitter is not None
                           else f"copied from {vocab_from}")
+        pipe.save(tmp / PIPELINE_DIR)
         sizes = {c: vocabs[c].size for c in SPARSE_NAMES}
-        id_dtype = np.int32 if max(sizes.values()) <= np.iinfo(np.int32).max else np.int64
-        schema = Schema(
-            dense=[DenseFeature(n) for n in DENSE_NAMES],
-            sparse=[SparseFeature(c, sizes[c], embedding_dim) for c in SPARSE_NAMES],
-            label="label",
-        )
-        columns = ([ColumnSpec("label", "label", "<f4")] + [ColumnSpec(n, "dense", "<f4") for n in DENSE_NAMES]
-                   + [ColumnSpec(c, "sparse", np.dtype(id_dtype).str) for c in SPARSE_NAMES])
         options = {"min_freq": min_freq, "max_vocab": max_vocab, "max_vocab_mode": max_vocab_mode,
                    "split": "days" if day_mode else ",".join(f"{f:g}" for f in fractions),
                    "valid_from_test": valid_from_test, "seed": seed, "chunk_rows": chunk_rows,
@@ -390,26 +379,16 @@ def preprocess_criteo(
                 if not day_mode and fractions[s] > 0:
                     log.warning("split %r received no rows (too few input rows); not written", name)
                 continue
-            path = out / name
-            with StoreWriter(path, schema, columns, overwrite=overwrite) as w:
-                for shard in spill:
-                    part = spill.read(shard, seed=[shuffle_key, shard] if s == 0 and shuffle else None)
-                    chunk: dict[str, np.ndarray] = {"label": part["label"]}
-                    for j, n in enumerate(DENSE_NAMES):
-                        chunk[n] = part["dense"][:, j]
-                    for j, c in enumerate(SPARSE_NAMES):
-                        col = part["sparse"][:, j]
-                        chunk[c] = (luts[j][col] if luts[j] is not None else col).astype(id_dtype)
-                    w.append(chunk)
-                link_tree(tmp / "vocab", w.tmp / "vocab")
-                w.set_meta(
-                    preprocessing={"kind": "criteo", "split": name, "options": options, "inputs": inputs_meta,
-                                   "rules": "seed 000 §3.3: missing -> 0; dense ln(x+3) float32, x+3 <= e^-2 "
-                                            "clamped to -2; categorical first-appearance ids, 0 missing, 1 rare"},
-                    stats={**stats_common, "rows": rows[name],
-                           "label_rate": float(pos_rows[s] / max(rows[name], 1))},
-                )
-            result[name] = path
+            meta = {"preprocessing": {"kind": "criteo", "split": name, "options": options, "inputs": inputs_meta,
+                                      "rules": "seed 000 §3.3: missing -> 0; dense ln(x+3) float32, x+3 <= e^-2 "
+                                               "clamped to -2; categorical first-appearance ids, 0 missing, 1 rare"},
+                    "stats": {**stats_common, "rows": rows[name],
+                              "label_rate": float(pos_rows[s] / max(rows[name], 1))}}
+            result[name] = write_split_store(
+                out / name, pipe, spill, shuffle_seed=shuffle_key if s == 0 and shuffle else None,
+                luts=fitter.luts if fitter is not None else None, fitted_dir=tmp, overwrite=overwrite, meta=meta)
+    if overwrite:  # a previous run's valid/test must not survive next to this run's train
+        remove_stale_splits(out, result, SPLITS)
     elapsed = time.perf_counter() - t0
     n_in = stats_common["input_rows"]
     log.info("criteo: %d rows (%d bad) -> %s in %.1fs (read+parse %.1fs, %.0f rows/s)", n_in, bad_total,
@@ -466,6 +445,6 @@ def run_preprocess_criteo(args: argparse.Namespace) -> dict[str, Path]:
 
 
 __all__ = [
-    "DENSE_NAMES", "SPARSE_NAMES", "ParsedBlock", "add_preprocess_criteo_args", "dense_transform",
+    "DENSE_NAMES", "SPARSE_NAMES", "ParsedBlock", "add_preprocess_criteo_args", "block_columns", "dense_transform",
     "iter_blocks", "parse_block", "preprocess_criteo", "resolve_inputs", "run_preprocess_criteo",
 ]

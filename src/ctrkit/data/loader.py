@@ -10,7 +10,8 @@ shuffling, of a shuffled window (below) when shuffling:
   vectorised step (``repeat(start - excl_cumsum(len), len) + arange(nnz)``); a SequenceFeature
   keeps only its last ``max_len`` ids (the most recent, histories being stored oldest first);
 * ``labels`` [B] float32, and ``weights`` [B] / ``group_ids`` [B] when the schema names them;
-* an optional :class:`~ctrkit.data.multihot.MultiHot` expansion of the KeyedJagged.
+* the batch-level stage of the data's :class:`~ctrkit.data.pipeline.FeaturePipeline` (the multi-hot
+  expansion of seed 000 when training set one), so training, evaluate and predict expand alike.
 
 Shuffling (reproducible from (seed, epoch)): rows are cut into blocks of ``block_size`` contiguous
 rows, the blocks are permuted with ``default_rng([seed, epoch])``, consecutive groups of
@@ -33,15 +34,17 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from ctrkit.batch import Batch, KeyedJagged
-from ctrkit.data.multihot import MultiHot
 from ctrkit.data.store import Store
 from ctrkit.schema import SequenceFeature
+
+if TYPE_CHECKING:
+    from ctrkit.data.pipeline import FeaturePipeline
 
 Index = slice | np.ndarray
 
@@ -102,6 +105,7 @@ class BatchLoader:
 
     ``rows`` restricts the loader to a contiguous row range (e.g. a train / validation split).
     ``dense_features`` / ``sparse_keys`` default to the schema's dense names and sparse keys.
+    ``pipeline`` (the feature pipeline the model was trained with) contributes its batch-level stage.
     """
 
     def __init__(
@@ -117,7 +121,7 @@ class BatchLoader:
         prefetch: int = 2,
         dense_features: Sequence[str] | None = None,
         sparse_keys: Sequence[str] | None = None,
-        multi_hot: MultiHot | None = None,
+        pipeline: FeaturePipeline | None = None,
         rows: slice | None = None,
     ) -> None:
         self.store = store if isinstance(store, Store) else Store(store)
@@ -132,7 +136,8 @@ class BatchLoader:
         self.block_size = int(block_size)
         self.blocks_per_window = max(1, int(shuffle_buffer) // self.block_size)
         self.prefetch = int(prefetch)
-        self.multi_hot = multi_hot
+        self.pipeline = pipeline
+        self.batch_stage = pipeline.batch_stage if pipeline is not None else None  # built here, not in the thread
         start, stop, step = (rows or slice(None)).indices(self.store.num_rows)
         if step != 1:
             raise ValueError(f"rows must be a contiguous slice (step 1), got {rows}")
@@ -273,8 +278,8 @@ class BatchLoader:
             else:
                 dense[:, c0 : c0 + width] = col[sel]
         sparse = self._build_sparse(view, sel, B)
-        if self.multi_hot is not None:
-            sparse = self.multi_hot(sparse)
+        if self.batch_stage is not None:
+            sparse = self.batch_stage(sparse)
         labels = _take(view.labels, sel, np.float32)
         weights = None if view.weights is None else _take(view.weights, sel, np.float32)
         groups = None if view.groups is None else _take(view.groups, sel, np.int64)

@@ -21,6 +21,7 @@ expansion is accumulated per feature and written by ``save_freqs``; nothing else
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,6 +29,7 @@ import numpy as np
 import torch
 
 from ctrkit.batch import KeyedJagged
+from ctrkit.errors import DataError
 from ctrkit.schema import Schema
 
 DISTRIBUTIONS = ("uniform", "pareto")
@@ -44,7 +46,7 @@ def multi_hot_table(num_embeddings: int, multi_hot_size: int, seed: int, distrib
     elif distribution == "pareto":
         t = np.floor(np.minimum(rs.pareto(a=pareto_a, size=(n, m)), _PARETO_CLIP)).astype(np.int64) % n
     else:
-        raise ValueError(f"multi-hot distribution {distribution!r} is not one of {DISTRIBUTIONS}")
+        raise DataError(f"multi-hot distribution {distribution!r} is not one of {DISTRIBUTIONS}")
     dtype = np.int32 if n <= np.iinfo(np.int32).max else np.int64
     return torch.from_numpy(t.astype(dtype))
 
@@ -66,15 +68,16 @@ class MultiHot:
         pareto_a: float = 0.25,
     ) -> None:
         if distribution not in DISTRIBUTIONS:
-            raise ValueError(f"multi-hot distribution {distribution!r} is not one of {DISTRIBUTIONS}")
+            raise DataError(f"multi-hot distribution {distribution!r} is not one of {DISTRIBUTIONS}")
         if int(multi_hot_size) < 1:
-            raise ValueError(f"multi_hot_size must be >= 1, got {multi_hot_size}")
+            raise DataError(f"multi_hot_size must be >= 1, got {multi_hot_size}")
         self.num_embeddings = [int(n) for n in num_embeddings]
         if any(n < 1 for n in self.num_embeddings):
-            raise ValueError(f"num_embeddings must all be >= 1, got {self.num_embeddings}")
+            raise DataError(f"num_embeddings must all be >= 1, got {self.num_embeddings}")
         self.multi_hot_size = int(multi_hot_size)
         self.multi_hot_min_table_size = int(multi_hot_min_table_size)
         self.distribution = distribution
+        self.pareto_a = float(pareto_a)
         self.expanded = [n >= self.multi_hot_min_table_size for n in self.num_embeddings]
         # fixed lookup tables, never trained: weight[i] is None for features left single-valued
         self.weight: list[torch.Tensor | None] = [
@@ -90,18 +93,26 @@ class MultiHot:
 
     @classmethod
     def from_schema(cls, schema: Schema, multi_hot_size: int, multi_hot_min_table_size: int,
-                    distribution: str = "uniform", collect_freqs: bool = False) -> MultiHot:
+                    distribution: str = "uniform", collect_freqs: bool = False, pareto_a: float = 0.25) -> MultiHot:
         """One entry per sparse feature of ``schema`` (in order): the rows of the table it uses."""
         tables = schema.tables()
         n = [tables[s.table_name].num_embeddings for s in schema.sparse]
-        return cls(n, multi_hot_size, multi_hot_min_table_size, distribution, collect_freqs)
+        return cls(n, multi_hot_size, multi_hot_min_table_size, distribution, collect_freqs, pareto_a)
+
+    def fingerprint(self) -> str:
+        """sha256 of the options and every fixed table: equal fingerprints, equal expansion."""
+        h = hashlib.sha256(repr((self.num_embeddings, self.multi_hot_size, self.multi_hot_min_table_size,
+                                 self.distribution, self.pareto_a)).encode())
+        for t in self.weight:
+            h.update(b"-" if t is None else t.numpy().astype("<i8").tobytes())
+        return "sha256:" + h.hexdigest()
 
     def __call__(self, kj: KeyedJagged) -> KeyedJagged:
         """Expanded copy of ``kj`` (B = kj.stride). Expanded keys must have exactly one id per row."""
         B, m = kj.stride, self.multi_hot_size
         nkeys = len(kj.keys)
         if nkeys < len(self.num_embeddings):
-            raise ValueError(
+            raise DataError(
                 f"MultiHot was built for {len(self.num_embeddings)} features but the batch has {nkeys} keys "
                 f"{kj.keys}; build it from the same schema / key list"
             )
@@ -120,12 +131,12 @@ class MultiHot:
                 out_v, out_w = v, w
             else:
                 if v.numel() != B:
-                    raise ValueError(
+                    raise DataError(
                         f"MultiHot expands single-valued features only, but key {kj.keys[i]!r} has "
                         f"{v.numel()} ids for {B} rows; mark it multi_valued or raise multi_hot_min_table_size"
                     )
                 if B and (int(v.min()) < 0 or int(v.max()) >= table.shape[0]):
-                    raise ValueError(
+                    raise DataError(
                         f"key {kj.keys[i]!r} has ids outside [0, {table.shape[0]}); MultiHot's num_embeddings "
                         "must match the vocabulary the ids were encoded with"
                     )

@@ -50,6 +50,14 @@ class TableSpecYaml:
         cols += [e["column"] for e in (*self.dense, *self.sparse, *self.sequence)]
         return list(dict.fromkeys(c for c in cols if c))
 
+    def to_dict(self) -> dict[str, Any]:
+        """The spec as YAML-shaped data: ``load_spec(spec.to_dict())`` gives it back."""
+        label: Any = self.label if self.label_threshold is None else {"column": self.label,
+                                                                     "threshold": self.label_threshold}
+        return {"label": label, "weight": self.weight, "group_id": self.group_id, "split_column": self.split_column,
+                "dense": [dict(e) for e in self.dense], "sparse": [dict(e) for e in self.sparse],
+                "sequence": [dict(e) for e in self.sequence], "options": dict(self.options)}
+
 
 def load_spec(path_or_dict: str | Path | dict[str, Any]) -> TableSpecYaml:
     """Read and validate a YAML feature spec."""
@@ -159,6 +167,23 @@ def iter_batches(path: Path, columns: list[str], batch_rows: int, bad: BadRows) 
         lines = np.setdiff1d(np.arange(line, line + n + len(gaps)), gaps)[:n]
         line = int(lines[-1]) + 1 if n else line
         yield pa.Table.from_batches([b]), lines
+
+
+def header(path: Path) -> list[str]:
+    """Column names of a CSV (its header line) or Parquet file."""
+    if not path.is_file():
+        raise DataError(f"input file {path} does not exist")
+    if path.suffix == ".parquet" or path.suffixes[-2:-1] == [".parquet"]:
+        try:
+            return list(pq.ParquetFile(path).schema_arrow.names)
+        except (pa.ArrowInvalid, OSError) as e:
+            raise DataError(f"{path}: not a readable Parquet file ({e})") from None
+    try:
+        with open(path, "rb") as fh:
+            first = fh.readline()
+        return pacsv.read_csv(io.BytesIO(first.rstrip(b"\r\n") + b"\n")).schema.names
+    except (pa.ArrowInvalid, OSError, EOFError) as e:
+        raise DataError(f"{path}: cannot read the CSV header ({e})") from None
 
 
 def to_string(col: pa.Array, lines: np.ndarray, bad_rows: np.ndarray, bad: BadRows, name: str) -> pa.Array:

@@ -1,4 +1,4 @@
-"""Small building helpers shared by the zoo models (dcn, dcnv2, deepfm, xdeepfm, nfm, afm, fibinet, autoint).
+"""Small building helpers shared by the zoo models: option checks and the deep tower + output unit.
 
 Every helper turns a bad option into a :class:`ConfigError` that names the model and the option, so
 a model file only states its architecture. Not a model module (leading underscore: not auto-imported
@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+
+import torch
+from torch import nn
 
 from ctrkit.models.registry import ConfigError, suggest
 from ctrkit.nn.mlp import MLP
@@ -40,20 +43,39 @@ def layer_options(model: str, options: str) -> Iterator[None]:
         raise ConfigError(f"{model}: bad {options}: {e}") from e
 
 
-def dnn_tower(
-    model: str,
-    in_features: int,
-    hidden: Sequence[int],
-    *,
-    activation: str = "relu",
-    dropout: float = 0.0,
-    batch_norm: bool = False,
-) -> MLP | None:
-    """The deep part ``MLP(in_features, hidden)`` (every layer activated) or None for ``hidden=()``.
+class TowerHead(nn.Module):
+    """The deep tower and the output unit over it: ``logit = w^T [side; MLP(x)] + b`` -> (B,).
 
-    (B, in_features) -> (B, hidden[-1]); the model adds its own ``nn.Linear(out_features, 1)`` head.
+    ``MLP(x)``: ``in_features`` -> ``hidden`` widths, every layer activated (the model's
+    ``dnn_hidden / dnn_activation / dnn_dropout / dnn_batch_norm``); ``hidden=()`` keeps x as it is,
+    so the unit reads x directly. ``side_features`` > 0: another branch's output (B, S) joins in front
+    of the tower's (DCN's cross net, NCF's GMF, AutoInt's attention). ``bias=False`` where the model's
+    one bias lives elsewhere. Parameters are created tower first, then the unit.
     """
-    if not hidden:
-        return None
-    with layer_options(model, "dnn_hidden / dnn_activation / dnn_dropout"):
-        return MLP(in_features, list(hidden), activation=activation, dropout=dropout, batch_norm=batch_norm)
+
+    def __init__(
+        self,
+        model: str,
+        in_features: int,
+        hidden: Sequence[int],
+        *,
+        activation: str = "relu",
+        dropout: float = 0.0,
+        batch_norm: bool = False,
+        side_features: int = 0,
+        bias: bool = True,
+    ) -> None:
+        super().__init__()
+        self.tower: MLP | None = None
+        if hidden:
+            with layer_options(model, "dnn_hidden / dnn_activation / dnn_dropout / dnn_batch_norm"):
+                self.tower = MLP(in_features, list(hidden), activation=activation, dropout=dropout,
+                                 batch_norm=batch_norm)
+        width = self.tower.out_features if self.tower is not None else in_features
+        self.out = nn.Linear(side_features + width, 1, bias=bias)
+
+    def forward(self, x: torch.Tensor, side: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.tower(x) if self.tower is not None else x  # (B, H)
+        if side is not None:
+            h = torch.cat([side, h], dim=1)  # (B, S + H)
+        return self.out(h).squeeze(-1)  # (B,)

@@ -17,10 +17,10 @@ dense features enter through the linear part. Needs >= 2 sparse fields sharing o
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from ctrkit.batch import Batch
 from ctrkit.models._towers import check_min, layer_options
+from ctrkit.models.base import CTRModel
 from ctrkit.models.registry import ConfigError, register_model
 from ctrkit.nn.attention import AFMAttention
 from ctrkit.nn.inputs import FieldEmbedding, LinearTerm
@@ -28,7 +28,7 @@ from ctrkit.schema import Schema
 
 
 @register_model("afm")
-class AFM(nn.Module):
+class AFM(CTRModel):
     """Linear part + attention-pooled pairwise interactions (``attention_dim`` A, ``attention_dropout``)."""
 
     def __init__(self, schema: Schema, *, attention_dim: int = 16, attention_dropout: float = 0.0) -> None:

@@ -20,7 +20,8 @@ import torch
 from torch import nn
 
 from ctrkit.batch import Batch
-from ctrkit.models._towers import check_min, dnn_tower, layer_options
+from ctrkit.models._towers import TowerHead, check_min, layer_options
+from ctrkit.models.base import CTRModel
 from ctrkit.models.registry import ConfigError, register_model
 from ctrkit.nn.attention import MultiHeadSelfAttention
 from ctrkit.nn.inputs import FieldEmbedding
@@ -28,7 +29,7 @@ from ctrkit.schema import Schema
 
 
 @register_model("autoint")
-class AutoInt(nn.Module):
+class AutoInt(CTRModel):
     """``attention_layers`` interacting layers (``num_heads`` × ``head_dim``, default D // num_heads),
     a Linear over their flattened output, and with ``autoint_plus`` a parallel DNN (``dnn_hidden``)."""
 
@@ -68,15 +69,15 @@ class AutoInt(nn.Module):
                 self.attention.append(layer)
                 width = layer.out_features
         n_att = (f + na) * width
+        self.autoint_plus = bool(autoint_plus)
         self.dense_to_head = nd > 0 and not dense_as_fields and not autoint_plus
-        self.deep = None
-        if autoint_plus:
+        if autoint_plus:  # w^T [flat(X^L); MLP([e_1; ...; e_F; dense])] + b
             if not dnn_hidden:
                 raise ConfigError("autoint: autoint_plus=True needs a non-empty dnn_hidden")
-            self.deep = dnn_tower("autoint", f * d + nd, dnn_hidden, activation=dnn_activation,
-                                  dropout=dnn_dropout, batch_norm=dnn_batch_norm)
-        n_head = n_att + (self.deep.out_features if self.deep is not None else 0) + (nd if self.dense_to_head else 0)
-        self.head = nn.Linear(n_head, 1)
+            self.head = TowerHead("autoint", f * d + nd, dnn_hidden, activation=dnn_activation,
+                                  dropout=dnn_dropout, batch_norm=dnn_batch_norm, side_features=n_att)
+        else:  # w^T [flat(X^L); dense if dense_to_head] + b
+            self.head = TowerHead("autoint", n_att + (nd if self.dense_to_head else 0), ())
 
     def forward(self, batch: Batch) -> torch.Tensor:
         emb = self.embedding(batch)  # (B, F, D)
@@ -86,9 +87,9 @@ class AutoInt(nn.Module):
             x = torch.cat([emb, dense_fields], dim=1)  # (B, M, D)
         for layer in self.attention:
             x = layer(x)  # (B, M, H*d')
-        parts = [x.flatten(1)]  # (B, M*H*d')
-        if self.deep is not None:
-            parts.append(self.deep(torch.cat([emb.flatten(1), batch.dense], dim=1)))  # (B, H_dnn)
+        att = x.flatten(1)  # (B, M*H*d')
+        if self.autoint_plus:
+            return self.head(torch.cat([emb.flatten(1), batch.dense], dim=1), side=att)  # (B,)
         if self.dense_to_head:
-            parts.append(batch.dense)  # (B, Nd)
-        return self.head(torch.cat(parts, dim=1)).squeeze(-1)  # (B,)
+            att = torch.cat([att, batch.dense], dim=1)  # (B, M*H*d' + Nd)
+        return self.head(att)  # (B,)

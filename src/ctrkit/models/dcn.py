@@ -17,10 +17,10 @@ cross-only network.
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from ctrkit.batch import Batch
-from ctrkit.models._towers import check_min, dnn_tower
+from ctrkit.models._towers import TowerHead, check_min
+from ctrkit.models.base import CTRModel
 from ctrkit.models.registry import register_model
 from ctrkit.nn.crossnet import VectorCrossNet
 from ctrkit.nn.inputs import FieldEmbedding
@@ -28,7 +28,7 @@ from ctrkit.schema import Schema
 
 
 @register_model("dcn")
-class DCN(nn.Module):
+class DCN(CTRModel):
     """DCN v1: ``cross_layers`` vector cross layers in parallel with a ``dnn_hidden`` MLP."""
 
     def __init__(
@@ -46,13 +46,12 @@ class DCN(nn.Module):
         self.embedding = FieldEmbedding(schema, model="dcn")
         n = self.embedding.out_features + schema.num_dense
         self.cross = VectorCrossNet(n, num_layers=cross_layers)  # (B, N) -> (B, N)
-        self.deep = dnn_tower("dcn", n, dnn_hidden, activation=dnn_activation, dropout=dnn_dropout,
-                              batch_norm=dnn_batch_norm)
-        self.head = nn.Linear(n + (self.deep.out_features if self.deep is not None else 0), 1)
+        # logit = w^T [cross(x0); MLP(x0)] + b, or over the cross net alone for dnn_hidden=()
+        self.head = TowerHead("dcn", n, dnn_hidden, activation=dnn_activation, dropout=dnn_dropout,
+                              batch_norm=dnn_batch_norm, side_features=n if dnn_hidden else 0)
 
     def forward(self, batch: Batch) -> torch.Tensor:
         x0 = torch.cat([self.embedding.concat(batch), batch.dense], dim=1)  # (B, N)
-        parts = [self.cross(x0)]  # (B, N)
-        if self.deep is not None:
-            parts.append(self.deep(x0))  # (B, H)
-        return self.head(torch.cat(parts, dim=1)).squeeze(-1)  # (B,)
+        if self.head.tower is None:
+            return self.head(self.cross(x0))  # (B,)
+        return self.head(x0, side=self.cross(x0))  # (B,)

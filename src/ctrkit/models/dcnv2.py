@@ -21,7 +21,8 @@ import torch
 from torch import nn
 
 from ctrkit.batch import Batch
-from ctrkit.models._towers import check_choice, check_min, dnn_tower, layer_options
+from ctrkit.models._towers import TowerHead, check_choice, check_min, layer_options
+from ctrkit.models.base import CTRModel
 from ctrkit.models.registry import register_model
 from ctrkit.nn.crossnet import CrossNet, LowRankMixtureCrossNet
 from ctrkit.nn.inputs import FieldEmbedding
@@ -32,7 +33,7 @@ STRUCTURES = ("stacked", "parallel")
 
 
 @register_model("dcnv2")
-class DCNv2(nn.Module):
+class DCNv2(CTRModel):
     """DCN-V2 with ``cross_type`` 'matrix' (full-rank CrossNet) or 'mix' (LowRankMixtureCrossNet with
     ``rank`` K, ``experts`` E and activation ``mix_activation``) and ``structure`` 'stacked' | 'parallel'."""
 
@@ -66,17 +67,12 @@ class DCNv2(nn.Module):
             with layer_options("dcnv2", "mix_activation"):
                 self.cross = LowRankMixtureCrossNet(n, num_layers=cross_layers, num_experts=experts,
                                                     low_rank=rank, activation=mix_activation)
-        self.deep = dnn_tower("dcnv2", n, dnn_hidden, activation=dnn_activation, dropout=dnn_dropout,
-                              batch_norm=dnn_batch_norm)
-        h = self.deep.out_features if self.deep is not None else 0
-        self.head = nn.Linear((h or n) if structure == "stacked" else n + h, 1)
+        # stacked: w^T MLP(cross(x0)); parallel: w^T [cross(x0); MLP(x0)]; the cross net alone for dnn_hidden=()
+        self.parallel = structure == "parallel" and bool(dnn_hidden)
+        self.head = TowerHead("dcnv2", n, dnn_hidden, activation=dnn_activation, dropout=dnn_dropout,
+                              batch_norm=dnn_batch_norm, side_features=n if self.parallel else 0)
 
     def forward(self, batch: Batch) -> torch.Tensor:
         x0 = torch.cat([self.embedding.concat(batch), batch.dense], dim=1)  # (B, N)
-        x = self.cross(x0)  # (B, N)
-        if self.deep is not None:
-            if self.structure == "stacked":
-                x = self.deep(x)  # (B, H)
-            else:
-                x = torch.cat([x, self.deep(x0)], dim=1)  # (B, N + H)
-        return self.head(x).squeeze(-1)  # (B,)
+        cross = self.cross(x0)  # (B, N)
+        return self.head(x0, side=cross) if self.parallel else self.head(cross)  # (B,)

@@ -20,7 +20,8 @@ import torch
 from torch import nn
 
 from ctrkit.batch import Batch
-from ctrkit.models._towers import dnn_tower
+from ctrkit.models._towers import TowerHead
+from ctrkit.models.base import CTRModel
 from ctrkit.models.registry import register_model
 from ctrkit.nn.fm import FMInteraction
 from ctrkit.nn.inputs import FieldEmbedding, LinearTerm
@@ -28,7 +29,7 @@ from ctrkit.schema import Schema
 
 
 @register_model("deepfm")
-class DeepFM(nn.Module):
+class DeepFM(CTRModel):
     """FM (first + second order) plus a DNN over the shared embeddings and the dense features."""
 
     def __init__(
@@ -47,17 +48,14 @@ class DeepFM(nn.Module):
         self.linear = LinearTerm(schema, bias=False)  # (B,)
         self.fm = FMInteraction()  # (B, F, D) -> (B, 1)
         n = self.embedding.num_fields * d + schema.num_dense
-        self.deep = dnn_tower("deepfm", n, dnn_hidden, activation=dnn_activation, dropout=dnn_dropout,
-                              batch_norm=dnn_batch_norm)
-        self.deep_out = nn.Linear(self.deep.out_features if self.deep is not None else n, 1, bias=False)
+        self.deep = TowerHead("deepfm", n, dnn_hidden, activation=dnn_activation, dropout=dnn_dropout,
+                              batch_norm=dnn_batch_norm, bias=False)  # (B, N) -> (B,)
         self.bias = nn.Parameter(torch.zeros(1)) if bias else None
 
     def forward(self, batch: Batch) -> torch.Tensor:
         emb = self.embedding(batch)  # (B, F, D)
         first = self.linear(batch)  # (B,)
         second = self.fm(emb).squeeze(-1)  # (B,)
-        h = torch.cat([emb.flatten(1), batch.dense], dim=1)  # (B, F*D + Nd)
-        if self.deep is not None:
-            h = self.deep(h)  # (B, H)
-        logit = first + second + self.deep_out(h).squeeze(-1)  # (B,)
+        deep = self.deep(torch.cat([emb.flatten(1), batch.dense], dim=1))  # (B, F*D + Nd) -> (B,)
+        logit = first + second + deep  # (B,)
         return logit + self.bias if self.bias is not None else logit

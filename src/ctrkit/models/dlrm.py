@@ -22,9 +22,10 @@ import torch
 from torch import nn
 
 from ctrkit.batch import Batch
+from ctrkit.models.base import CTRModel
 from ctrkit.models.registry import ConfigError, register_model
 from ctrkit.nn.crossnet import CrossNet, LowRankCrossNet, LowRankMixtureCrossNet, VectorCrossNet
-from ctrkit.nn.embedding import EmbeddingBagCollection
+from ctrkit.nn.embedding import make_embeddings
 from ctrkit.nn.interaction import DCNInteraction, DotInteraction, ProjectionInteraction
 from ctrkit.nn.mlp import MLP
 from ctrkit.schema import Schema
@@ -47,7 +48,7 @@ def _crossnet(dcn_type: str, n: int, layers: int, rank: int, experts: int, activ
 
 
 @register_model("dlrm")
-class DLRM(nn.Module):
+class DLRM(CTRModel):
     """DLRM with a choice of interaction arch.
 
     ``dense_arch`` are the bottom MLP's hidden widths; its last layer is D (the embedding dim) so
@@ -76,7 +77,7 @@ class DLRM(nn.Module):
         if schema.num_dense == 0:
             raise ConfigError("dlrm needs at least one dense feature (its DenseArch feeds the interaction)")
         self.sparse_keys = schema.pooled_keys
-        self.sparse_arch = EmbeddingBagCollection.from_schema(schema, self.sparse_keys)
+        self.sparse_arch = make_embeddings(schema, self.sparse_keys)  # an EmbeddingBagCollection
         dims = {schema.embedding_dim(k) for k in self.sparse_keys}
         if len(dims) != 1:
             per = {k: schema.embedding_dim(k) for k in self.sparse_keys}

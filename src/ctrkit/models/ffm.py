@@ -18,15 +18,16 @@ import torch
 from torch import nn
 
 from ctrkit.batch import Batch
+from ctrkit.models.base import CTRModel
 from ctrkit.models.registry import ConfigError, register_model
-from ctrkit.nn.embedding import EmbeddingBagCollection
+from ctrkit.nn.embedding import make_embeddings
 from ctrkit.nn.fm import FFMInteraction
 from ctrkit.nn.inputs import ZOO_INIT_STD, LinearTerm
-from ctrkit.schema import Schema, TableSpec
+from ctrkit.schema import Schema
 
 
 @register_model("ffm")
-class FFM(nn.Module):
+class FFM(CTRModel):
     """``embedding_dim``: D of every field-aware vector (default: the schema's common dim; set it
     when the schema's dims differ). Needs at least 2 sparse fields."""
 
@@ -52,13 +53,8 @@ class FFM(nn.Module):
         D = self.embedding_dim = int(embedding_dim)
         n_dense = schema.num_dense if dense_interaction else 0
         F = self.num_fields = len(self.keys) + n_dense
-        used = {schema.table_of(k) for k in self.keys}
-        tables = [TableSpec(t.name, t.num_embeddings, F * D, t.features)
-                  for t in schema.tables().values() if t.name in used]
-        self.embedding = EmbeddingBagCollection(
-            tables, {k: schema.table_of(k) for k in self.keys},
-            {k: schema.feature(k).pooling for k in self.keys}, init_std=ZOO_INIT_STD,
-        )
+        # (B, Fs, F*D): the schema's tables, F*D wide
+        self.embedding = make_embeddings(schema, self.keys, dim=F * D, init="normal", std=ZOO_INIT_STD)
         # F field-aware vectors of each dense value, scaled by x_j
         self.dense_vectors = nn.Parameter(torch.empty(n_dense, F, D)) if n_dense else None
         if self.dense_vectors is not None:

@@ -22,10 +22,10 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from torch import nn
 
 from ctrkit.batch import Batch
-from ctrkit.models._towers import check_choice, dnn_tower, layer_options
+from ctrkit.models._towers import TowerHead, check_choice, layer_options
+from ctrkit.models.base import CTRModel
 from ctrkit.models.registry import ConfigError, register_model
 from ctrkit.nn.inputs import FieldEmbedding, LinearTerm
 from ctrkit.nn.senet import SENET, BilinearInteraction
@@ -36,7 +36,7 @@ POOLINGS = ("mean", "max")
 
 
 @register_model("fibinet")
-class FiBiNET(nn.Module):
+class FiBiNET(CTRModel):
     """Linear part + DNN over bilinear interactions of raw and SENET-re-weighted embeddings."""
 
     def __init__(
@@ -66,15 +66,12 @@ class FiBiNET(nn.Module):
         self.bilinear_raw = BilinearInteraction(f, d, bilinear_type=bilinear_type)  # (B, P, D)
         self.bilinear_senet = BilinearInteraction(f, d, bilinear_type=bilinear_type)  # (B, P, D)
         n = self.bilinear_raw.out_features + self.bilinear_senet.out_features + schema.num_dense
-        self.deep = dnn_tower("fibinet", n, dnn_hidden, activation=dnn_activation, dropout=dnn_dropout,
-                              batch_norm=dnn_batch_norm)
-        self.deep_out = nn.Linear(self.deep.out_features if self.deep is not None else n, 1, bias=False)
+        self.deep = TowerHead("fibinet", n, dnn_hidden, activation=dnn_activation, dropout=dnn_dropout,
+                              batch_norm=dnn_batch_norm, bias=False)  # (B, N) -> (B,)
 
     def forward(self, batch: Batch) -> torch.Tensor:
         emb = self.embedding(batch)  # (B, F, D)
         p = self.bilinear_raw(emb).flatten(1)  # (B, P*D)
         q = self.bilinear_senet(self.senet(emb)).flatten(1)  # (B, P*D)
-        h = torch.cat([p, q, batch.dense], dim=1)  # (B, 2*P*D + Nd)
-        if self.deep is not None:
-            h = self.deep(h)  # (B, H)
-        return self.linear(batch) + self.deep_out(h).squeeze(-1)  # (B,)
+        deep = self.deep(torch.cat([p, q, batch.dense], dim=1))  # (B, 2*P*D + Nd) -> (B,)
+        return self.linear(batch) + deep  # (B,)

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ctrkit.batch import Batch
+from ctrkit.models.base import CTRModel
 from ctrkit.models.registry import ConfigError, register_model
 from ctrkit.nn.fm import FMInteraction
 from ctrkit.nn.inputs import ZOO_INIT_STD, FieldEmbedding, LinearTerm
@@ -24,7 +25,7 @@ from ctrkit.schema import Schema
 
 
 @register_model("fm")
-class FM(nn.Module):
+class FM(CTRModel):
     """FM over the schema's pooled sparse fields (+ dense fields). Needs one embedding dim D."""
 
     def __init__(self, schema: Schema, *, dense_interaction: bool = True) -> None:

@@ -19,6 +19,7 @@ with no pickle; the booster is re-parsed lazily on the first forward after ``loa
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -27,8 +28,9 @@ from torch import nn
 
 from ctrkit.batch import Batch, KeyedJagged
 from ctrkit.errors import NotFittedError
+from ctrkit.models.base import CTRModel
 from ctrkit.models.registry import ConfigError, register_model
-from ctrkit.nn.embedding import EmbeddingBagCollection
+from ctrkit.nn.embedding import make_embeddings
 from ctrkit.nn.inputs import LinearTerm
 from ctrkit.schema import Schema, TableSpec
 
@@ -42,10 +44,13 @@ def _lightgbm() -> Any:
 
 
 @register_model("gbdt_lr")
-class GBDTLR(nn.Module):
+class GBDTLR(CTRModel):
     """Tree options: ``num_trees``, ``num_leaves`` (max leaves per tree), ``tree_learning_rate``,
     ``min_data_in_leaf``, ``sparse_as`` ("categorical" | "numeric"), ``num_threads`` (0 = LightGBM's
     default), ``seed``. ``with_linear`` adds the plain LR over the original features."""
+
+    needs_prefit = True  # the trees are fitted on the training rows before the LR is trained
+    exportable = False  # forward runs LightGBM (numpy), not torch
 
     def __init__(
         self,
@@ -77,11 +82,9 @@ class GBDTLR(nn.Module):
         if self.num_dense + len(self.tree_keys) == 0:
             raise ConfigError("gbdt_lr needs a dense or single-valued sparse feature to grow trees on")
         self.leaf_keys = [f"tree{t}" for t in range(self.num_trees)]
-        self.leaf_weights = EmbeddingBagCollection(
-            [TableSpec(k, self.num_leaves, 1, (k,)) for k in self.leaf_keys]
+        self.leaf_weights = make_embeddings(  # one dim-1 table of num_leaves rows per tree
+            tables=[TableSpec(k, self.num_leaves, 1, (k,)) for k in self.leaf_keys], init="zeros"
         )
-        for w in self.leaf_weights.weights.values():
-            nn.init.zeros_(w)
         self.bias = nn.Parameter(torch.zeros(1))
         self.linear = LinearTerm(schema, bias=False) if with_linear else None
         self.register_buffer("trees", torch.zeros(0, dtype=torch.uint8))  # LightGBM model string
@@ -98,7 +101,7 @@ class GBDTLR(nn.Module):
             cols.append(torch.where(lengths > 0, first, 0).cpu().double().unsqueeze(1))
         return torch.cat(cols, dim=1).numpy()  # (B, Nd + S)
 
-    def prefit(self, batches: list[Batch]) -> GBDTLR:
+    def prefit(self, batches: Sequence[Batch]) -> GBDTLR:
         """Fit the trees on ``batches`` (labels and optional weights), store them in ``trees``."""
         if not batches:
             raise ConfigError("gbdt_lr.prefit needs at least one training batch to fit the trees on")

@@ -12,16 +12,16 @@ gradients; they start at zero.
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from ctrkit.batch import Batch
+from ctrkit.models.base import CTRModel
 from ctrkit.models.registry import register_model
 from ctrkit.nn.inputs import LinearTerm
 from ctrkit.schema import Schema
 
 
 @register_model("lr")
-class LogisticRegression(nn.Module):
+class LogisticRegression(CTRModel):
     """``use_dense``: include the dense features' linear term (default True)."""
 
     def __init__(self, schema: Schema, *, use_dense: bool = True) -> None:

@@ -16,14 +16,15 @@ space (Σ π_i = 1, σ(−z) = 1 − σ(z)):
     log (1−p) = logsumexp_i( log π_i + log σ(−z_i) )
     logit     = log p − log (1−p)
 
-Regularisation (the paper uses L1 + L2,1 norms): ``extra_losses(batch)`` returns
+Regularisation (the paper uses L1 + L2,1 norms): the model declares one parameter group,
+"regions", whose penalty the task adds to the loss (logged as ``penalty/regions``):
 
     l1 · Σ|W| + l2 · Σ W² + l21 · Σ_rows ‖W_row‖₂
 
 over all region weights W (the 2m-wide id rows and the dense weights; not the biases), where
 a "row" is one feature's 2m parameters (the paper's group lasso per feature). The penalty walks
 whole tables every step; for very large tables prefer the trainer's mini-batch-aware
-``embedding_l2`` (touched rows only) and leave these at 0 (the default: extra_losses is 0).
+``embedding_l2`` (touched rows only) and leave these at 0 (the default: no penalty).
 Gradient-based L1 shrinks weights but does not make them exactly zero (the paper's OWLQN does).
 """
 
@@ -34,14 +35,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctrkit.batch import Batch
+from ctrkit.models.base import CTRModel, ParamGroup
 from ctrkit.models.registry import ConfigError, register_model
-from ctrkit.nn.embedding import EmbeddingBagCollection
-from ctrkit.schema import Schema, TableSpec
+from ctrkit.nn.embedding import make_embeddings
+from ctrkit.schema import Schema
 
 
 @register_model("mlr")
-class MLR(nn.Module):
-    """``regions``: m; ``l1`` / ``l2`` / ``l21``: penalty weights of :meth:`extra_losses`."""
+class MLR(CTRModel):
+    """``regions``: m; ``l1`` / ``l2`` / ``l21``: penalty weights of the "regions" group (:meth:`param_groups`)."""
 
     def __init__(
         self, schema: Schema, *, regions: int = 12, l1: float = 0.0, l2: float = 0.0, l21: float = 0.0
@@ -55,14 +57,8 @@ class MLR(nn.Module):
         self.regions, self.l1, self.l2, self.l21 = int(regions), float(l1), float(l2), float(l21)
         m2 = 2 * self.regions
         self.keys = schema.pooled_keys
-        used = {schema.table_of(k) for k in self.keys}
-        tables = [TableSpec(t.name, t.num_embeddings, m2, t.features)
-                  for t in schema.tables().values() if t.name in used]
-        self.sparse = (
-            EmbeddingBagCollection(tables, {k: schema.table_of(k) for k in self.keys},
-                                   {k: schema.feature(k).pooling for k in self.keys})
-            if self.keys else None
-        )
+        # the schema's tables, 2m wide: (u_1..u_m, w_1..w_m) per id
+        self.sparse = make_embeddings(schema, self.keys, dim=m2) if self.keys else None
         self.dense = nn.Linear(schema.num_dense, m2, bias=False) if schema.num_dense else None
         if self.sparse is None and self.dense is None:
             raise ConfigError("mlr needs at least one sparse or dense feature in the schema")
@@ -85,23 +81,12 @@ class MLR(nn.Module):
         log_q = torch.logsumexp(log_pi + F.logsigmoid(-learner), dim=1)  # (B,)  log(1 - p)
         return log_p - log_q  # (B,)
 
-    def region_weights(self) -> list[torch.Tensor]:
-        """The penalised weights, each as (rows, 2m): the id tables and the dense weights."""
-        out = list(self.sparse.weights.values()) if self.sparse is not None else []
+    def param_groups(self) -> list[ParamGroup]:
+        """The region weights with their penalties: the id tables (rows = ids, 2m wide) and the dense
+        weight (2m, Nd) whose rows in the group-lasso sense are its columns (one per dense value)."""
+        params = list(self.sparse.embedding_parameters()) if self.sparse is not None else []
+        row_dims = [0] * len(params)
         if self.dense is not None:
-            out.append(self.dense.weight.t())  # (Nd, 2m)
-        return out
-
-    def extra_losses(self, batch: Batch) -> torch.Tensor:
-        """``l1·Σ|W| + l2·ΣW² + l21·Σ_rows‖W_row‖₂`` (a scalar; 0 when all three are 0)."""
-        loss = self.bias.new_zeros(())
-        if not (self.l1 or self.l2 or self.l21):
-            return loss
-        for w in self.region_weights():
-            if self.l1:
-                loss = loss + self.l1 * w.abs().sum()
-            if self.l2:
-                loss = loss + self.l2 * w.pow(2).sum()
-            if self.l21:
-                loss = loss + self.l21 * w.pow(2).sum(dim=1).add(1e-12).sqrt().sum()
-        return loss
+            params.append(self.dense.weight)
+            row_dims.append(1)
+        return [ParamGroup("regions", params, l1=self.l1, l2=self.l2, l21=self.l21, row_dims=row_dims)]

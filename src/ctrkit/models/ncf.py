@@ -18,12 +18,12 @@ first sparse feature of the schema's feature groups 'user' and 'item', or the na
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from ctrkit.batch import Batch
+from ctrkit.models._towers import TowerHead
+from ctrkit.models.base import CTRModel
 from ctrkit.models.registry import ConfigError, register_model
-from ctrkit.nn.embedding import EmbeddingBagCollection
-from ctrkit.nn.mlp import MLP
+from ctrkit.nn.embedding import make_embeddings
 from ctrkit.schema import Schema, TableSpec
 
 
@@ -47,9 +47,10 @@ def _role_feature(schema: Schema, role: str, name: str | None) -> str:
 
 
 @register_model("ncf")
-class NCF(nn.Module):
+class NCF(CTRModel):
     """``gmf_dim`` / ``mlp_dim``: embedding widths of the two branches (default: the user feature's
-    schema dim); ``mlp_hidden``: the MLP tower; ``use_dense``: feed the dense features to the MLP."""
+    schema dim); ``dnn_hidden`` / ``dnn_activation`` / ``dnn_dropout`` / ``dnn_batch_norm``: the MLP
+    branch's tower; ``use_dense``: feed the dense features to the MLP branch."""
 
     def __init__(
         self,
@@ -59,9 +60,10 @@ class NCF(nn.Module):
         item_feature: str | None = None,
         gmf_dim: int | None = None,
         mlp_dim: int | None = None,
-        mlp_hidden: tuple[int, ...] = (64, 32, 16),
-        activation: str = "relu",
-        dropout: float = 0.0,
+        dnn_hidden: tuple[int, ...] = (64, 32, 16),
+        dnn_activation: str = "relu",
+        dnn_dropout: float = 0.0,
+        dnn_batch_norm: bool = False,
         use_dense: bool = False,
     ) -> None:
         super().__init__()
@@ -75,11 +77,12 @@ class NCF(nn.Module):
         width = self.gmf_dim + self.mlp_dim
         tables = [TableSpec(f"ncf_{k}", schema.tables()[schema.table_of(k)].num_embeddings, width, (k,))
                   for k in (self.user, self.item)]
-        self.embedding = EmbeddingBagCollection(tables)
+        self.embedding = make_embeddings(tables=tables)  # (B, 2, Dg + Dm)
         self.use_dense = bool(use_dense) and schema.num_dense > 0
         n_dense = schema.num_dense if self.use_dense else 0
-        self.mlp = MLP(2 * self.mlp_dim + n_dense, mlp_hidden, activation=activation, dropout=dropout)
-        self.head = nn.Linear(self.gmf_dim + self.mlp.out_features, 1)
+        # h^T [φ_GMF ; MLP(mlp_in)] + b
+        self.head = TowerHead("ncf", 2 * self.mlp_dim + n_dense, dnn_hidden, activation=dnn_activation,
+                              dropout=dnn_dropout, batch_norm=dnn_batch_norm, side_features=self.gmf_dim)
 
     def forward(self, batch: Batch) -> torch.Tensor:
         emb = self.embedding(batch.sparse.select([self.user, self.item])).stacked()  # (B, 2, Dg + Dm)
@@ -88,5 +91,4 @@ class NCF(nn.Module):
         mlp_in = emb[:, :, self.gmf_dim :].flatten(1)  # (B, 2·Dm)
         if self.use_dense:
             mlp_in = torch.cat([mlp_in, batch.dense], dim=1)  # (B, 2·Dm + Nd)
-        mlp = self.mlp(mlp_in)  # (B, H)
-        return self.head(torch.cat([gmf, mlp], dim=1)).squeeze(1)  # (B,)
+        return self.head(mlp_in, side=gmf)  # (B,)

@@ -21,7 +21,8 @@ import torch
 from torch import nn
 
 from ctrkit.batch import Batch
-from ctrkit.models._towers import check_min, dnn_tower
+from ctrkit.models._towers import TowerHead, check_min
+from ctrkit.models.base import CTRModel
 from ctrkit.models.registry import ConfigError, register_model
 from ctrkit.nn.fm import BiInteractionPooling
 from ctrkit.nn.inputs import FieldEmbedding, LinearTerm
@@ -29,7 +30,7 @@ from ctrkit.schema import Schema
 
 
 @register_model("nfm")
-class NFM(nn.Module):
+class NFM(CTRModel):
     """Linear part + DNN over BatchNorm'd (``bi_batch_norm``) bi-interaction pooling (dropout ``bi_dropout``
     after the BN)."""
 
@@ -59,13 +60,10 @@ class NFM(nn.Module):
         # the paper's BatchNorm on the pooled vector; DeepCTR's NFM has none
         self.bn = nn.BatchNorm1d(n) if bi_batch_norm else nn.Identity()
         self.bi_dropout = nn.Dropout(bi_dropout)
-        self.deep = dnn_tower("nfm", n, dnn_hidden, activation=dnn_activation, dropout=dnn_dropout,
-                              batch_norm=dnn_batch_norm)
-        self.deep_out = nn.Linear(self.deep.out_features if self.deep is not None else n, 1, bias=False)
+        self.deep = TowerHead("nfm", n, dnn_hidden, activation=dnn_activation, dropout=dnn_dropout,
+                              batch_norm=dnn_batch_norm, bias=False)  # (B, D + Nd) -> (B,)
 
     def forward(self, batch: Batch) -> torch.Tensor:
         bi = self.bi(self.embedding(batch))  # (B, F, D) -> (B, D)
         z = self.bi_dropout(self.bn(torch.cat([bi, batch.dense], dim=1)))  # (B, D + Nd)
-        if self.deep is not None:
-            z = self.deep(z)  # (B, H)
-        return self.linear(batch) + self.deep_out(z).squeeze(-1)  # (B,)
+        return self.linear(batch) + self.deep(z)  # (B,)

@@ -14,12 +14,12 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from torch import nn
 
 from ctrkit.batch import Batch
+from ctrkit.models._towers import TowerHead
+from ctrkit.models.base import CTRModel
 from ctrkit.models.registry import ConfigError, register_model
 from ctrkit.nn.inputs import FieldEmbedding
-from ctrkit.nn.mlp import MLP
 from ctrkit.nn.product import PNNProductLayer
 from ctrkit.schema import Schema
 
@@ -27,9 +27,10 @@ PRODUCTS = ("inner", "outer", "both")
 
 
 @register_model("pnn")
-class PNN(nn.Module):
-    """``product``: inner | outer | both; ``product_units``: width of l_1; ``dnn_hidden``: the MLP
-    on ``[l_1 ; dense]``. Needs one embedding dim D and at least 2 sparse fields."""
+class PNN(CTRModel):
+    """``product``: inner | outer | both; ``product_units``: width of l_1; ``dnn_hidden`` /
+    ``dnn_activation`` / ``dnn_dropout`` / ``dnn_batch_norm``: the MLP on ``[l_1 ; dense]``. Needs one
+    embedding dim D and at least 2 sparse fields."""
 
     def __init__(
         self,
@@ -38,9 +39,9 @@ class PNN(nn.Module):
         product: Literal["inner", "outer", "both"] = "inner",
         product_units: int = 64,
         dnn_hidden: tuple[int, ...] = (128, 64),
-        activation: str = "relu",
-        dropout: float = 0.0,
-        batch_norm: bool = False,
+        dnn_activation: str = "relu",
+        dnn_dropout: float = 0.0,
+        dnn_batch_norm: bool = False,
     ) -> None:
         super().__init__()
         if product not in PRODUCTS:
@@ -52,11 +53,9 @@ class PNN(nn.Module):
         if F < 2:
             raise ConfigError(f"pnn needs at least 2 sparse fields for its products; the schema has {F}")
         self.product = PNNProductLayer(F, D, product_units, mode=product)
-        self.dnn = MLP(product_units + schema.num_dense, dnn_hidden, activation=activation,
-                       dropout=dropout, batch_norm=batch_norm)
-        self.head = nn.Linear(self.dnn.out_features, 1)
+        self.deep = TowerHead("pnn", product_units + schema.num_dense, dnn_hidden, activation=dnn_activation,
+                              dropout=dnn_dropout, batch_norm=dnn_batch_norm)  # (B, units + Nd) -> (B,)
 
     def forward(self, batch: Batch) -> torch.Tensor:
         l1 = torch.relu(self.product(self.embedding(batch)))  # (B, F, D) -> (B, units)
-        h = self.dnn(torch.cat([l1, batch.dense], dim=1))  # (B, units + Nd) -> (B, H)
-        return self.head(h).squeeze(1)  # (B,)
+        return self.deep(torch.cat([l1, batch.dense], dim=1))  # (B, units + Nd) -> (B,)

@@ -1,13 +1,17 @@
 """Model registry: ``@register_model("name")`` on a class, ``create_model(name, schema, **params)``.
 
 A model's keyword-only ``__init__`` signature *is* its hyper-parameter schema: ``create_model``
-rejects unknown parameters with the closest valid name, so a typo never passes silently.
+rejects unknown parameters with the closest valid name, so a typo never passes silently, and checks
+every value against the parameter's annotation like a config value (:mod:`ctrkit.typecheck`): a
+list from YAML becomes the annotated tuple, an int is accepted for a float, a ``Literal`` lists its
+choices, and a wrong value is a :class:`ConfigError` naming the model, the parameter, the expected
+type and the value before the model is built.
 """
 
 from __future__ import annotations
 
-import difflib
 import inspect
+import typing
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -15,18 +19,15 @@ from torch import nn
 
 from ctrkit.errors import ConfigError
 from ctrkit.schema import Schema
+from ctrkit.typecheck import coerce, is_supported, suggest
+
+__all__ = [
+    "ConfigError", "check_model_params", "create_model", "get_model_class", "list_models", "model_params",
+    "register_model", "suggest",
+]
 
 _MODELS: dict[str, type[nn.Module]] = {}
 M = TypeVar("M", bound=type[nn.Module])
-
-
-
-def suggest(name: str, valid: list[str] | set[str] | tuple[str, ...]) -> str:
-    """" (did you mean 'x'?)" for the closest valid name, or the list of valid names."""
-    close = difflib.get_close_matches(name, list(valid), n=1, cutoff=0.5)
-    if close:
-        return f" (did you mean {close[0]!r}?)"
-    return f"; valid: {sorted(valid)}"
 
 
 def register_model(name: str) -> Callable[[M], M]:
@@ -68,10 +69,38 @@ def model_params(name: str) -> dict[str, Any]:
     }
 
 
-def create_model(name: str, schema: Schema, **params: Any) -> nn.Module:
+def _param_annotations(cls: type[nn.Module]) -> dict[str, Any]:
+    """Resolved annotations of ``cls.__init__`` ({} when they cannot be resolved)."""
+    try:
+        return typing.get_type_hints(cls.__init__)
+    except (NameError, TypeError, AttributeError):  # an annotation unresolvable at runtime: unchecked
+        return {}
+
+
+def check_model_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` checked against model ``name``'s keyword-only parameters and their annotations;
+    returns them converted (lists -> tuples where annotated so, ints -> floats)."""
     cls = get_model_class(name)
     valid = model_params(name)
-    for key in params:
+    hints = _param_annotations(cls)
+
+    def choice_error(key: str, value: Any, choices: tuple[Any, ...]) -> ConfigError:
+        close = suggest(str(value), [str(c) for c in choices])
+        hint = close if "did you mean" in close else ""
+        return ConfigError(f"{name}: unknown {key}={value!r}{hint}; valid: {', '.join(map(str, choices))}")
+
+    out = {}
+    for key, value in params.items():
         if key not in valid:
             raise ConfigError(f"model {name!r} has no parameter {key!r}{suggest(key, valid)}")
-    return cls(schema, **params)
+        tp = hints.get(key)
+        if tp is None or not is_supported(tp):
+            out[key] = value
+        else:
+            out[key] = coerce(value, tp, key, what=f"{name}: parameter", choice_error=choice_error)
+    return out
+
+
+def create_model(name: str, schema: Schema, **params: Any) -> nn.Module:
+    """Model ``name`` built on ``schema`` with ``params`` (checked by :func:`check_model_params`)."""
+    return get_model_class(name)(schema, **check_model_params(name, params))

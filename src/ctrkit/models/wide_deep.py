@@ -13,24 +13,22 @@ Cross features (option ``crosses``, pairs of single-valued sparse features) get 
 when ``V_a·V_b ≤ cross_buckets`` that is the cross id (no collisions), otherwise the id is a Knuth
 multiplicative hash of k: ``((k · 0x9E3779B97F4A7C15 mod 2⁶⁴) >> 16) mod cross_buckets``.
 
-The paper trains the wide part with FTRL + L1 and the deep part with AdaGrad: ``wide_parameters()``
-lists the wide part's parameters so the trainer can give them to :class:`ctrkit.train.ftrl.FTRL`
-(its dim-1 id tables are marked ``is_embedding`` like every table, so take them out of the
-embedding group first).
+The paper trains the wide part with FTRL + L1 and the deep part with AdaGrad: the model declares
+the wide part's parameters as the parameter group "wide" (optimizer "ftrl"); with
+``train.wide_optimizer=ftrl`` the trainer gives them to :class:`ctrkit.train.ftrl.FTRL` and takes
+them out of the dense / embedding optimizers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import torch
-from torch import nn
 
 from ctrkit.batch import Batch, KeyedJagged
+from ctrkit.models._towers import TowerHead
+from ctrkit.models.base import CTRModel, ParamGroup
 from ctrkit.models.registry import ConfigError, register_model
-from ctrkit.nn.embedding import EmbeddingBagCollection
+from ctrkit.nn.embedding import make_embeddings
 from ctrkit.nn.inputs import FieldEmbedding, LinearTerm
-from ctrkit.nn.mlp import MLP
 from ctrkit.schema import Schema, SparseFeature, TableSpec
 
 _KNUTH = 0x9E3779B97F4A7C15 - (1 << 64)  # the golden-ratio multiplier as a signed int64
@@ -56,18 +54,19 @@ def cross_ids(a: torch.Tensor, b: torch.Tensor, vocab_a: int, vocab_b: int, buck
 
 
 @register_model("wide_deep")
-class WideDeep(nn.Module):
-    """``dnn_hidden``: deep MLP widths; ``crosses``: pairs of single-valued sparse features crossed
-    in the wide part; ``cross_buckets``: rows of each cross table."""
+class WideDeep(CTRModel):
+    """``dnn_hidden`` / ``dnn_activation`` / ``dnn_dropout`` / ``dnn_batch_norm``: the deep MLP;
+    ``crosses``: pairs of single-valued sparse features crossed in the wide part; ``cross_buckets``:
+    rows of each cross table."""
 
     def __init__(
         self,
         schema: Schema,
         *,
         dnn_hidden: tuple[int, ...] = (256, 128),
-        activation: str = "relu",
-        dropout: float = 0.0,
-        batch_norm: bool = False,
+        dnn_activation: str = "relu",
+        dnn_dropout: float = 0.0,
+        dnn_batch_norm: bool = False,
         crosses: tuple[tuple[str, str], ...] = (),
         cross_buckets: int = 100_000,
     ) -> None:
@@ -89,23 +88,22 @@ class WideDeep(nn.Module):
         self.cross_buckets = int(cross_buckets)
         self.cross_keys = [f"{a}_x_{b}" for a, b in self.crosses]
         self.cross_weights = (
-            EmbeddingBagCollection([TableSpec(k, self.cross_buckets, 1, (k,)) for k in self.cross_keys])
+            make_embeddings(tables=[TableSpec(k, self.cross_buckets, 1, (k,)) for k in self.cross_keys],
+                            init="zeros")
             if self.crosses else None
         )
-        if self.cross_weights is not None:
-            for w in self.cross_weights.weights.values():
-                nn.init.zeros_(w)
         self.linear = LinearTerm(schema)
         self.embedding = FieldEmbedding(schema, model="wide_deep")
-        self.dnn = MLP(self.embedding.out_features + schema.num_dense, dnn_hidden, activation=activation,
-                       dropout=dropout, batch_norm=batch_norm)
-        self.head = nn.Linear(self.dnn.out_features, 1, bias=False)  # the bias lives in the wide part
+        self.deep = TowerHead("wide_deep", self.embedding.out_features + schema.num_dense, dnn_hidden,
+                              activation=dnn_activation, dropout=dnn_dropout, batch_norm=dnn_batch_norm,
+                              bias=False)  # (B, ΣD + Nd) -> (B,); the bias lives in the wide part
 
-    def wide_parameters(self) -> Iterator[nn.Parameter]:
-        """Parameters of the wide part (for an FTRL + L1 optimizer group)."""
-        yield from self.linear.parameters()
+    def param_groups(self) -> list[ParamGroup]:
+        """The wide part (linear term and cross tables): "wide", meant for FTRL + L1."""
+        params = list(self.linear.parameters())
         if self.cross_weights is not None:
-            yield from self.cross_weights.parameters()
+            params += list(self.cross_weights.parameters())
+        return [ParamGroup("wide", params, optimizer="ftrl")]
 
     def cross_features(self, batch: Batch) -> KeyedJagged:
         """One id per declared cross and row -> KeyedJagged over ``cross_keys``."""
@@ -120,6 +118,5 @@ class WideDeep(nn.Module):
         wide = self.linear(batch)  # (B,)
         if self.cross_weights is not None:
             wide = wide + self.cross_weights(self.cross_features(batch)).stacked().sum(dim=(1, 2))  # (B,)
-        deep_in = torch.cat([self.embedding.concat(batch), batch.dense], dim=1)  # (B, ΣD + Nd)
-        deep = self.head(self.dnn(deep_in)).squeeze(1)  # (B,)
+        deep = self.deep(torch.cat([self.embedding.concat(batch), batch.dense], dim=1))  # (B,)
         return wide + deep  # (B,)

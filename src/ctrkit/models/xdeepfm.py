@@ -22,7 +22,8 @@ import torch
 from torch import nn
 
 from ctrkit.batch import Batch
-from ctrkit.models._towers import dnn_tower, layer_options
+from ctrkit.models._towers import TowerHead, layer_options
+from ctrkit.models.base import CTRModel
 from ctrkit.models.registry import register_model
 from ctrkit.nn.cin import CIN
 from ctrkit.nn.inputs import FieldEmbedding, LinearTerm
@@ -30,7 +31,7 @@ from ctrkit.schema import Schema
 
 
 @register_model("xdeepfm")
-class XDeepFM(nn.Module):
+class XDeepFM(CTRModel):
     """Linear + CIN (``cin_layer_sizes``, ``split_half``, ``cin_activation``) + DNN (``dnn_hidden``)."""
 
     def __init__(
@@ -54,14 +55,11 @@ class XDeepFM(nn.Module):
             self.cin = CIN(f, d, layer_sizes=cin_layer_sizes, split_half=split_half, activation=cin_activation)
         self.cin_out = nn.Linear(self.cin.out_features, 1, bias=False)
         n = f * d + schema.num_dense
-        self.deep = dnn_tower("xdeepfm", n, dnn_hidden, activation=dnn_activation, dropout=dnn_dropout,
-                              batch_norm=dnn_batch_norm)
-        self.deep_out = nn.Linear(self.deep.out_features if self.deep is not None else n, 1, bias=False)
+        self.deep = TowerHead("xdeepfm", n, dnn_hidden, activation=dnn_activation, dropout=dnn_dropout,
+                              batch_norm=dnn_batch_norm, bias=False)  # (B, N) -> (B,)
 
     def forward(self, batch: Batch) -> torch.Tensor:
         emb = self.embedding(batch)  # (B, F, D)
         cin = self.cin.logit(emb, self.cin_out.weight)  # = cin_out(cin(emb)), (B,); folded when identity
-        h = torch.cat([emb.flatten(1), batch.dense], dim=1)  # (B, F*D + Nd)
-        if self.deep is not None:
-            h = self.deep(h)  # (B, H)
-        return self.linear(batch) + cin + self.deep_out(h).squeeze(-1)  # (B,)
+        deep = self.deep(torch.cat([emb.flatten(1), batch.dense], dim=1))  # (B, F*D + Nd) -> (B,)
+        return self.linear(batch) + cin + deep  # (B,)

@@ -3,6 +3,7 @@
 Shape letters: B batch, F fields, D embedding dim, T sequence length, N flattened width, K rank/experts.
 """
 
+from ctrkit.nn.activation import ACTIVATIONS, make_activation
 from ctrkit.nn.attention import (
     AFMAttention,
     MultiHeadSelfAttention,
@@ -11,14 +12,20 @@ from ctrkit.nn.attention import (
 )
 from ctrkit.nn.cin import CIN
 from ctrkit.nn.crossnet import CrossNet, LowRankCrossNet, LowRankMixtureCrossNet, VectorCrossNet
-from ctrkit.nn.embedding import EmbeddingBagCollection, PooledEmbeddings, embedding_parameters
+from ctrkit.nn.embedding import (
+    EmbeddingBagCollection,
+    EmbeddingCollection,
+    PooledEmbeddings,
+    make_embeddings,
+)
 from ctrkit.nn.fm import BiInteractionPooling, FFMInteraction, FMInteraction
 from ctrkit.nn.interaction import DCNInteraction, DotInteraction, ProjectionInteraction
 from ctrkit.nn.mlp import MLP
-from ctrkit.nn.product import InnerProduct, OuterProduct, PNNProductLayer
+from ctrkit.nn.product import InnerProduct, PNNProductLayer
 from ctrkit.nn.senet import SENET, BilinearInteraction
 
 __all__ = [
+    "ACTIVATIONS",
     "CIN",
     "MLP",
     "SENET",
@@ -29,18 +36,19 @@ __all__ = [
     "DCNInteraction",
     "DotInteraction",
     "EmbeddingBagCollection",
+    "EmbeddingCollection",
     "FFMInteraction",
     "FMInteraction",
     "InnerProduct",
     "LowRankCrossNet",
     "LowRankMixtureCrossNet",
     "MultiHeadSelfAttention",
-    "OuterProduct",
     "PNNProductLayer",
     "PooledEmbeddings",
     "ProjectionInteraction",
     "TransformerEncoderLayer",
     "VectorCrossNet",
-    "embedding_parameters",
+    "make_activation",
+    "make_embeddings",
     "positional_encoding",
 ]

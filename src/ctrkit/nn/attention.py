@@ -9,7 +9,8 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ctrkit.nn.fm import LayerConfigError, check_embeddings, pair_indices
+from ctrkit.errors import LayerConfigError
+from ctrkit.nn.fm import check_embeddings, pair_indices
 
 __all__ = ["AFMAttention", "MultiHeadSelfAttention", "TransformerEncoderLayer", "positional_encoding"]
 

@@ -9,22 +9,11 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from ctrkit.nn.fm import LayerConfigError, check_embeddings
+from ctrkit.errors import LayerConfigError
+from ctrkit.nn.activation import ActivationSpec, make_activation
+from ctrkit.nn.fm import check_embeddings
 
 __all__ = ["CIN"]
-
-_ACTIVATIONS = {"identity": nn.Identity, "relu": nn.ReLU, "sigmoid": nn.Sigmoid, "tanh": nn.Tanh}
-
-
-def _activation(layer: str, spec: str | nn.Module) -> nn.Module:
-    if isinstance(spec, nn.Module):
-        return spec
-    if spec not in _ACTIVATIONS:
-        raise LayerConfigError(
-            f"{layer}: unknown activation={spec!r}; valid: {', '.join(_ACTIVATIONS)} (or an nn.Module)"
-        )
-    return _ACTIVATIONS[spec]()
-
 
 class _CINLayer(nn.Module):
     """One CIN layer before the activation: ``X^k_h = Σ_i Σ_j W[h, i, j] (X^{k-1}_i ⊙ X^0_j) [+ b_h]``."""
@@ -78,7 +67,8 @@ class CIN(nn.Module):
     Output (B, out_features) with ``out_features = Σ_{k<L} H_k/2 + H_L`` (split_half) or ``Σ_k H_k``.
 
     Options (keyword-only): ``layer_sizes`` (default (128, 128)), ``split_half`` (True),
-    ``activation`` 'identity' (the paper's formula, default) | 'relu' | 'sigmoid' | 'tanh' | a module,
+    ``activation`` 'identity' (the paper's formula, default) or any other activation name
+    (:func:`~ctrkit.nn.activation.make_activation`),
     ``bias`` (False, as the formula; True adds ``b^k_h``).
     """
 
@@ -89,7 +79,7 @@ class CIN(nn.Module):
         *,
         layer_sizes: Sequence[int] = (128, 128),
         split_half: bool = True,
-        activation: str | nn.Module = "identity",
+        activation: ActivationSpec = "identity",
         bias: bool = False,
     ) -> None:
         super().__init__()
@@ -105,7 +95,7 @@ class CIN(nn.Module):
             )
         self.num_fields, self.embedding_dim = num_fields, embedding_dim
         self.layer_sizes, self.split_half = layer_sizes, split_half
-        self.activation = _activation("CIN", activation)
+        self.activation = make_activation(activation, layer="CIN")
 
         self.layers = nn.ModuleList()
         prev = num_fields

@@ -9,12 +9,11 @@ kernels, zero bias.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from torch import nn
 
-from ctrkit.nn.mlp import make_activation
+from ctrkit.errors import LayerConfigError
+from ctrkit.nn.activation import ActivationSpec, make_activation
 
 
 def _layers(num_layers: int, *shape: int) -> nn.ParameterList:
@@ -23,10 +22,10 @@ def _layers(num_layers: int, *shape: int) -> nn.ParameterList:
 
 def _check(in_features: int, num_layers: int, **ranks: int) -> None:
     if in_features < 1 or num_layers < 1:
-        raise ValueError(f"cross net needs in_features >= 1 and num_layers >= 1, got {in_features}, {num_layers}")
+        raise LayerConfigError(f"cross net needs in_features >= 1 and num_layers >= 1, got {in_features}, {num_layers}")
     for name, v in ranks.items():
         if v < 1:
-            raise ValueError(f"cross net {name} must be >= 1, got {v}")
+            raise LayerConfigError(f"cross net {name} must be >= 1, got {v}")
 
 
 class CrossNet(nn.Module):
@@ -127,7 +126,7 @@ class LowRankMixtureCrossNet(nn.Module):
         num_layers: int,
         num_experts: int = 1,
         low_rank: int = 1,
-        activation: str | Callable[[], nn.Module] = "relu",
+        activation: ActivationSpec = "relu",
     ) -> None:
         super().__init__()
         _check(in_features, num_layers, num_experts=num_experts, low_rank=low_rank)
@@ -139,7 +138,7 @@ class LowRankMixtureCrossNet(nn.Module):
         self.C_kernels = _layers(num_layers, E, K, K)
         self.bias = _layers(num_layers, N, 1)
         self.gate_weight = nn.Parameter(torch.empty(E, N)) if E > 1 else None
-        self.activation = make_activation(activation)
+        self.activation = make_activation(activation, layer="LowRankMixtureCrossNet")
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

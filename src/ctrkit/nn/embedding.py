@@ -1,37 +1,51 @@
-"""Pooled embedding lookups for ``KeyedJagged`` ids (the SparseArch of seed 000 §4-5).
+"""Embedding tables: the interface every model embeds ids through, its fused backend, and the factory.
 
-Tables of the same embedding dim live in ONE fused weight ``[sum of their rows, D]``; table t starts
-at row ``row_offset[t]``. A batch is one ``F.embedding_bag`` call per (dim, pooling) group, not one
-per feature: ids are shifted by their feature's table offset (``values + repeat_interleave(offset
-per key, ids per key)``) and the key-major KeyedJagged offsets are used as bag offsets directly, so
-bag ``f*B + b`` is feature f of row b. The ``[F*B, D]`` result is viewed as ``[F, B, D]`` and
-transposed to ``[B, F, D]``. When every bag holds exactly one id (single-valued features such as
-Criteo's), the group is a plain ``F.embedding`` gather instead: same result for sum and mean, and
-its sparse backward is the upstream gradient itself instead of a per-id gather.
+- :class:`EmbeddingCollection` — the interface (DESIGN §6): ``pooled(kj)`` -> :class:`PooledEmbeddings`
+  (one D-wide vector per feature and row), ``sequence(kj, key)`` -> ``(emb (B, T, D), mask (B, T))`` for
+  an unpooled history, ``lookup(table, ids)`` -> ``(..., D)``, ``embedding_parameters()``, ``tables``.
+  Its state dict names tables: ``<prefix>tables.<table>`` -> ``[rows, D]``, whatever the backend.
+  (Defined in :mod:`ctrkit.nn.embedding_interface`, re-exported here.)
+- :class:`EmbeddingBagCollection` — the ``fused`` backend (the SparseArch of seed 000 §4-5).
+- :func:`make_embeddings` — the one factory models build their tables with.
+
+Fused backend: tables of the same embedding dim live in ONE weight ``[sum of their rows, D]``; table t
+starts at row ``row_offset[t]``. A batch is one ``F.embedding_bag`` call per (dim, pooling) group, not
+one per feature: ids are shifted by their feature's table offset (``values + repeat_interleave(offset
+per key, ids per key)``) and the key-major KeyedJagged offsets are used as bag offsets directly, so bag
+``f*B + b`` is feature f of row b. The ``[F*B, D]`` result is viewed as ``[F, B, D]`` and transposed to
+``[B, F, D]``. When every bag holds exactly one id (single-valued features such as Criteo's), the group
+is a plain ``F.embedding`` gather instead: same result for sum and mean, and its sparse backward is the
+upstream gradient itself instead of a per-id gather.
 
 Seed 000 §5: for one table, ``Y[n] = sum_k W[x_{n,k}]`` and ``dL/dW = P^T dL/dY`` with
-``P[n, m] = count_k(x_{n,k} = m)``; with ``sparse_grad=True`` autograd returns exactly that as a
-sparse gradient holding only the touched rows.
+``P[n, m] = count_k(x_{n,k} = m)``; with ``sparse_grad=True`` autograd returns exactly that as a sparse
+gradient holding only the touched rows.
 
-Init: torchrec's default, ``W ~ U(-sqrt(1/n), sqrt(1/n))`` per table with n = its number of rows.
+Init (per table, in table order): ``uniform`` — torchrec's default ``U(-sqrt(1/n), sqrt(1/n))``, n = its
+rows; ``normal`` — ``N(0, std^2)``; ``zeros``.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ctrkit.batch import KeyedJagged
-from ctrkit.errors import IdOutOfRangeError
+from ctrkit.errors import IdOutOfRangeError, LayerConfigError
+from ctrkit.nn.embedding_interface import EmbeddingCollection
 from ctrkit.schema import Schema, SchemaError, SequenceFeature, SparseFeature, TableSpec
 
-POOLINGS = ("sum", "mean")
+__all__ = ["EmbeddingBagCollection", "EmbeddingCollection", "EmbeddingWeight", "PooledEmbeddings", "make_embeddings"]
 
+POOLINGS = ("sum", "mean")
+INITS = ("uniform", "normal", "zeros")
+BACKENDS = ("fused",)
 
 
 class EmbeddingWeight(nn.Parameter):
@@ -39,13 +53,6 @@ class EmbeddingWeight(nn.Parameter):
     sparse-aware optimizer group (kept as a class attribute so it survives ``copy.deepcopy``)."""
 
     is_embedding = True
-
-
-def embedding_parameters(module: nn.Module) -> Iterator[nn.Parameter]:
-    """Parameters of ``module`` marked ``is_embedding`` (rows updated from sparse gradients)."""
-    for p in module.parameters():
-        if getattr(p, "is_embedding", False):
-            yield p
 
 
 @dataclass(frozen=True)
@@ -82,7 +89,7 @@ class PooledEmbeddings:
             by_dim: dict[int, list[str]] = {}
             for k, d in zip(self.keys, self.dims):
                 by_dim.setdefault(d, []).append(k)
-            raise ValueError(
+            raise LayerConfigError(
                 "stacked() needs one embedding dim for all features, but they differ: "
                 + "; ".join(f"dim {d}: {ks}" for d, ks in by_dim.items())
                 + ". Give these features the same embedding_dim in the schema, or use concat()/to_dict()."
@@ -126,21 +133,22 @@ class PooledEmbeddings:
         return f"PooledEmbeddings(keys={self.keys}, dims={self.dims}, batch_size={self.batch_size})"
 
 
-class EmbeddingBagCollection(nn.Module):
-    """Pooled lookups of several features over several tables, fused per embedding dim.
+class EmbeddingBagCollection(EmbeddingCollection):
+    """The ``fused`` backend: pooled lookups of several features over several tables, one weight per dim.
 
     Args:
         tables: the embedding tables (``TableSpec(name, num_embeddings, embedding_dim, features)``).
         feature_to_table: pooled feature -> table name, in output order. Default: every feature listed
             in ``tables[i].features``, in table order.
         feature_pooling: pooled feature -> "sum" | "mean" (default "sum").
-        lookup_keys: extra features (e.g. unpooled sequences) -> table, usable only with ``lookup``.
+        sequence_keys: unpooled sequence feature -> (table, max_len), embedded by ``sequence``.
         sparse_grad: sparse gradients (only touched rows) for the fused weights.
         validate: check every id lies in ``[0, num_embeddings)`` of its table (cheap; one compare per id).
-        init_std: initialise tables N(0, init_std^2) instead of torchrec's U(-sqrt(1/n), sqrt(1/n)).
+        init: "uniform" (torchrec's default) | "normal" (N(0, std^2)) | "zeros".
+        std: the standard deviation of ``init="normal"``.
 
-    ``forward(kj)`` -> :class:`PooledEmbeddings` (``.stacked()`` is ``[B, F, D]``). ``kj`` may hold
-    more keys than the collection pools; the extra keys are ignored.
+    The fused weights are internal: the state dict holds one ``tables.<name>`` entry per table (views
+    of the fused weight, so a saved file stores each row once) and loading fills the fused weight.
     """
 
     def __init__(
@@ -149,52 +157,62 @@ class EmbeddingBagCollection(nn.Module):
         feature_to_table: Mapping[str, str] | None = None,
         feature_pooling: Mapping[str, str] | None = None,
         *,
-        lookup_keys: Mapping[str, str] | None = None,
+        sequence_keys: Mapping[str, tuple[str, int]] | None = None,
         sparse_grad: bool = True,
         validate: bool = True,
-        init_std: float | None = None,
+        init: str = "uniform",
+        std: float | None = None,
     ) -> None:
         super().__init__()
-        self.init_std = init_std
+        if init not in INITS:
+            raise LayerConfigError(f"embedding init {init!r} is not one of {INITS}")
+        if init == "normal" and (std is None or std <= 0):
+            raise LayerConfigError(f"embedding init 'normal' needs a positive std, got {std}")
+        self.init, self.std = init, std
         self.tables: dict[str, TableSpec] = {}
         for t in tables:
             if t.name in self.tables:
-                raise ValueError(f"table {t.name!r} is given twice")
+                raise LayerConfigError(f"table {t.name!r} is given twice")
             if t.num_embeddings < 1 or t.embedding_dim < 1:
-                raise ValueError(f"table {t.name!r} needs num_embeddings >= 1 and embedding_dim >= 1, got {t}")
+                raise LayerConfigError(
+                    f"table {t.name!r} needs num_embeddings >= 1 and embedding_dim >= 1, got {t}"
+                )
             self.tables[t.name] = t
         if feature_to_table is None:
             feature_to_table = {f: t.name for t in tables for f in t.features}
         feature_pooling = dict(feature_pooling or {})
-        for name, mapping in (("feature_to_table", feature_to_table), ("lookup_keys", lookup_keys or {})):
+        sequence_keys = dict(sequence_keys or {})
+        for name, mapping in (("feature_to_table", feature_to_table),
+                              ("sequence_keys", {k: t for k, (t, _) in sequence_keys.items()})):
             for f, t in mapping.items():
                 if t not in self.tables:
-                    raise ValueError(f"{name}: feature {f!r} names table {t!r}, not one of {list(self.tables)}")
+                    raise LayerConfigError(
+                        f"{name}: feature {f!r} names table {t!r}, not one of {list(self.tables)}"
+                    )
         unknown = set(feature_pooling) - set(feature_to_table)
         if unknown:
-            raise ValueError(f"feature_pooling names features {sorted(unknown)} that are not pooled here")
+            raise LayerConfigError(f"feature_pooling names features {sorted(unknown)} that are not pooled here")
         self.keys: list[str] = list(feature_to_table)
         self.feature_to_table: dict[str, str] = dict(feature_to_table)
         self.feature_pooling: dict[str, str] = {k: feature_pooling.get(k, "sum") for k in self.keys}
         for k, p in self.feature_pooling.items():
             if p not in POOLINGS:
-                raise ValueError(f"feature {k!r}: pooling {p!r} is not one of {POOLINGS}")
-        self._table_of: dict[str, str] = {**self.feature_to_table, **dict(lookup_keys or {})}
+                raise LayerConfigError(f"feature {k!r}: pooling {p!r} is not one of {POOLINGS}")
+        self.sequence_keys: dict[str, tuple[str, int]] = {k: (t, int(n)) for k, (t, n) in sequence_keys.items()}
         self.sparse_grad = bool(sparse_grad)
         self.validate = bool(validate)
         self.dims: list[int] = [self.tables[self.feature_to_table[k]].embedding_dim for k in self.keys]
 
-        # Fused weights: one per dim; tables in the given order, each at its row offset.
+        # Fused weights: one per dim ("fused_dim<D>"); tables in the given order, each at its row offset.
         self.row_offset: dict[str, int] = {}
         rows_per_dim: dict[int, int] = {}
         for t in tables:
             self.row_offset[t.name] = rows_per_dim.get(t.embedding_dim, 0)
             rows_per_dim[t.embedding_dim] = self.row_offset[t.name] + t.num_embeddings
-        self.weights = nn.ParameterDict(
-            {f"dim{d}": EmbeddingWeight(torch.empty(n, d)) for d, n in rows_per_dim.items()}
-        )
-        for p in self.weights.values():
-            p.is_embedding = True  # also as instance attribute: survives pickling of the module
+        for d, n in rows_per_dim.items():
+            w = EmbeddingWeight(torch.empty(n, d))
+            w.is_embedding = True  # also as instance attribute: survives pickling of the module
+            self.register_parameter(_fused_name(d), w)
 
         groups: dict[tuple[int, str], list[int]] = {}
         for i, k in enumerate(self.keys):
@@ -210,89 +228,73 @@ class EmbeddingBagCollection(nn.Module):
             self.register_buffer(f"_size{gi}", torch.tensor([t.num_embeddings for t in tabs]), persistent=False)
         self.reset_parameters()
 
-    # ---- construction from a schema ------------------------------------------------------------
-    @classmethod
-    def from_schema(
-        cls,
-        schema: Schema,
-        keys: Sequence[str] | None = None,
-        *,
-        lookup_keys: Sequence[str] | None = None,
-        sparse_grad: bool = True,
-        validate: bool = True,
-        init_std: float | None = None,
-    ) -> EmbeddingBagCollection:
-        """Collection pooling ``keys`` (default: every sparse feature and every sequence feature whose
-        pooling is not "none"), with the schema's tables and poolings. ``lookup_keys`` (default: the
-        sequences with pooling "none" whose table is already used) can only be embedded with
-        ``lookup``. Only tables used by these keys are created."""
-        if keys is None:
-            keys = schema.pooled_keys
-        pooling: dict[str, str] = {}
-        for k in keys:
-            f = schema.feature(k)
-            if isinstance(f, SequenceFeature) and f.pooling == "none":
-                raise SchemaError(
-                    f"sequence feature {k!r} has pooling 'none', so it cannot be pooled by an "
-                    "EmbeddingBagCollection; pass it in lookup_keys and embed it with lookup(key, ids)"
-                )
-            if not isinstance(f, (SparseFeature, SequenceFeature)):
-                raise SchemaError(f"feature {k!r} is dense; an EmbeddingBagCollection pools sparse features")
-            pooling[k] = f.pooling
-        f2t = {k: schema.table_of(k) for k in keys}
-        if lookup_keys is None:
-            used = set(f2t.values())
-            lookup_keys = [q.name for q in schema.sequence if q.pooling == "none" and schema.table_of(q.name) in used]
-        l2t = {k: schema.table_of(k) for k in lookup_keys}
-        needed = set(f2t.values()) | set(l2t.values())
-        tables = [t for name, t in schema.tables().items() if name in needed]
-        return cls(tables, f2t, pooling, lookup_keys=l2t, sparse_grad=sparse_grad, validate=validate,
-                   init_std=init_std)
-
     # ---- parameters ----------------------------------------------------------------------------
     def reset_parameters(self) -> None:
-        """torchrec's default: each table ~ U(-sqrt(1/n), sqrt(1/n)), n = its rows; with ``init_std``
-        every table ~ N(0, init_std^2) instead (DeepCTR / FuxiCTR's start for FM-style models, whose
-        pairwise products blow up from large initial vectors)."""
+        """Every table by ``init``, in table order. ``normal`` is DeepCTR / FuxiCTR's start for FM-style
+        models, whose pairwise products blow up from large initial vectors. ``zeros`` draws the uniform
+        values first and discards them, so the parameters created after the table start from the same
+        random values as when ctrkit zeroed a uniform-initialised table (same results for the same seeds)."""
         with torch.no_grad():
             for t in self.tables.values():
-                if self.init_std is not None:
-                    self.table_weight(t.name).normal_(0.0, self.init_std)
+                w = self.table_weight(t.name)
+                if self.init == "normal":
+                    w.normal_(0.0, self.std)
                     continue
                 bound = math.sqrt(1.0 / t.num_embeddings)
-                self.table_weight(t.name).uniform_(-bound, bound)
+                w.uniform_(-bound, bound)
+                if self.init == "zeros":
+                    w.zero_()
 
     def table_weight(self, table: str) -> torch.Tensor:
         """The rows of ``table`` inside its fused weight, ``[num_embeddings, D]`` (a view)."""
         t = self.tables[table]
         o = self.row_offset[table]
-        return self.weights[f"dim{t.embedding_dim}"][o : o + t.num_embeddings]
+        return self._fused(t.embedding_dim)[o : o + t.num_embeddings]
 
-    @property
-    def out_features(self) -> int:
-        """Width of ``concat()``: sum of the pooled features' dims."""
-        return sum(self.dims)
+    def _fused(self, dim: int) -> nn.Parameter:
+        return self._parameters[_fused_name(dim)]  # type: ignore[return-value]
 
-    @property
-    def embedding_dim(self) -> int:
-        """The common dim of all pooled features; an error if they differ."""
-        if len(set(self.dims)) != 1:
-            raise ValueError(f"features have different embedding dims: {dict(zip(self.keys, self.dims))}")
-        return self.dims[0]
+    def embedding_parameters(self) -> Iterator[nn.Parameter]:
+        yield from self._parameters.values()  # type: ignore[misc]
+
+    # ---- state dict: one entry per table ---------------------------------------------------------
+    def _save_to_state_dict(self, destination: dict[str, Any], prefix: str, keep_vars: bool) -> None:
+        for name in self.tables:
+            w = self.table_weight(name)
+            destination[f"{prefix}tables.{name}"] = w if keep_vars else w.detach()
+
+    def _load_from_state_dict(self, state_dict: Mapping[str, Any], prefix: str, local_metadata: Any,
+                              strict: bool, missing_keys: list[str], unexpected_keys: list[str],
+                              error_msgs: list[str]) -> None:
+        expected = {f"{prefix}tables.{name}": name for name in self.tables}
+        for key, name in expected.items():
+            if key not in state_dict:
+                missing_keys.append(key)
+                continue
+            value, target = state_dict[key], self.table_weight(name)
+            if not isinstance(value, torch.Tensor) or value.shape != target.shape:
+                shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+                error_msgs.append(f"size mismatch for {key}: copying a param with shape {shape} from "
+                                  f"checkpoint, the shape in current model is {tuple(target.shape)}.")
+                continue
+            with torch.no_grad():
+                target.copy_(value)
+        if strict:
+            unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and k not in expected)
 
     # ---- forward -------------------------------------------------------------------------------
-    def forward(self, kj: KeyedJagged) -> PooledEmbeddings:
+    def pooled(self, kj: KeyedJagged) -> PooledEmbeddings:
         B = kj.stride
         tensors = []
         for gi, g in enumerate(self._groups):
             Fg = len(g.keys)
             values, offsets, weights, lengths = _group_input(kj, g.keys)
             if weights is not None and g.pooling != "sum":
-                raise ValueError(
+                raise LayerConfigError(
                     f"per-sample weights need pooling 'sum', but features {list(g.keys)} use {g.pooling!r}"
                 )
             offs, size = getattr(self, f"_offs{gi}"), getattr(self, f"_size{gi}")
-            weight = self.weights[f"dim{g.dim}"]
+            weight = self._fused(g.dim)
             n = values.numel()
             if n == Fg * B and B and not bool((lengths == 0).any()):
                 # every bag holds exactly one id (e.g. Criteo): a plain gather, whose sparse backward
@@ -317,27 +319,37 @@ class EmbeddingBagCollection(nn.Module):
             tensors.append(out.view(Fg, B, g.dim))  # (F_g, B, D)
         return PooledEmbeddings(self.keys, self.dims, self._groups, tensors)
 
+    def sequence(self, kj: KeyedJagged, key: str) -> tuple[torch.Tensor, torch.Tensor]:
+        if key not in self.sequence_keys:
+            raise KeyError(f"no unpooled sequence feature {key!r}; known: {sorted(self.sequence_keys)}")
+        table, max_len = self.sequence_keys[key]
+        ids, mask = kj.to_padded(key, max_len)  # (B, T) each, the last max_len ids of each row
+        rows = self.lookup(table, ids[mask], key=key)  # (n, D): only real ids, so pads get no gradient
+        emb = rows.new_zeros(*mask.shape, rows.shape[-1])  # (B, T, D)
+        emb[mask] = rows
+        return emb, mask
+
+    def lookup(self, table: str, ids: torch.Tensor, *, key: str | None = None) -> torch.Tensor:
+        """Rows of ``table`` for ``ids`` -> ``(*ids.shape, D)``; ``key`` names the feature in errors."""
+        if table not in self.tables:
+            raise KeyError(f"no table {table!r}; tables: {list(self.tables)}")
+        t = self.tables[table]
+        if self.validate and ids.numel():
+            lo, hi = int(ids.min()), int(ids.max())
+            if lo < 0 or hi >= t.num_embeddings:
+                bad = lo if lo < 0 else hi
+                who = f"feature {key!r}" if key is not None else f"table {t.name!r} lookup"
+                raise IdOutOfRangeError(
+                    f"{who}: id {bad} is outside table {t.name!r} of size {t.num_embeddings} "
+                    f"(valid ids 0..{t.num_embeddings - 1})"
+                )
+        return F.embedding(ids + self.row_offset[t.name], self._fused(t.embedding_dim), sparse=self.sparse_grad)
+
     def _check_ids(self, keys: Sequence[str], values: torch.Tensor, per_key: torch.Tensor,
                    size: torch.Tensor) -> None:
         bound = size.repeat_interleave(per_key, output_size=values.numel())
         if bool(((values < 0) | (values >= bound)).any()):
             self._raise_bad_id(keys, values, per_key, size)
-
-    def lookup(self, key: str, ids: torch.Tensor) -> torch.Tensor:
-        """Unpooled embeddings of ``ids`` (any shape, e.g. padded [B, T]) in ``key``'s table -> [..., D]."""
-        if key not in self._table_of:
-            raise KeyError(f"no table for feature {key!r}; known: {sorted(self._table_of)}")
-        t = self.tables[self._table_of[key]]
-        if self.validate and ids.numel():
-            lo, hi = int(ids.min()), int(ids.max())
-            if lo < 0 or hi >= t.num_embeddings:
-                bad = lo if lo < 0 else hi
-                raise IdOutOfRangeError(
-                    f"feature {key!r}: id {bad} is outside table {t.name!r} of size {t.num_embeddings} "
-                    f"(valid ids 0..{t.num_embeddings - 1})"
-                )
-        return F.embedding(ids + self.row_offset[t.name], self.weights[f"dim{t.embedding_dim}"],
-                           sparse=self.sparse_grad)
 
     def _raise_bad_id(self, keys: Sequence[str], values: torch.Tensor, per_key: torch.Tensor,
                       size: torch.Tensor) -> None:
@@ -353,7 +365,79 @@ class EmbeddingBagCollection(nn.Module):
 
     def extra_repr(self) -> str:
         ts = ", ".join(f"{t.name}({t.num_embeddings}x{t.embedding_dim})" for t in self.tables.values())
-        return f"keys={self.keys}, tables=[{ts}], sparse_grad={self.sparse_grad}"
+        return f"keys={self.keys}, tables=[{ts}], init={self.init}, sparse_grad={self.sparse_grad}"
+
+
+def _fused_name(dim: int) -> str:
+    return f"fused_dim{dim}"
+
+
+def make_embeddings(
+    schema: Schema | None = None,
+    keys: Sequence[str] | None = None,
+    *,
+    tables: Sequence[TableSpec] | None = None,
+    sequence_keys: Sequence[str] | None = None,
+    dim: int | None = None,
+    init: str = "uniform",
+    std: float | None = None,
+    backend: str = "fused",
+    sparse_grad: bool = True,
+    validate: bool = True,
+) -> EmbeddingCollection:
+    """The one way a model builds embedding tables.
+
+    From a ``schema``: pools ``keys`` (default ``schema.pooled_keys``) with the schema's tables and
+    poolings; ``sequence_keys`` (default: the sequences with pooling "none" whose table is used) are
+    embedded unpooled by ``sequence()``. Only the tables these keys use are created, in schema order.
+    From explicit ``tables`` (GBDT+LR's leaves, Wide&Deep's crosses, NCF's role tables): every feature
+    a table lists is pooled with "sum".
+
+    ``dim`` overrides every table's width (1 for first-order weights, 2m for MLR, F·D for FFM);
+    ``init`` is "uniform" (torchrec's default), "normal" (N(0, std^2)) or "zeros"; ``backend`` is
+    "fused" (:class:`EmbeddingBagCollection`).
+    """
+    if backend not in BACKENDS:
+        raise LayerConfigError(f"embedding backend {backend!r} is not one of {BACKENDS}")
+    if (schema is None) == (tables is None):
+        raise LayerConfigError("make_embeddings needs exactly one of schema= and tables=")
+    if dim is not None and dim < 1:
+        raise LayerConfigError(f"make_embeddings: dim must be >= 1, got {dim}")
+    f2t: dict[str, str] | None = None
+    pooling: dict[str, str] = {}
+    seq: dict[str, tuple[str, int]] = {}
+    if schema is not None:
+        if keys is None:
+            keys = schema.pooled_keys
+        for k in keys:
+            f = schema.feature(k)
+            if isinstance(f, SequenceFeature) and f.pooling == "none":
+                raise SchemaError(
+                    f"sequence feature {k!r} has pooling 'none', so it cannot be pooled; pass it in "
+                    "sequence_keys and embed it with sequence(kj, key)"
+                )
+            if not isinstance(f, (SparseFeature, SequenceFeature)):
+                raise SchemaError(f"feature {k!r} is dense; embedding tables embed sparse features")
+            pooling[k] = f.pooling
+        f2t = {k: schema.table_of(k) for k in keys}
+        if sequence_keys is None:
+            used = set(f2t.values())
+            sequence_keys = [q.name for q in schema.sequence
+                             if q.pooling == "none" and schema.table_of(q.name) in used]
+        for k in sequence_keys:
+            q = schema.feature(k)
+            if not isinstance(q, SequenceFeature):
+                raise SchemaError(f"sequence_keys: {k!r} is not a sequence feature")
+            seq[k] = (schema.table_of(k), q.max_len)
+        needed = set(f2t.values()) | {t for t, _ in seq.values()}
+        tables = [t for name, t in schema.tables().items() if name in needed]
+    elif keys is not None or sequence_keys is not None:
+        raise LayerConfigError("make_embeddings: keys= and sequence_keys= go with schema=, not tables=")
+    assert tables is not None
+    if dim is not None:
+        tables = [replace(t, embedding_dim=int(dim)) for t in tables]
+    return EmbeddingBagCollection(tables, f2t, pooling, sequence_keys=seq, sparse_grad=sparse_grad,
+                                  validate=validate, init=init, std=std)
 
 
 def _group_input(

@@ -14,8 +14,8 @@ from torch import nn
 
 from ctrkit.batch import Batch, KeyedJagged
 from ctrkit.errors import ConfigError
-from ctrkit.nn.embedding import EmbeddingBagCollection
-from ctrkit.schema import Schema, TableSpec
+from ctrkit.nn.embedding import make_embeddings
+from ctrkit.schema import Schema
 
 
 def _select(kj: KeyedJagged, keys: list[str]) -> KeyedJagged:
@@ -43,7 +43,8 @@ class FieldEmbedding(nn.Module):
         self.keys = list(keys) if keys is not None else schema.pooled_keys
         if not self.keys:
             raise ConfigError(f"{model} needs at least one sparse feature in the schema")
-        self.ebc = EmbeddingBagCollection.from_schema(schema, self.keys, init_std=init_std)
+        self.ebc = make_embeddings(schema, self.keys, init="uniform" if init_std is None else "normal",
+                                   std=init_std)
         self.dims = {k: schema.embedding_dim(k) for k in self.keys}
         self.model = model
         self.num_fields = len(self.keys)
@@ -78,17 +79,7 @@ class LinearTerm(nn.Module):
     ) -> None:
         super().__init__()
         self.keys = list(keys) if keys is not None else schema.pooled_keys
-        specs = schema.tables()
-        used = {schema.table_of(k) for k in self.keys}
-        tables = [TableSpec(t.name, t.num_embeddings, 1, t.features) for t in specs.values() if t.name in used]
-        pooling = {k: schema.feature(k).pooling for k in self.keys}
-        self.ebc = (
-            EmbeddingBagCollection(tables, {k: schema.table_of(k) for k in self.keys}, pooling)
-            if self.keys else None
-        )
-        if self.ebc is not None:
-            for w in self.ebc.weights.values():
-                nn.init.zeros_(w)
+        self.ebc = make_embeddings(schema, self.keys, dim=1, init="zeros") if self.keys else None
         self.dense = nn.Linear(schema.num_dense, 1, bias=False) if use_dense and schema.num_dense else None
         if self.dense is not None:
             # zero start, like the id weights: nn.Linear's U(±1/sqrt(Nd)) start times raw dense values

@@ -11,17 +11,19 @@ All three start from ``C = cat(dense.unsqueeze(1), sparse)`` of shape ``[B, F+1,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 
+from ctrkit.errors import LayerConfigError
+from ctrkit.nn.activation import ActivationSpec
 from ctrkit.nn.mlp import MLP
 
 
 def _check_inputs(name: str, dense: torch.Tensor, sparse: torch.Tensor, F: int, D: int) -> None:
     if dense.dim() != 2 or sparse.dim() != 3 or sparse.shape[1:] != (F, D) or dense.shape[1] != D:
-        raise ValueError(
+        raise LayerConfigError(
             f"{name} expects dense [B, {D}] and sparse [B, {F}, {D}], got {tuple(dense.shape)} and "
             f"{tuple(sparse.shape)}; the dense arch must end in embedding_dim={D} units"
         )
@@ -39,7 +41,7 @@ class DotInteraction(nn.Module):
         self.num_sparse_features = F = int(num_sparse_features)
         self.embedding_dim = D = int(embedding_dim)
         if F < 1 or D < 1:
-            raise ValueError(f"DotInteraction needs num_sparse_features >= 1 and embedding_dim >= 1, got {F}, {D}")
+            raise LayerConfigError(f"DotInteraction needs num_sparse_features >= 1 and embedding_dim >= 1, got {F}, {D}")
         i, j = torch.triu_indices(F + 1, F + 1, offset=1)
         self.register_buffer("flat_index", i * (F + 1) + j, persistent=False)  # (F(F+1)/2,)
         self.out_features = D + F * (F + 1) // 2
@@ -66,7 +68,7 @@ class DCNInteraction(nn.Module):
         N = (self.num_sparse_features + 1) * self.embedding_dim
         n_in = getattr(crossnet, "in_features", N)
         if n_in != N:
-            raise ValueError(
+            raise LayerConfigError(
                 f"DCNInteraction: crossnet has in_features={n_in}, but (F+1)*D = "
                 f"({self.num_sparse_features}+1)*{self.embedding_dim} = {N}"
             )
@@ -95,7 +97,7 @@ class ProjectionInteraction(nn.Module):
         interaction_branch1_layer_sizes: Sequence[int],
         interaction_branch2_layer_sizes: Sequence[int],
         *,
-        activation: str | Callable[[], nn.Module] = "relu",
+        activation: ActivationSpec = "relu",
     ) -> None:
         super().__init__()
         self.num_sparse_features = F = int(num_sparse_features)
@@ -104,9 +106,9 @@ class ProjectionInteraction(nn.Module):
         for name, sizes in (("interaction_branch1_layer_sizes", interaction_branch1_layer_sizes),
                             ("interaction_branch2_layer_sizes", interaction_branch2_layer_sizes)):
             if not sizes:
-                raise ValueError(f"ProjectionInteraction: {name} is empty; give at least one layer size")
+                raise LayerConfigError(f"ProjectionInteraction: {name} is empty; give at least one layer size")
             if sizes[-1] % D:
-                raise ValueError(
+                raise LayerConfigError(
                     f"ProjectionInteraction: {name} ends in width {sizes[-1]}, which is not a multiple of "
                     f"embedding_dim={D}; make the last size k*{D}"
                 )

@@ -8,35 +8,13 @@ bias), which is what torchrec's ``MLP``/``Perceptron`` used by DenseArch and Ove
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 
-_ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
-    "relu": nn.ReLU,
-    "sigmoid": nn.Sigmoid,
-    "tanh": nn.Tanh,
-    "gelu": nn.GELU,
-    "silu": nn.SiLU,
-    "swish": nn.SiLU,
-    "prelu": nn.PReLU,
-    "leaky_relu": nn.LeakyReLU,
-    "identity": nn.Identity,
-    "linear": nn.Identity,
-}
-
-
-def make_activation(activation: str | Callable[[], nn.Module]) -> nn.Module:
-    """An activation module from a name (see ``_ACTIVATIONS``) or a zero-argument factory."""
-    if callable(activation):
-        return activation()
-    try:
-        return _ACTIVATIONS[activation.lower()]()
-    except KeyError:
-        raise ValueError(
-            f"unknown activation {activation!r}; use one of {sorted(_ACTIVATIONS)} or pass a module factory"
-        ) from None
+from ctrkit.errors import LayerConfigError
+from ctrkit.nn.activation import ActivationSpec, make_activation
 
 
 class MLP(nn.Module):
@@ -45,7 +23,8 @@ class MLP(nn.Module):
     Args:
         in_features: input width.
         hidden: output width of each layer, in order.
-        activation: name ("relu", "sigmoid", "tanh", "gelu", "silu", "prelu", ...) or module factory.
+        activation: name ("relu", "sigmoid", "tanh", "gelu", "silu", "prelu", ...) or module factory
+            (:func:`~ctrkit.nn.activation.make_activation`; a factory gives each layer its own module).
         dropout: dropout probability after each activated layer (0 = none).
         batch_norm: BatchNorm1d between each Linear and its activation.
         final_activation: apply BN/activation/dropout after the last layer too (DenseArch: True;
@@ -57,7 +36,7 @@ class MLP(nn.Module):
         in_features: int,
         hidden: Sequence[int],
         *,
-        activation: str | Callable[[], nn.Module] = "relu",
+        activation: ActivationSpec = "relu",
         dropout: float = 0.0,
         batch_norm: bool = False,
         final_activation: bool = True,
@@ -65,9 +44,9 @@ class MLP(nn.Module):
         super().__init__()
         hidden = [int(h) for h in hidden]
         if in_features < 1 or any(h < 1 for h in hidden):
-            raise ValueError(f"MLP sizes must be positive, got in_features={in_features}, hidden={hidden}")
+            raise LayerConfigError(f"MLP sizes must be positive, got in_features={in_features}, hidden={hidden}")
         if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"MLP dropout must be in [0, 1), got {dropout}")
+            raise LayerConfigError(f"MLP dropout must be in [0, 1), got {dropout}")
         self.in_features = int(in_features)
         self.out_features = hidden[-1] if hidden else self.in_features
         layers: list[nn.Module] = []
@@ -77,7 +56,7 @@ class MLP(nn.Module):
             if final_activation or i < len(hidden) - 1:
                 if batch_norm:
                     layers.append(nn.BatchNorm1d(h))
-                layers.append(make_activation(activation))
+                layers.append(make_activation(activation, layer="MLP"))
                 if dropout > 0:
                     layers.append(nn.Dropout(dropout))
             prev = h

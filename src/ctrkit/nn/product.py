@@ -4,8 +4,6 @@ ICDM 2016; seed 002 "PNN").
 Inputs are field embeddings ``E`` (B, F, D); pairs ``i < j`` in upper-triangle order, ``P = F(F-1)/2``.
 
 * :class:`InnerProduct` — IPNN signals ``p_ij = <v_i, v_j>`` -> (B, P).
-* :class:`OuterProduct` — per-pair kernel products ``p_ij = v_i^T W_ij v_j`` with the kernel types of
-  DeepCTR's OPNN ('mat' | 'vec' | 'num') -> (B, P).
 * :func:`pooled_outer_product` — the paper's (and the seed's) sum-pooled outer product
   ``p = f_Σ f_Σ^T`` with ``f_Σ = Σ_f v_f`` -> (B, D, D).
 * :class:`PNNProductLayer` — the whole product layer ``l_1 = l_z + l_p + b`` -> (B, units).
@@ -16,9 +14,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ctrkit.nn.fm import LayerConfigError, check_embeddings, pair_indices
+from ctrkit.errors import LayerConfigError
+from ctrkit.nn.fm import check_embeddings, pair_indices
 
-__all__ = ["InnerProduct", "OuterProduct", "PNNProductLayer", "pooled_outer_product"]
+__all__ = ["InnerProduct", "PNNProductLayer", "pooled_outer_product"]
 
 
 class InnerProduct(nn.Module):
@@ -46,60 +45,6 @@ class InnerProduct(nn.Module):
 
     def extra_repr(self) -> str:
         return f"num_fields={self.num_fields}"
-
-
-_KERNEL_TYPES = ("mat", "vec", "num")
-
-
-class OuterProduct(nn.Module):
-    """Pairwise outer-product signals with a learned kernel per pair (the OPNN variant of
-    DeepCTR / the PNN authors' released code), ``i < j``:
-
-        'mat':  p_ij = v_i^T W_ij v_j = Σ_{d,e} v_{i,d} W_ij[d,e] v_{j,e}   = <v_i v_j^T, W_ij>,  W_ij ∈ R^{D×D}
-        'vec':  p_ij = Σ_d v_{i,d} w_ij[d] v_{j,d}                            (diagonal W_ij),      w_ij ∈ R^D
-        'num':  p_ij = w_ij <v_i, v_j>                                        (scalar W_ij),        w_ij ∈ R
-
-    i.e. each pair's D×D outer product ``v_i v_j^T`` is reduced by its own kernel. Input (B, F, D)
-    -> output (B, P), ``out_features = P``. For the paper's sum-pooled outer product see
-    :func:`pooled_outer_product` / :class:`PNNProductLayer` (mode 'outer').
-    """
-
-    def __init__(self, num_fields: int, embedding_dim: int, *, kernel_type: str = "mat") -> None:
-        super().__init__()
-        if num_fields < 2:
-            raise LayerConfigError(f"OuterProduct: num_fields must be >= 2, got {num_fields}")
-        if kernel_type not in _KERNEL_TYPES:
-            raise LayerConfigError(
-                f"OuterProduct: unknown kernel_type={kernel_type!r}; valid: {', '.join(_KERNEL_TYPES)}"
-            )
-        self.num_fields, self.embedding_dim, self.kernel_type = num_fields, embedding_dim, kernel_type
-        rows, cols = pair_indices(num_fields)
-        self.register_buffer("rows", rows, persistent=False)
-        self.register_buffer("cols", cols, persistent=False)
-        p, d = rows.numel(), embedding_dim
-        shape = {"mat": (p, d, d), "vec": (p, d), "num": (p, 1)}[kernel_type]
-        self.kernel = nn.Parameter(torch.empty(shape))
-        self.out_features = p
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        """'mat': N(0, 1/D), so p_ij has the scale of <v_i, v_j>; 'vec'/'num': ones (starts as <v_i, v_j>)."""
-        if self.kernel_type == "mat":
-            nn.init.normal_(self.kernel, mean=0.0, std=self.embedding_dim**-0.5)
-        else:
-            nn.init.ones_(self.kernel)
-
-    def forward(self, emb: Tensor) -> Tensor:
-        check_embeddings("OuterProduct", emb, self.num_fields, self.embedding_dim)
-        left, right = emb[:, self.rows], emb[:, self.cols]  # (B, P, D) each
-        if self.kernel_type == "mat":
-            return torch.einsum("bpd,pde,bpe->bp", left, self.kernel, right)  # (B, P)
-        if self.kernel_type == "vec":
-            return (left * right * self.kernel).sum(dim=2)  # (B, P)
-        return (left * right).sum(dim=2) * self.kernel.squeeze(1)  # (B, P)
-
-    def extra_repr(self) -> str:
-        return f"num_fields={self.num_fields}, embedding_dim={self.embedding_dim}, kernel_type={self.kernel_type!r}"
 
 
 def pooled_outer_product(emb: Tensor) -> Tensor:

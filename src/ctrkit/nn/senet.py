@@ -7,7 +7,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ctrkit.nn.fm import LayerConfigError, check_embeddings, pair_indices
+from ctrkit.errors import LayerConfigError
+from ctrkit.nn.fm import check_embeddings, pair_indices
 
 __all__ = ["SENET", "BilinearInteraction"]
 

@@ -1,4 +1,4 @@
-"""Training: config (YAML -> dataclasses), optimizers by parameter group, checkpoints, the Trainer.
+"""Training: config (YAML -> dataclasses), optimizers by parameter group, checkpoints, tasks, the Trainer.
 
 Imports are lazy so ``import ctrkit.train.config`` (used by the CLI) does not pull in the trainer.
 """
@@ -15,6 +15,7 @@ _EXPORTS = {
     "CheckpointError": "checkpoint", "save_checkpoint": "checkpoint", "load_checkpoint": "checkpoint",
     "load_model": "checkpoint",
     "Trainer": "trainer", "TrainingError": "trainer", "Callback": "trainer", "seed_everything": "trainer",
+    "Task": "tasks", "CTRTask": "tasks",
 }
 
 __all__ = list(_EXPORTS)

@@ -12,6 +12,7 @@ it loads with ``torch.load(weights_only=True)`` (no pickled code runs on load)::
      "trainer":     {"epoch", "step", "epoch_complete", "loader", "best_metric", "best_step",
                      "bad_evals", "rng": rng_state()} or None,
      "vocab":   {"arrays": {name: array ...} or None, "path": vocab directory or None},
+     "pipeline": the training data's FeaturePipeline.to_payload() ({"meta": ..., "arrays": ...}) or None,
      "extra":   free dict}
 
 numpy arrays anywhere are stored as ``{"__ndarray__": tensor}`` (numeric) or
@@ -193,13 +194,15 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     return ckpt
 
 
-def load_model(path: str | Path, map_location: str | torch.device = "cpu") -> tuple[nn.Module, Any, Any]:
-    """Rebuild the model of a checkpoint: ``(model in eval mode, Schema, Config or None)``."""
+def load_model(path: str | Path, map_location: str | torch.device = "cpu", *,
+               ckpt: dict[str, Any] | None = None) -> tuple[nn.Module, Any, Any]:
+    """Rebuild the model of a checkpoint: ``(model in eval mode, Schema, Config or None)``; ``ckpt``: the
+    checkpoint at ``path`` already read by :func:`load_checkpoint`."""
     from ctrkit.models.registry import ConfigError, create_model
     from ctrkit.schema import Schema
     from ctrkit.train.config import config_from_dict
 
-    ckpt = load_checkpoint(path, map_location)
+    ckpt = load_checkpoint(path, map_location) if ckpt is None else ckpt
     if ckpt.get("schema") is None or not ckpt["model"].get("name"):
         raise CheckpointError(
             f"{path} has no schema or model name; it was saved without them and cannot rebuild a model"

@@ -7,10 +7,16 @@ A config file has four blocks, each a dataclass below::
     train: {epochs: 1, lr: 1.0e-3, sparse_optimizer: rowwise_adagrad, early_stopping: {patience: 2}}
     run:   {dir: runs, name: criteo-dlrm}
 
+A file may inherit base files, merged in order under its own keys (mappings deep-merged)::
+
+    defaults: [../_base/criteo.yaml]      # paths relative to this file
+    model: {name: deepfm, params: {dnn_hidden: [256, 128]}}
+    train: {embedding_lr: 0.01}           # overrides one key of the base's train block
+
 Every key is checked against the dataclass fields: an unknown key anywhere is a
-:class:`~ctrkit.models.registry.ConfigError` naming the full key path and the closest valid key;
-a value of the wrong type names the key, the expected type and the value. ``model.params`` is a
-free dict here; ``create_model`` checks it against the model's signature later.
+:class:`~ctrkit.errors.ConfigError` naming the full key path and the closest valid key;
+a value of the wrong type names the key, the expected type and the value (:mod:`ctrkit.typecheck`).
+``model.params`` is a free dict here; ``create_model`` checks it against the model's signature later.
 
 Overrides (from the command line) are ``key.path=value`` with an optional leading ``--``; the value
 is parsed for the field's type (``3e-4`` -> float, ``true`` -> bool, ``[64,32]`` -> list, ``null``
@@ -20,7 +26,6 @@ is parsed for the field's type (``3e-4`` -> float, ``true`` -> bool, ``[64,32]``
 from __future__ import annotations
 
 import dataclasses
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +33,8 @@ from typing import Any, Literal
 
 import yaml
 
-from ctrkit.models.registry import ConfigError, suggest
+from ctrkit.errors import ConfigError
+from ctrkit.typecheck import CliValue, build, suggest
 
 DenseOptimizer = Literal["adam", "adamw", "sgd", "adagrad"]
 SparseOptimizer = Literal["adagrad", "rowwise_adagrad", "sparse_adam", "sgd"]
@@ -122,115 +128,13 @@ class Config:
 
 
 # ---- typed construction ------------------------------------------------------------------------------
-class _CliValue(str):
-    """A value typed on the command line: still text, parsed for the target field's type."""
-
-
-_TRUE = {"true", "yes", "on", "1"}
-_FALSE = {"false", "no", "off", "0"}
-_NONE = {"null", "none", "~", ""}
-
-
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-
-
-def _coerce(value: Any, tp: Any, key: str) -> Any:
-    """``value`` checked / converted to type ``tp``; ConfigError naming ``key`` otherwise."""
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-
-    def bad(extra: str = "") -> ConfigError:
-        return ConfigError(f"config key {key!r} expects {_type_name(tp)}, got {value!r}{extra}")
-
-    if tp is Any:
-        return yaml.safe_load(value) if isinstance(value, _CliValue) else value
-    if origin in (typing.Union, types.UnionType):
-        if type(None) in args and (value is None or (isinstance(value, _CliValue) and value.lower() in _NONE)):
-            return None
-        rest = [a for a in args if a is not type(None)]
-        for a in rest:
-            try:
-                return _coerce(value, a, key)
-            except ConfigError:
-                pass
-        raise bad()
-    if origin is Literal:
-        if value not in args:
-            raise ConfigError(f"config key {key!r}: {value!r} is not one of {list(args)}"
-                              f"{suggest(str(value), [str(a) for a in args])}")
-        return str(value) if isinstance(value, _CliValue) else value
-    if dataclasses.is_dataclass(tp):
-        if isinstance(value, _CliValue):
-            value = yaml.safe_load(value)
-        if not isinstance(value, dict):
-            raise bad(" (a mapping)")
-        return _build(tp, value, key)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, _CliValue) and value.lower() in _TRUE | _FALSE:
-            return value.lower() in _TRUE
-        raise bad()
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, str):
-            try:
-                return int(value.replace("_", ""))
-            except ValueError:
-                pass
-        raise bad()
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # PyYAML reads "3e-4" (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise bad()
-    if tp is str:
-        if isinstance(value, str):
-            return str(value)
-        raise bad()
-    if origin in (list, tuple):
-        if isinstance(value, _CliValue):
-            value = yaml.safe_load(value)
-        if not isinstance(value, (list, tuple)):
-            raise bad(" (a list)")
-        inner = args[0] if args else Any
-        return [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        if isinstance(value, _CliValue):
-            value = yaml.safe_load(value)
-        if not isinstance(value, dict):
-            raise bad(" (a mapping)")
-        vt = args[1] if len(args) == 2 else Any
-        return {str(k): _coerce(v, vt, f"{key}.{k}") for k, v in value.items()}
-    raise TypeError(f"config field {key!r} has unsupported type {tp!r}")  # a bug in this module
-
-
-def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    kwargs = {}
-    for k, v in data.items():
-        key = f"{prefix}.{k}" if prefix else str(k)
-        if k not in names:
-            where = f"in '{prefix}' " if prefix else "at the top level "
-            raise ConfigError(f"unknown config key {key!r} {where}{suggest(str(k), names).lstrip()}")
-        kwargs[k] = _coerce(v, hints[k], key)
-    return cls(**kwargs)
-
-
 def config_from_dict(data: dict[str, Any] | None) -> Config:
     """Validated :class:`Config` from a nested dict (e.g. ``yaml.safe_load`` of a config file)."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"a config must be a mapping of blocks (data/model/train/run), got {type(data).__name__}")
-    cfg = _build(Config, data)
+    cfg = build(Config, data)
     _check_values(cfg)
     return cfg
 
@@ -256,7 +160,7 @@ def _check_values(cfg: Config) -> None:
             raise ConfigError(msg)
 
 
-def _split_override(item: str) -> tuple[list[str], _CliValue]:
+def _split_override(item: str) -> tuple[list[str], CliValue]:
     text = item.removeprefix("--")
     if "=" not in text:
         raise ConfigError(f"override {item!r} must look like --train.lr=3e-4 (key path '=' value)")
@@ -264,7 +168,7 @@ def _split_override(item: str) -> tuple[list[str], _CliValue]:
     path = key.strip().split(".")
     if not all(path):
         raise ConfigError(f"override {item!r} has an empty key segment")
-    return path, _CliValue(value.strip())
+    return path, CliValue(value.strip())
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
@@ -301,20 +205,60 @@ def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]
     return data
 
 
+def _read_yaml(p: Path) -> dict[str, Any]:
+    try:
+        loaded = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {p} is not valid YAML: {e}") from e
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ConfigError(f"config file {p} must hold a mapping (data/model/train/run blocks)")
+    return loaded or {}
+
+
+def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` deep-merged into a copy of ``base``: mappings merge key by key, anything else
+    (scalars, lists, null) in ``over`` replaces the base value."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def read_config_file(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The nested dict of a config file with its ``defaults`` resolved.
+
+    ``defaults: [../_base/criteo.yaml, ...]`` lists base files (paths relative to this file's
+    directory, or absolute); they are merged in order, each over the previous, and this file's own
+    keys last (:func:`merge`). Bases may have defaults of their own; a cycle is an error.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {p} does not exist")
+    data = _read_yaml(p)
+    chain = (*_chain, p.resolve())
+    defaults = data.pop("defaults", None)
+    if defaults is None:
+        return data
+    if not isinstance(defaults, list) or not all(isinstance(d, str) and d for d in defaults):
+        raise ConfigError(f"{p}: 'defaults' must be a list of base config files, e.g. "
+                          f"defaults: [../_base/criteo.yaml]; got {defaults!r}")
+    merged: dict[str, Any] = {}
+    for entry in defaults:
+        base = p.parent / entry
+        if base.resolve() in chain:
+            cycle = " -> ".join(str(c) for c in (*chain, base.resolve()))
+            raise ConfigError(f"{p}: defaults entry {entry!r} makes a cycle: {cycle}")
+        if not base.is_file():
+            raise ConfigError(f"{p}: base config {entry!r} ({base}) does not exist; "
+                              "defaults paths are relative to the config file that lists them")
+        merged = merge(merged, read_config_file(base, chain))
+    return merge(merged, data)
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Read a YAML config (or start from defaults when ``path`` is None) and apply overrides."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file {p} does not exist")
-        try:
-            loaded = yaml.safe_load(p.read_text())
-        except yaml.YAMLError as e:
-            raise ConfigError(f"config file {p} is not valid YAML: {e}") from e
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"config file {p} must hold a mapping (data/model/train/run blocks)")
-        data = loaded or {}
+    """Read a YAML config (its ``defaults`` bases merged in, see :func:`read_config_file`), or start from
+    the dataclass defaults when ``path`` is None, and apply overrides."""
+    data = read_config_file(path) if path is not None else {}
     apply_overrides(data, list(overrides))
     try:
         return config_from_dict(data)

@@ -1,6 +1,6 @@
-"""Optimizers by parameter group: dense parameters and embedding tables (sparse-aware).
+"""Optimizers by parameter group: dense parameters, embedding tables (sparse-aware), dedicated groups.
 
-Parameters marked ``is_embedding = True`` (embedding tables [R, D]) go to the sparse optimizer,
+The model's declared ``embedding_parameters()`` (embedding tables [R, D]) go to the sparse optimizer,
 everything else to the dense one:
 
 - dense: ``adam`` | ``adamw`` | ``sgd`` | ``adagrad`` with ``weight_decay`` (L2 added to the gradient;
@@ -16,6 +16,10 @@ gradient, i.e. the gradient of ``embedding_l2 / 2 * sum_{r in batch} ||W_r||^2``
 :class:`OptimizerSet` to the coalesced gradient just before the sparse optimizer steps, so it
 works identically for every sparse optimizer and never walks the whole table. (DIN additionally
 divides by each id's frequency; that variant is not implemented.)
+
+Dedicated groups: a model declares named :class:`~ctrkit.models.base.ParamGroup` s; with
+``train.wide_optimizer=ftrl`` the group named "wide" (Wide & Deep's linear part) is trained by
+:class:`~ctrkit.train.ftrl.FTRL` and taken out of the dense / sparse optimizers.
 """
 
 from __future__ import annotations
@@ -26,26 +30,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from ctrkit.models.registry import ConfigError
+from ctrkit.errors import ConfigError
+from ctrkit.models.base import CTRModel
 
 DENSE_OPTIMIZERS = ("adam", "adamw", "sgd", "adagrad")
 SPARSE_OPTIMIZERS = ("adagrad", "rowwise_adagrad", "sparse_adam", "sgd")
 
 
-def is_embedding(p: torch.Tensor) -> bool:
-    return bool(getattr(p, "is_embedding", False))
-
-
-def split_parameters(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
-    """(dense params, embedding params) of trainable parameters, shared tables counted once.
-
-    Embedding params are those marked ``is_embedding = True`` and, as a fallback (``copy.deepcopy``
-    drops Python attributes of a Parameter), the weights of ``nn.Embedding`` / ``nn.EmbeddingBag``.
-    """
-    marked = {id(p) for p in model.parameters() if is_embedding(p)}
-    for m in model.modules():
-        if isinstance(m, (nn.Embedding, nn.EmbeddingBag)):
-            marked.add(id(m.weight))
+def split_parameters(model: CTRModel) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+    """(dense params, embedding params) of trainable parameters in the model's order, shared tables
+    counted once; embedding params are the model's declared ``embedding_parameters()``."""
+    marked = {id(p) for p in model.embedding_parameters()}
     dense, emb = [], []
     for p in model.parameters():
         if p.requires_grad:
@@ -167,7 +162,7 @@ class OptimizerSet:
     ) -> None:
         self.dense = dense
         self.sparse = sparse
-        self.wide = wide  # e.g. FTRL over a model's wide_parameters()
+        self.wide = wide  # e.g. FTRL over the model's "wide" parameter group
         self.embedding_l2 = float(embedding_l2)
         self._needs_sparse_grad = isinstance(sparse, torch.optim.SparseAdam)
 
@@ -244,22 +239,27 @@ def build_sparse_optimizer(name: str, params: list[nn.Parameter], lr: float) -> 
     raise ConfigError(f"train.sparse_optimizer {name!r} is not one of {SPARSE_OPTIMIZERS}")
 
 
-def build_optimizers(model: nn.Module, config: Any) -> OptimizerSet:
+def build_optimizers(model: CTRModel, config: Any) -> OptimizerSet:
     """An :class:`OptimizerSet` for ``model`` from a :class:`~ctrkit.train.config.TrainConfig`
-    (fields dense_optimizer, sparse_optimizer, lr, embedding_lr, weight_decay, embedding_l2)."""
+    (fields dense_optimizer, sparse_optimizer, lr, embedding_lr, weight_decay, embedding_l2,
+    wide_optimizer and ftrl_*)."""
+    if not isinstance(model, CTRModel):
+        raise ConfigError(f"build_optimizers needs a ctrkit CTRModel (its declared embedding tables and "
+                          f"parameter groups); got {type(model).__name__}")
     dense, emb = split_parameters(model)
     if not dense and not emb:
         raise ConfigError("the model has no trainable parameters")
     wide_opt = None
-    if getattr(config, "wide_optimizer", "default") == "ftrl":
-        if not hasattr(model, "wide_parameters"):
+    if config.wide_optimizer == "ftrl":
+        group = next((g for g in model.param_groups() if g.name == "wide"), None)
+        if group is None:
             raise ConfigError(
-                f"train.wide_optimizer=ftrl needs a model with a wide part (wide_parameters()); "
-                f"{type(model).__name__} has none"
+                f"train.wide_optimizer=ftrl needs a model with a wide part (a parameter group named 'wide'); "
+                f"{model.model_name or type(model).__name__!r} declares none; set train.wide_optimizer=default"
             )
         from ctrkit.train.ftrl import FTRL
 
-        wide = {id(p): p for p in model.wide_parameters() if p.requires_grad}
+        wide = {id(p): p for p in group.params if p.requires_grad}
         dense = [p for p in dense if id(p) not in wide]
         emb = [p for p in emb if id(p) not in wide]
         wide_opt = FTRL(list(wide.values()), alpha=config.ftrl_alpha, beta=config.ftrl_beta, l1=config.ftrl_l1,

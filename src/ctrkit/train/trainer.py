@@ -2,11 +2,20 @@
 
 One optimizer step reads top to bottom::
 
-    logits = model(batch)                                   # (B,)
-    loss = BCEWithLogits(logits, labels, weights) [+ model.extra_losses(batch)]
+    loss, logs = task.loss(module, batch)      # CTRTask: BCE + the model's aux losses + penalties
     zero_grad(set_to_none) -> backward -> NaN/Inf guard -> clip dense grads -> optimizer step
 
 Decisions worth knowing:
+
+- Model and module: ``self.model`` is the unwrapped :class:`~ctrkit.models.base.CTRModel`
+  (checkpoints, parameter groups, embedding tables); ``self.module`` is what the loop calls and
+  steps. They are the same object today; a DDP / torchrec wrapper goes into ``self.module`` in
+  ``__init__`` and nothing else changes.
+- The :class:`~ctrkit.train.tasks.Task` owns loss and evaluation (default: a
+  :class:`~ctrkit.train.tasks.CTRTask` with the config's metrics and precision). Every named part
+  of the loss it returns (aux losses, ``penalty/<group>``, ``bce``) is averaged over ``log_every``
+  steps like ``loss`` and written to the train records; the sums stay on the device (no extra
+  host synchronisation per step).
 
 - NaN/Inf guard: the loss is checked every step *before* the optimizer step (one scalar read of
   the host; on CPU this costs no synchronisation). A non-finite loss raises :class:`TrainingError`
@@ -22,8 +31,9 @@ Decisions worth knowing:
 - bf16 (``precision="bf16"``) runs the forward pass under CPU/CUDA autocast; the loss is computed
   in float32 and the parameters and optimizer states stay float32.
 - Run directory: ``config.yaml`` (resolved), ``metrics.jsonl`` (one JSON object per log step,
-  ``{"kind": "train", ...}``, and per evaluation, ``{"kind": "eval", ...}``), ``last.pt`` (every
-  evaluation, every ``checkpoint_every`` steps and at the end) and ``best.pt`` (best evaluation).
+  ``{"kind": "train", "loss": ..., <each logged part>: ...}``, and per evaluation,
+  ``{"kind": "eval", ...}``), ``last.pt`` (every evaluation, every ``checkpoint_every`` steps and at
+  the end) and ``best.pt`` (best evaluation).
 """
 
 from __future__ import annotations
@@ -32,8 +42,7 @@ import json
 import logging
 import math
 import random
-from collections.abc import Iterable, Sequence
-from contextlib import nullcontext
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -44,12 +53,14 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ctrkit.batch import Batch
-from ctrkit.errors import TrainingError
-from ctrkit.metrics import MAXIMISE, MetricSet
+from ctrkit.errors import ConfigError, TrainingError
+from ctrkit.metrics import MAXIMISE
+from ctrkit.models.base import CTRModel
 from ctrkit.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from ctrkit.train.config import TrainConfig, config_to_dict
 from ctrkit.train.memory import keep_freed_memory
 from ctrkit.train.optim import OptimizerSet, build_optimizers
+from ctrkit.train.tasks import CTRTask, Task
 
 log = logging.getLogger(__name__)
 
@@ -81,23 +92,26 @@ def seed_everything(seed: int) -> None:
 
 
 class Trainer:
-    """Fit a CTR model (``model(batch) -> logits (B,)``) on a loader of :class:`~ctrkit.batch.Batch`.
+    """Fit a :class:`~ctrkit.models.base.CTRModel` through a :class:`~ctrkit.train.tasks.Task` on a
+    loader of :class:`~ctrkit.batch.Batch`.
 
     ``config`` is the train block of the run config; ``run_config`` (optional, the whole
     :class:`~ctrkit.train.config.Config`) is what gets saved as config.yaml and inside checkpoints.
-    ``schema`` / ``model_params`` / ``vocab`` make the checkpoints self-contained for ``load_model``
-    and prediction (schema defaults to ``model.schema`` if the model has one).
+    ``schema`` / ``model_params`` / ``vocab`` / ``pipeline`` make the checkpoints self-contained for
+    ``load_model`` and prediction. ``task`` defaults to ``CTRTask(metrics, precision=config.precision)``
+    with ``metrics`` (default ``config.metrics``) plus the early-stopping metric.
     """
 
     def __init__(
         self,
-        model: nn.Module,
+        model: CTRModel,
         train_loader: Loader,
         config: TrainConfig,
         *,
         valid_loader: Loader | None = None,
         run_dir: str | Path | None = None,
         metrics: Sequence[str] | None = None,
+        task: Task | None = None,
         callbacks: Iterable[Callback] | None = None,
         resume_from: str | Path | None = None,
         run_config: Any = None,
@@ -107,29 +121,40 @@ class Trainer:
         pipeline: dict[str, Any] | None = None,
         extra: dict[str, Any] | None = None,
     ) -> None:
+        if not isinstance(model, CTRModel):
+            raise ConfigError(f"the Trainer trains a ctrkit CTRModel; got {type(model).__name__} "
+                              "(derive it from ctrkit.models.base.CTRModel)")
         self.config = config
         self.device = torch.device(config.device)
-        self.model = model.to(self.device)
+        self.model: CTRModel = model.to(self.device)  # unwrapped: checkpoints, param groups, tables
+        self.module: nn.Module = self.model  # what the loop calls and steps (a DDP wrapper goes here)
         self.train_loader = train_loader
         self.valid_loader = valid_loader
         self.callbacks = list(callbacks or [])
         self.run_config = run_config
-        self.schema = schema if schema is not None else getattr(model, "schema", None)
+        self.schema = schema
         if model_params is None and run_config is not None:
             model_params = dict(run_config.model.params)
         self.model_params = model_params or {}
-        self.model_name = getattr(model, "model_name", None) or (
-            run_config.model.name if run_config is not None else None)
+        self.model_name = model.model_name or (run_config.model.name if run_config is not None else None)
         self.vocab = vocab
         self.pipeline = pipeline  # FeaturePipeline.to_payload() of the training data, stored in every checkpoint
         self.extra = dict(extra or {})  # stored in every checkpoint (e.g. how raw data was read)
         self.run_dir = Path(run_dir) if run_dir is not None else None
 
         es = config.early_stopping
-        names = list(metrics if metrics is not None else config.metrics)
-        if es.patience > 0 and es.metric not in names:
-            names.append(es.metric)
-        self.metric_names = names
+        if task is None:
+            names = list(metrics if metrics is not None else config.metrics)
+            if es.patience > 0 and es.metric not in names:
+                names.append(es.metric)
+            task = CTRTask(names, precision=config.precision)
+        elif metrics is not None:
+            raise ConfigError("give the Trainer metrics= or task= (whose metric_names are evaluated), not both")
+        elif es.patience > 0 and es.metric not in task.metric_names:
+            raise ConfigError(f"train.early_stopping.metric {es.metric!r} is not one of the task's metrics "
+                              f"{task.metric_names}")
+        self.task = task.bind(self.model)
+        self.metric_names = list(task.metric_names)
         self._maximise = MAXIMISE.get(es.metric, False) if es.mode == "auto" else es.mode == "max"
 
         seed_everything(config.seed)
@@ -164,7 +189,8 @@ class Trainer:
         total = cfg.epochs * n_batches if cfg.max_steps is None else min(cfg.max_steps, cfg.epochs * n_batches)
         self._pbar = tqdm(total=total, initial=min(self.step, total), disable=not cfg.progress,
                           desc="train", dynamic_ncols=True, leave=False)
-        running = torch.zeros((), dtype=torch.float64)
+        running = torch.zeros((), dtype=torch.float64, device=self.device)  # sum of losses since the last log
+        running_parts: dict[str, torch.Tensor] = {}  # sum of each logged part of the loss
         running_n = 0
         try:
             start_epoch = self.epoch + 1 if self.epoch_complete else self.epoch
@@ -176,21 +202,26 @@ class Trainer:
                 if self._loader_state is not None:  # resume mid-epoch
                     self.train_loader.load_state_dict(self._loader_state)
                     self._loader_state = None
-                self.model.train()
+                self.module.train()
                 seen = 0
                 for batch in self.train_loader:
                     seen += 1
-                    loss = self._train_step(batch)
+                    loss, logs = self._train_step(batch)
                     self.step += 1
                     running += loss.detach().double()
+                    for k, v in logs.items():
+                        part = running_parts.get(k)
+                        running_parts[k] = v.to(torch.float64, copy=True) if part is None else part.add_(v)
                     running_n += 1
                     self._pbar.update(1)
                     if self.step % cfg.log_every == 0:
                         avg = float(running) / running_n
+                        parts = {k: float(v) / running_n for k, v in running_parts.items()}
                         running.zero_()
+                        running_parts.clear()
                         running_n = 0
                         self._pbar.set_postfix(self._postfix(avg), refresh=False)
-                        self._log({"kind": "train", "step": self.step, "epoch": epoch, "loss": avg})
+                        self._log({"kind": "train", "step": self.step, "epoch": epoch, "loss": avg, **parts})
                     evaluated = False
                     if cfg.eval_every is not None and self.step % cfg.eval_every == 0:
                         self._evaluate_and_checkpoint()
@@ -221,24 +252,13 @@ class Trainer:
             self._pbar = None
         return self.summary()
 
-    @torch.no_grad()
     def evaluate(self, loader: Iterable[Batch]) -> dict[str, float]:
-        """Metrics of the model on ``loader`` (model put back in train mode afterwards)."""
-        was_training = self.model.training
-        self.model.eval()
-        ms = MetricSet(self.metric_names)
-        try:
-            for batch in loader:
-                batch = batch.to(self.device) if self.device.type != "cpu" else batch
-                with self._autocast():
-                    logits = self.model(batch)
-                ms.update(torch.sigmoid(logits.float()), batch.labels, batch.weights,
-                          batch.group_ids if "gauc" in self.metric_names else None)
-        finally:
-            self.model.train(was_training)
-        if len(ms) == 0:
-            raise TrainingError("evaluation data is empty: the loader yielded no rows")
-        return ms.compute()
+        """The task's metrics of the model on ``loader`` (its train/eval mode restored afterwards)."""
+        return self.task.evaluate(self.module, self._on_device(loader))
+
+    def _on_device(self, loader: Iterable[Batch]) -> Iterator[Batch]:
+        for batch in loader:
+            yield batch.to(self.device) if self.device.type != "cpu" else batch
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -253,21 +273,10 @@ class Trainer:
         }
 
     # ---- one step ----------------------------------------------------------------------------------
-    def _autocast(self) -> Any:
-        if self.config.precision == "bf16":
-            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
-        return nullcontext()
-
-    def _train_step(self, batch: Batch) -> torch.Tensor:
+    def _train_step(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         if self.device.type != "cpu":
             batch = batch.to(self.device, non_blocking=True)
-        with self._autocast():
-            logits = self.model(batch)  # (B,)
-        loss = nn.functional.binary_cross_entropy_with_logits(
-            logits.float(), batch.labels, weight=batch.weights)
-        extra = getattr(self.model, "extra_losses", None)
-        if extra is not None:
-            loss = loss + extra(batch)
+        loss, logs = self.task.loss(self.module, batch)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if not torch.isfinite(loss):
@@ -275,7 +284,7 @@ class Trainer:
         if self.config.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(self.optimizer.dense_params, self.config.grad_clip)
         self.optimizer.step()
-        return loss
+        return loss, logs
 
     def _raise_non_finite(self, loss: torch.Tensor) -> None:
         culprit = None

@@ -1,0 +1,415 @@
+"""Feature pipeline (DESIGN §6): raw rows -> ids and values -> :class:`~ctrkit.batch.Batch`, fitted once.
+
+A :class:`FeaturePipeline` holds everything that turns raw rows into what a model reads, learned on
+the training data and then applied unchanged by preprocessing, training, evaluate and predict:
+
+* vocabularies, one per embedding table (:mod:`ctrkit.data.vocab`: first-appearance ids from 2,
+  0 = missing, 1 = rare / unseen, ``min_freq`` and ``max_vocab`` hash | cap), plus ``__group__`` for
+  the group-id column;
+* dense transforms (none / log / standardize) and the training mean and std of every dense column;
+* the parsing rules of its ``kind``: ``criteo`` (label, I1..I13 integer counts with ln(x+3),
+  C1..C26 8-hex-digit keys; seed 000 §3.3), ``table`` (a YAML feature spec, :mod:`ctrkit.data.tabular`),
+  or ``ids`` (rows already hold ids: stores without a pipeline, e.g. synthetic ones);
+* the batch-level stage: the multi-hot expansion of seed 000 (:mod:`ctrkit.data.multihot`), set at
+  train time with :meth:`FeaturePipeline.with_multi_hot` and applied by :meth:`to_batch` and the loader.
+
+Use::
+
+    pipe = FeaturePipeline.criteo(min_freq=8).fit(rows)         # or FeaturePipeline.table(spec)
+    columns = pipe.transform(rows)                              # {column: values}, as a store holds them
+    batch = pipe.to_batch(columns)                              # Batch with a KeyedJagged
+
+Big inputs fit in one streaming pass with bounded memory: ``fitter = pipe.fitter()``; per chunk
+``enc = fitter.encode(chunk)`` gives provisional ids (spilled to disk by the preprocessors);
+``fitter.finish()`` fits ``pipe`` (vocabularies, statistics) and ``pipe.finalize(part, fitter.luts)``
+maps provisional ids to final ones and scales the dense columns. A fitted pipeline saves as JSON +
+.npy arrays (``save`` / ``load``, read with allow_pickle=False) and as plain data inside checkpoints
+(``to_payload`` / ``from_payload``); see :mod:`ctrkit.data.pipeline_io`.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from ctrkit.batch import Batch, KeyedJagged
+from ctrkit.data.criteo_parse import NUM_DENSE, NUM_SPARSE
+from ctrkit.data.multihot import MultiHot
+from ctrkit.data.pipeline_encode import (
+    CRITEO,
+    GROUP_TABLE,
+    IDS,
+    KINDS,
+    TABLE,
+    Encoded,
+    Raw,
+    RowEncoder,
+    jagged_key,
+)
+from ctrkit.data.rows import DataError, SpillColumn
+from ctrkit.data.store import ColumnSpec
+from ctrkit.data.tabular_read import TableSpecYaml, keep_last, kind_of, load_spec
+from ctrkit.data.vocab import VocabBuilder, Vocabulary, check_vocab_options
+from ctrkit.errors import NotFittedError
+from ctrkit.schema import DenseFeature, Schema, SequenceFeature, SparseFeature
+
+DENSE_NAMES = [f"I{i}" for i in range(1, NUM_DENSE + 1)]
+SPARSE_NAMES = [f"C{i}" for i in range(1, NUM_SPARSE + 1)]
+
+
+def criteo_spec() -> TableSpecYaml:
+    """Criteo's columns: label, I1..I13 (ln(x + 3)), C1..C26 (one table each)."""
+    return load_spec({"label": "label", "dense": [{"name": n, "transform": "log"} for n in DENSE_NAMES],
+                      "sparse": [{"name": c} for c in SPARSE_NAMES]})
+
+
+class FeaturePipeline(RowEncoder):
+    """Raw rows -> columns -> Batch (see the module docstring). Learned state ends in ``_``."""
+
+    def __init__(self, spec: TableSpecYaml | dict[str, Any] | str | Path, *, kind: str = TABLE, min_freq: int = 1,
+                 max_vocab: int | None = None, max_vocab_mode: str = "hash", embedding_dim: int | str = "auto",
+                 schema: Schema | None = None) -> None:
+        if kind not in KINDS:
+            raise DataError(f"pipeline kind {kind!r} is not one of {KINDS}")
+        check_vocab_options(min_freq, max_vocab, max_vocab_mode)
+        self.spec = spec if isinstance(spec, TableSpecYaml) else load_spec(spec)
+        self.kind = kind
+        self.options = {"min_freq": int(min_freq), "max_vocab": max_vocab, "max_vocab_mode": max_vocab_mode,
+                        "embedding_dim": embedding_dim if embedding_dim == "auto" else int(embedding_dim)}
+        self.table_of = {e["name"]: e.get("table") or e["name"] for e in self.spec.sparse}
+        for q in self.spec.sequence:
+            if q["shares"] not in self.table_of:
+                raise DataError(f"sequence feature {q['name']!r} shares {q['shares']!r}, which is not a sparse "
+                                f"feature; sparse features: {sorted(self.table_of)}")
+        self.table_min_freq: dict[str, int] = {}
+        for e in self.spec.sparse:
+            self.table_min_freq.setdefault(self.table_of[e["name"]], int(e.get("min_freq", min_freq)))
+        self.vocabs_: dict[str, Vocabulary] | None = None
+        self.mean_ = np.zeros(len(self.spec.dense))
+        self.std_ = np.ones(len(self.spec.dense))
+        self.multi_hot: dict[str, Any] | None = None
+        self._schema = schema  # kind "ids" (and pipelines rebuilt from old stores): the schema as given
+        self._stage: MultiHot | None = None
+        self._fingerprint: str | None = None
+
+    # ---- constructors ------------------------------------------------------------------------------
+    @classmethod
+    def criteo(cls, *, min_freq: int = 1, max_vocab: int | None = None, max_vocab_mode: str = "hash",
+               embedding_dim: int | str = "auto") -> FeaturePipeline:
+        return cls(criteo_spec(), kind=CRITEO, min_freq=min_freq, max_vocab=max_vocab,
+                   max_vocab_mode=max_vocab_mode, embedding_dim=embedding_dim)
+
+    @classmethod
+    def table(cls, spec: TableSpecYaml | dict[str, Any] | str | Path, **options: Any) -> FeaturePipeline:
+        return cls(spec, kind=TABLE, **options)
+
+    @classmethod
+    def from_schema(cls, schema: Schema) -> FeaturePipeline:
+        """A fitted pipeline for rows that already hold ids (no vocabularies): kind ``ids``."""
+        spec = {"label": schema.label, "weight": schema.weight, "group_id": schema.group_id,
+                "dense": [{"name": d.name} for d in schema.dense],
+                "sparse": [{"name": s.name, **({"table": s.table} if s.table else {}),
+                            **({"multi_valued": True} if s.multi_valued else {})} for s in schema.sparse],
+                "sequence": [{"name": q.name, "shares": q.shares, "max_len": q.max_len} for q in schema.sequence]}
+        return cls(spec, kind=IDS, schema=schema)
+
+    # ---- fitting -----------------------------------------------------------------------------------
+    @property
+    def fitted(self) -> bool:
+        return self.kind == IDS or self.vocabs_ is not None
+
+    def fitter(self) -> PipelineFitter:
+        """A streaming fit of this pipeline (see the module docstring)."""
+        if self.kind == IDS:
+            raise DataError("an 'ids' pipeline has nothing to fit")
+        return PipelineFitter(self)
+
+    def fit(self, raw: Raw) -> FeaturePipeline:
+        """Fit on ``raw`` rows in one chunk (all rows count for the dense statistics); returns self."""
+        f = self.fitter()
+        enc = f.encode(raw)
+        f.add_dense_stats(enc.dense)
+        return f.finish()
+
+    def _check_fitted(self) -> None:
+        if not self.fitted:
+            raise NotFittedError("the feature pipeline is not fitted: call fit() or use a fitter() first")
+
+    def _ids(self, table: str, values: Any, missing: np.ndarray | None = None) -> np.ndarray:
+        if self.kind == IDS:
+            a = values.to_numpy(zero_copy_only=False) if isinstance(values, pa.Array) else np.asarray(values)
+            return a.astype(np.int64)
+        self._check_fitted()
+        return self.vocabs_[table].lookup(values, missing)
+
+    # ---- transform ---------------------------------------------------------------------------------
+    def transform(self, raw: Raw, *, lines: np.ndarray | None = None) -> dict[str, Any]:
+        """Raw rows -> {column: values} as a store holds them (label / weight / group when the rows have
+        them; jagged columns as (values, lengths)). A malformed row is an error naming its row / line."""
+        self._check_fitted()
+        return self.finalize(self.encode(raw, lines=lines).parts())
+
+    def finalize(self, part: dict[str, Any], luts: dict[str, np.ndarray | None] | None = None) -> dict[str, Any]:
+        """Encoded rows (:meth:`Encoded.parts`, possibly after a spill) -> columns: ``luts`` map a fitter's
+        provisional ids to final ones; standardized dense columns are scaled; store dtypes."""
+        s, spec, luts = self.schema, self.spec, luts or {}
+        id_dtype = self.id_dtype
+
+        def ids(table: str, a: np.ndarray) -> np.ndarray:
+            m = luts.get(table)
+            return (m[a] if m is not None else a).astype(id_dtype)
+
+        out: dict[str, Any] = {}
+        if "label" in part:
+            out[s.label] = np.asarray(part["label"], np.float32)
+        if s.weight and "weight" in part:
+            out[s.weight] = np.asarray(part["weight"], np.float32)
+        if s.group_id and "group" in part:
+            out[s.group_id] = ids(GROUP_TABLE, part["group"]).astype(np.int64)
+        d = part["dense"]
+        stand = np.array([e["transform"] == "standardize" for e in spec.dense], bool)
+        d = np.where(stand, (d - self.mean_) / self.std_, d).astype(np.float32) if stand.any() else d.astype(
+            np.float32, copy=False)
+        for j, e in enumerate(spec.dense):
+            out[e["name"]] = d[:, j]
+        for j, e in enumerate(e for e in spec.sparse if not e.get("multi_valued")):
+            out[e["name"]] = ids(self.table_of[e["name"]], part["sparse"][:, j])
+        for e in self._jagged_entries():
+            v, ln = part[jagged_key(e["name"])]
+            out[e["name"]] = (ids(self.feature_table(e), v), np.asarray(ln, np.int64))
+        return out
+
+    def to_batch(self, columns: dict[str, Any]) -> Batch:
+        """Columns (from :meth:`transform` or a store) -> Batch, with the batch-level stage (multi-hot)
+        applied. Rows without a label get labels 0 (placeholders: scoring ignores them)."""
+        s = self.schema
+        first = columns[s.dense[0].name] if s.dense else columns[s.sparse_keys[0]]
+        n = len(first[1]) if isinstance(first, tuple) else len(first)
+        dense = np.empty((n, s.num_dense), np.float32)  # (B, Nd)
+        c0 = 0
+        for d in s.dense:
+            dense[:, c0:c0 + d.dim] = np.asarray(columns[d.name], np.float32).reshape(n, d.dim)
+            c0 += d.dim
+        per_key: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        for key in s.sparse_keys:
+            c = columns[key]
+            if isinstance(c, tuple):  # (values [nnz], lengths [B])
+                v, ln = np.asarray(c[0], np.int64), np.asarray(c[1], np.int64)
+                f = s.feature(key)
+                if isinstance(f, SequenceFeature):
+                    v, ln = keep_last(v, ln, f.max_len)
+            else:
+                v, ln = np.asarray(c, np.int64), np.ones(n, np.int64)
+            per_key[key] = (torch.from_numpy(np.ascontiguousarray(v)), torch.from_numpy(ln))
+        kj = KeyedJagged.from_per_key(per_key, stride=n)
+        if self.batch_stage is not None:
+            kj = self.batch_stage(kj)
+
+        def opt(name: str | None, dtype: type) -> torch.Tensor | None:
+            return torch.from_numpy(np.asarray(columns[name], dtype).copy()) if name and name in columns else None
+
+        labels = opt(s.label, np.float32)
+        return Batch(dense=torch.from_numpy(dense), sparse=kj,
+                     labels=labels if labels is not None else torch.zeros(n, dtype=torch.float32),
+                     weights=opt(s.weight, np.float32), group_ids=opt(s.group_id, np.int64))
+
+    # ---- what it produces --------------------------------------------------------------------------
+    def _jagged_entries(self) -> list[dict[str, Any]]:
+        return [e for e in self.spec.sparse if e.get("multi_valued")] + list(self.spec.sequence)
+
+    @property
+    def schema(self) -> Schema:
+        """The schema of the columns it produces (vocabulary sizes, embedding dims, tables)."""
+        if self._schema is not None:
+            return self._schema
+        self._check_fitted()
+        spec, sizes, dflt = self.spec, {t: v.size for t, v in self.vocabs_.items()}, self.options["embedding_dim"]
+
+        def dim(e: dict[str, Any]) -> int | str:
+            d = e.get("embedding_dim", dflt)
+            return d if d == "auto" else int(d)
+
+        return Schema(
+            dense=[DenseFeature(e["name"], group=e.get("group", "context")) for e in spec.dense],
+            sparse=[SparseFeature(e["name"], sizes[self.table_of[e["name"]]], dim(e), table=e.get("table"),
+                                  group=e.get("group", "context"), pooling=e.get("pooling", "sum"),
+                                  multi_valued=bool(e.get("multi_valued"))) for e in spec.sparse],
+            sequence=[SequenceFeature(q["name"], int(q["max_len"]), q["shares"], q.get("pooling", "mean"),
+                                      q.get("group", "user")) for q in spec.sequence],
+            label="label", weight="weight" if spec.weight else None, group_id="group" if spec.group_id else None,
+        )
+
+    @property
+    def id_dtype(self) -> type:
+        """Stored id dtype: int32 when every vocabulary fits, else int64."""
+        if self.vocabs_ is not None:
+            sizes = [v.size for v in self.vocabs_.values()]
+        else:
+            sizes = [t.num_embeddings for t in self.schema.tables().values()]
+        return np.int32 if max(sizes, default=2) <= np.iinfo(np.int32).max else np.int64
+
+    def column_specs(self) -> list[ColumnSpec]:
+        """The store columns it writes, in store order."""
+        s, ids = self.schema, np.dtype(self.id_dtype).str
+        cols = [ColumnSpec(s.label, "label", "<f4")]
+        if s.weight:
+            cols.append(ColumnSpec(s.weight, "weight", "<f4"))
+        if s.group_id:
+            cols.append(ColumnSpec(s.group_id, "group", "<i8"))
+        cols += [ColumnSpec(e["name"], "dense", "<f4") for e in self.spec.dense]
+        cols += [ColumnSpec(e["name"], "sparse", ids) for e in self.spec.sparse if not e.get("multi_valued")]
+        cols += [ColumnSpec(e["name"], "jagged", ids) for e in self._jagged_entries()]
+        return cols
+
+    def spill_columns(self) -> dict[str, SpillColumn]:
+        """Layout of :meth:`Encoded.parts` in a preprocessing spill."""
+        single = [e for e in self.spec.sparse if not e.get("multi_valued")]
+        cols = {"label": SpillColumn("<f4"), "dense": SpillColumn(np.dtype(self._dense_dtype).str, (len(self.spec.dense),)),
+                "sparse": SpillColumn(np.dtype(self._sparse_dtype).str, (len(single),))}
+        if self.spec.weight:
+            cols["weight"] = SpillColumn("<f4")
+        if self.spec.group_id:
+            cols["group"] = SpillColumn("<i8")
+        for e in self._jagged_entries():
+            cols[jagged_key(e["name"])] = SpillColumn("<i8", jagged=True)
+        return cols
+
+    # ---- the batch-level stage ---------------------------------------------------------------------
+    def with_multi_hot(self, size: int, min_table_size: int = 200, distribution: str = "uniform",
+                       pareto_a: float = 0.25) -> FeaturePipeline:
+        """A copy that expands single-valued features of tables with >= ``min_table_size`` rows into
+        ``size`` ids each (seed 000 §3.3; the tables are a function of the schema and these options)."""
+        p = copy.copy(self)
+        p.multi_hot = {"size": int(size), "min_table_size": int(min_table_size), "distribution": distribution,
+                       "pareto_a": float(pareto_a), "fingerprint": None}
+        p._stage = None
+        p.multi_hot["fingerprint"] = p.batch_stage.fingerprint()
+        return p
+
+    @property
+    def batch_stage(self) -> MultiHot | None:
+        """The multi-hot expansion applied to every batch, or None. Rebuilt tables are checked against the
+        fingerprint of those training used (a difference is an error, never a silent change)."""
+        if self.multi_hot is None:
+            return None
+        if self._stage is None:
+            m = self.multi_hot
+            stage = MultiHot.from_schema(self.schema, m["size"], m["min_table_size"], m["distribution"],
+                                         pareto_a=m.get("pareto_a", 0.25))
+            if m.get("fingerprint") and stage.fingerprint() != m["fingerprint"]:
+                raise DataError("the multi-hot tables rebuilt from the pipeline differ from those used in "
+                                f"training ({stage.fingerprint()} != {m['fingerprint']}); this numpy generates "
+                                "other tables for the same seeds")
+            self._stage = stage
+        return self._stage
+
+    # ---- persistence -------------------------------------------------------------------------------
+    def vocab_fingerprint(self) -> str:
+        """sha256 over the vocabularies (table names, sizes, modes, keys, ids): equal fingerprints mean equal
+        raw -> id maps. Cheap after the first call, and stored with the pipeline."""
+        if self._fingerprint is None:
+            from ctrkit.data.pipeline_io import vocab_fingerprint
+
+            self._fingerprint = vocab_fingerprint(self.vocabs_, self.schema if self.vocabs_ is None else None)
+        return self._fingerprint
+
+    def to_payload(self) -> dict[str, Any]:
+        """Plain data (JSON-able dicts + numeric numpy arrays) for a checkpoint."""
+        from ctrkit.data.pipeline_io import to_payload
+
+        return to_payload(self)
+
+    @classmethod
+    def from_payload(cls, payload: dict[str, Any]) -> FeaturePipeline:
+        from ctrkit.data.pipeline_io import from_payload
+
+        return from_payload(payload)
+
+    def save(self, directory: str | Path) -> Path:
+        """``directory/pipeline.json`` + one .npy per array."""
+        from ctrkit.data.pipeline_io import save_pipeline
+
+        return save_pipeline(self, directory)
+
+    @classmethod
+    def load(cls, directory: str | Path) -> FeaturePipeline:
+        from ctrkit.data.pipeline_io import load_pipeline
+
+        return load_pipeline(directory)
+
+    def __repr__(self) -> str:
+        state = f"{len(self.vocabs_)} vocabularies" if self.vocabs_ is not None else (
+            "ids" if self.kind == IDS else "not fitted")
+        mh = f", multi_hot={self.multi_hot['size']}" if self.multi_hot else ""
+        return (f"FeaturePipeline(kind={self.kind!r}, dense={len(self.spec.dense)}, sparse={len(self.spec.sparse)}, "
+                f"sequence={len(self.spec.sequence)}, {state}{mh})")
+
+
+class PipelineFitter(RowEncoder):
+    """Streaming fit of a :class:`FeaturePipeline`: :meth:`encode` chunks (provisional ids: rank of first
+    appearance), :meth:`add_dense_stats` for training rows, then :meth:`finish`; ``luts`` then maps
+    provisional ids to final ones (min_freq and max_vocab can only be decided at the end)."""
+
+    def __init__(self, pipeline: FeaturePipeline) -> None:
+        self.pipeline = pipeline
+        self.spec, self.kind, self.table_of = pipeline.spec, pipeline.kind, pipeline.table_of
+        self._builders: dict[str, VocabBuilder] = {}
+        self._sums = np.zeros((2, len(self.spec.dense)))  # sum, sum of squares of the training rows
+        self._n = 0
+        self.luts: dict[str, np.ndarray | None] = {}
+
+    def _ids(self, table: str, values: Any, missing: np.ndarray | None = None) -> np.ndarray:
+        b = self._builders.get(table)
+        if b is None:
+            if self.kind == CRITEO or (isinstance(values, np.ndarray) and values.dtype.kind in "iu"):
+                kind = "int"
+            else:
+                kind = kind_of(values) if isinstance(values, pa.Array) else "str"
+            b = self._builders[table] = VocabBuilder(table, kind)
+        if b.kind == "int" and isinstance(values, pa.Array) and not pa.types.is_integer(values.type):
+            raise DataError(f"vocabulary {table!r} mixes integer and string columns; give them the same type")
+        ids = b.add(values, missing)
+        if self.kind == CRITEO and b.next_id >= 1 << 32:
+            raise DataError("a categorical column has more than 2^32 - 2 distinct values")
+        return ids
+
+    def add_dense_stats(self, dense: np.ndarray) -> None:
+        """Count training rows ``dense`` [m, Nd] (before scaling) in the mean / std of every dense column."""
+        self._sums[0] += dense.sum(0)
+        self._sums[1] += (dense ** 2).sum(0)
+        self._n += len(dense)
+
+    def finish(self) -> FeaturePipeline:
+        """Fit the pipeline (vocabularies, dense statistics) and fill ``luts``; returns the pipeline."""
+        p, o = self.pipeline, self.pipeline.options
+        vocabs: dict[str, Vocabulary] = {}
+        for table, b in self._builders.items():
+            vocabs[table], self.luts[table] = b.finish(
+                p.table_min_freq.get(table, 1), None if table == GROUP_TABLE else o["max_vocab"], o["max_vocab_mode"])
+        for table in sorted(set(self.table_of.values()) - set(vocabs)):  # a table that saw no values
+            vocabs[table] = Vocabulary.build(table, "str", np.array([], str), np.array([], np.int64))
+            self.luts[table] = None
+        n = max(self._n, 1)
+        mean = self._sums[0] / n
+        std = np.sqrt(np.maximum(self._sums[1] / n - mean ** 2, 0.0))
+        p.vocabs_, p.mean_, p.std_ = vocabs, mean, np.where(std > 0, std, 1.0)
+        p._fingerprint, p._stage = None, None
+        return p
+
+
+__all__ = [
+    "CRITEO",
+    "DENSE_NAMES",
+    "IDS",
+    "SPARSE_NAMES",
+    "TABLE",
+    "Encoded",
+    "FeaturePipeline",
+    "PipelineFitter",
+    "criteo_spec",
+]

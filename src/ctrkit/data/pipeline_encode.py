@@ -1,0 +1,307 @@
+"""The raw -> values step of :mod:`ctrkit.data.pipeline`: the one copy of the parsing rules.
+
+:class:`RowEncoder.encode` takes one chunk of raw rows (a pyarrow Table, a pandas DataFrame, a list of
+dicts, or a dict of columns: pyarrow arrays or numpy arrays, e.g. Criteo's block parser output) and
+returns :class:`Encoded` rows: the well-formed rows only, with
+
+* label: the label column as 0 / 1 (``label_threshold``: value >= threshold); anything else is a bad row;
+* dense [n, Nd]: numbers (empty / null -> 0; not a number -> bad row), then ``none`` / ``log``
+  (ln(x + 3), clamped at -2 where x + 3 <= e^-2, counted) / ``standardize`` (scaled later by
+  :meth:`FeaturePipeline.finalize` with the training mean and std);
+* sparse [n, Ns] and jagged columns: ids from the vocabularies (how ``_ids`` gets them is the subclass's
+  business: provisional ids while fitting, final ids once fitted). Criteo's categoricals are 8 hex digits
+  (32-bit keys; anything else is a bad row); other tables' are strings or integers; multi-valued and
+  sequence columns are delimited strings or lists, sequences keeping their last ``max_len`` tokens;
+* weight (empty -> 1), group ids, and the split code of the spec's ``split_column`` when present.
+
+Bad rows are counted in a :class:`~ctrkit.data.rows.BadRows` with their line numbers and dropped; without
+one (``bad=None``) the first bad row is an error naming its line. Label, weight, group and split columns
+are optional: a chunk without them encodes fine (e.g. rows to score).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ctrkit.data.criteo_parse import dense_transform
+from ctrkit.data.rows import BadRows, DataError, jagged_take
+from ctrkit.data.tabular_read import (
+    SPLITS,
+    TableSpecYaml,
+    is_list_or_int,
+    keep_last,
+    numeric,
+    to_string,
+    tokens,
+)
+
+CRITEO, TABLE, IDS = "criteo", "table", "ids"
+KINDS = (CRITEO, TABLE, IDS)
+GROUP_TABLE = "__group__"  # the vocabulary of the group-id column
+_LOG_FLOOR = math.exp(-2)
+_HEX = np.full(256, -1, np.int64)
+_HEX[np.frombuffer(b"0123456789", np.uint8)] = np.arange(10)
+_HEX[np.frombuffer(b"abcdef", np.uint8)] = np.arange(10, 16)
+_HEX[np.frombuffer(b"ABCDEF", np.uint8)] = np.arange(10, 16)
+
+Raw = Any  # pa.Table | pandas.DataFrame | list[dict] | Mapping[str, pa.Array | np.ndarray | (values, lengths)]
+
+
+@dataclass
+class Encoded:
+    """Well-formed rows of one chunk after parsing and id lookup, before :meth:`FeaturePipeline.finalize`."""
+
+    keep: np.ndarray  # (n,) index of each kept row in the chunk
+    lines: np.ndarray  # (n,) its 1-based line / row number
+    label: np.ndarray | None  # (n,) 0/1; None when the chunk has no label column
+    dense: np.ndarray  # (n, Nd) float32, float64 when a column is standardized later
+    sparse: np.ndarray  # (n, Ns) ids of the single-valued sparse features
+    jagged: dict[str, tuple[np.ndarray, np.ndarray]]  # multi-valued / sequence: (ids [nnz], lengths [n])
+    weight: np.ndarray | None  # (n,)
+    group: np.ndarray | None  # (n,) group ids
+    split: np.ndarray | None  # (n,) int8 0 train / 1 valid / 2 test from the spec's split_column
+    clamped: np.ndarray  # (Nd,) values clamped by the log transform, over all rows of the chunk
+
+    def __len__(self) -> int:
+        return len(self.keep)
+
+    def parts(self, sel: slice | np.ndarray | None = None) -> dict[str, Any]:
+        """Rows ``sel`` (all by default) as the flat dict a spill stores and ``finalize`` takes."""
+        whole = sel is None or (isinstance(sel, slice) and sel == slice(None))
+
+        def take(a: np.ndarray | None) -> np.ndarray | None:
+            return a if a is None or whole else a[sel]
+
+        out: dict[str, Any] = {"dense": take(self.dense), "sparse": take(self.sparse)}
+        for k in ("label", "weight", "group"):
+            if getattr(self, k) is not None:
+                out[k] = take(getattr(self, k))
+        for name, (v, ln) in self.jagged.items():
+            out[jagged_key(name)] = (v, ln) if whole else jagged_take(v, ln, np.asarray(sel))
+        return out
+
+
+def jagged_key(name: str) -> str:
+    """Key of a jagged feature in :meth:`Encoded.parts` (apart from the fixed keys label, dense, ...)."""
+    return f"jagged:{name}"
+
+
+def log_transform(x: np.ndarray) -> tuple[np.ndarray, int]:
+    """``ln(x + 3)`` with x + 3 <= e^-2 clamped to -2 -> (float64 values, clamped count)."""
+    low = x + 3 <= _LOG_FLOOR
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(low, -2.0, np.log(np.maximum(x + 3, 1e-300))), int(low.sum())
+
+
+def hex_keys(col: Any, lines: np.ndarray, bad_rows: np.ndarray, bad: BadRows, name: str) -> np.ndarray:
+    """Criteo categoricals -> 32-bit keys int64 [n], -1 = missing. Text must be empty or 8 hex digits
+    (else the row is bad); integers (already decoded, e.g. by the block parser) pass, negative = missing."""
+    if isinstance(col, np.ndarray) and col.dtype.kind in "iu":
+        return col.astype(np.int64, copy=False)
+    if isinstance(col, pa.Array) and pa.types.is_integer(col.type):
+        return pc.fill_null(col, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+    s = to_string(col if isinstance(col, pa.Array) else pa.array(col, pa.string()), lines, bad_rows, bad, name)
+    s = s.fill_null("")
+    n8 = pc.equal(pc.binary_length(s), 8).to_numpy(zero_copy_only=False)
+    empty = pc.equal(pc.binary_length(s), 0).to_numpy(zero_copy_only=False)
+    keys = np.full(len(s), -1, np.int64)
+    idx = np.flatnonzero(n8)
+    if len(idx):
+        f = s.filter(pa.array(n8))  # every value 8 bytes long: the data buffer is an (m, 8) byte matrix
+        offs = np.frombuffer(f.buffers()[1], np.int32)[f.offset: f.offset + len(f) + 1]
+        raw = np.frombuffer(f.buffers()[2], np.uint8)[offs[0]: offs[-1]].reshape(-1, 8)
+        nib = _HEX[raw]  # (m, 8) nibble per character, -1 if not hex
+        ok = (nib >= 0).all(axis=1)
+        keys[idx[ok]] = (nib[ok] << (4 * np.arange(7, -1, -1))).sum(axis=1)
+        n8[idx[~ok]] = False
+    wrong = np.flatnonzero(~n8 & ~empty)
+    if len(wrong):
+        bad_rows[wrong] = True
+        bad.add(lines[wrong], f"categorical {name!r} is not empty or 8 hex digits")
+    return keys
+
+
+def as_columns(raw: Raw) -> dict[str, Any]:
+    """Raw rows -> {column: pyarrow array | numpy array | (values, lengths)}."""
+    if isinstance(raw, pa.RecordBatch):
+        raw = pa.Table.from_batches([raw])
+    if isinstance(raw, pa.Table):
+        return {c: raw.column(c).combine_chunks() for c in raw.column_names}
+    if type(raw).__module__.split(".")[0] == "pandas":
+        return as_columns(pa.Table.from_pandas(raw, preserve_index=False))
+    if isinstance(raw, list):  # rows as dicts; a column of mixed types is read as text (then validated)
+        names = list(dict.fromkeys(k for r in raw for k in r))
+        return {k: _array([r.get(k) for r in raw]) for k in names}
+    if isinstance(raw, Mapping):
+        out = {}
+        for k, v in raw.items():
+            if isinstance(v, pa.ChunkedArray):
+                v = v.combine_chunks()
+            elif not isinstance(v, (pa.Array, np.ndarray, tuple)):
+                v = pa.array(v)
+            out[k] = v
+        return out
+    raise DataError(f"cannot read rows from a {type(raw).__name__}; give a pyarrow Table, a pandas DataFrame, "
+                    "a list of dicts or a dict of columns")
+
+
+def _array(values: list[Any]) -> pa.Array:
+    try:
+        return pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return pa.array([None if v is None else str(v) for v in values], pa.string())
+
+
+def _num_rows(cols: dict[str, Any]) -> int:
+    for v in cols.values():
+        return len(v[1]) if isinstance(v, tuple) else len(v)
+    return 0
+
+
+def _numbers(col: Any, lines: np.ndarray, bad_rows: np.ndarray, bad: BadRows, what: str) -> np.ndarray:
+    if isinstance(col, np.ndarray) and col.dtype.kind in "biuf":
+        return col.astype(np.float64)
+    return numeric(col if isinstance(col, pa.Array) else pa.array(col), lines, bad_rows, bad, what)
+
+
+def _take(a: Any, keep: np.ndarray) -> Any:
+    if isinstance(a, tuple):
+        return jagged_take(np.asarray(a[0]), np.asarray(a[1], np.int64), keep)
+    return a.take(pa.array(keep)) if isinstance(a, pa.Array) else a[keep]
+
+
+class RowEncoder:
+    """Shared by the fitted pipeline and its fitter; subclasses say how a table maps values to ids."""
+
+    spec: TableSpecYaml
+    kind: str
+    table_of: dict[str, str]  # sparse feature -> its vocabulary (= embedding table)
+
+    def _ids(self, table: str, values: Any, missing: np.ndarray | None = None) -> np.ndarray:
+        raise NotImplementedError
+
+    @property
+    def _sparse_dtype(self) -> type:
+        return np.uint32 if self.kind == CRITEO else np.int64  # Criteo's ids are < 2^32 (checked)
+
+    @property
+    def _dense_dtype(self) -> type:
+        return np.float64 if any(e["transform"] == "standardize" for e in self.spec.dense) else np.float32
+
+    def feature_table(self, e: dict[str, Any]) -> str:
+        return self.table_of[e["shares"]] if "shares" in e else self.table_of[e["name"]]
+
+    def input_columns(self, *, optional: bool = True) -> list[str]:
+        """Raw columns the rows need (feature columns), plus label / weight / group / split with ``optional``."""
+        s = self.spec
+        need = [e["column"] for e in (*s.dense, *s.sparse, *s.sequence)]
+        extra = [s.label, s.weight, s.group_id, s.split_column] if optional else []
+        return list(dict.fromkeys(c for c in (*extra, *need) if c))
+
+    def encode(self, raw: Raw, *, lines: np.ndarray | None = None, bad: BadRows | None = None) -> Encoded:
+        """Parse, validate and look up one chunk of raw rows (see the module docstring)."""
+        s = self.spec
+        cols = as_columns(raw)
+        missing = [c for c in self.input_columns(optional=False) if c not in cols]
+        if missing:
+            raise DataError(f"rows lack the columns {missing} that the pipeline reads; they have {sorted(cols)}")
+        n = _num_rows(cols)
+        where = "line" if lines is not None else "row"
+        lines = np.arange(1, n + 1) if lines is None else np.asarray(lines)
+        strict = bad is None
+        bad = BadRows("rows") if bad is None else bad
+        badm = np.zeros(n, bool)
+        y = None
+        if s.label in cols:
+            y = _numbers(cols[s.label], lines, badm, bad, f"label {s.label!r}")
+            if s.label_threshold is not None:
+                y = np.where(np.isnan(y), np.nan, (y >= s.label_threshold).astype(np.float64))
+            lab_bad = ~np.isin(y, (0.0, 1.0)) & ~badm
+            if lab_bad.any():
+                badm |= lab_bad
+                bad.add(lines[lab_bad], f"label {s.label!r} is not 0 or 1")
+        dense = np.zeros((n, len(s.dense)), self._dense_dtype)
+        clamped = np.zeros(len(s.dense), np.int64)
+        for j, e in enumerate(s.dense):
+            col = cols[e["column"]]
+            if e["transform"] == "log" and isinstance(col, np.ndarray) and col.dtype.kind in "iu":
+                dense[:, j], clamped[j] = dense_transform(col)  # integer counts: lookup-table fast path
+                continue
+            x = np.nan_to_num(_numbers(col, lines, badm, bad, f"dense {e['name']!r}"), nan=0.0)
+            if e["transform"] == "log":
+                x, k = log_transform(x)
+                clamped[j] += k
+            dense[:, j] = x
+        w = None
+        if s.weight and s.weight in cols:
+            w = np.nan_to_num(_numbers(cols[s.weight], lines, badm, bad, f"weight {s.weight!r}"), nan=1.0)
+        split = None
+        if s.split_column and s.split_column in cols:
+            sv = to_string(cols[s.split_column], lines, badm, bad, s.split_column)
+            split = np.full(n, -1, np.int8)
+            for i, name in enumerate(SPLITS):
+                split[pc.equal(sv.fill_null(""), name).to_numpy(zero_copy_only=False)] = i
+            unknown = (split < 0) & ~badm
+            if unknown.any():
+                badm |= unknown
+                bad.add(lines[unknown], f"split column {s.split_column!r} is not train/valid/test")
+        # categorical columns are validated (hex, UTF-8) before any value enters a vocabulary
+        single = [e for e in s.sparse if not e.get("multi_valued")]
+        multi = [e for e in s.sparse if e.get("multi_valued")]
+        cat = {}
+        for e in (*single, *multi, *s.sequence):
+            c = e["column"]
+            if c in cat:
+                continue
+            a = cols[c]
+            if isinstance(a, pa.Array) and pa.types.is_floating(a.type):
+                try:  # integer ids read as floats (a DataFrame column with NaN): keys are the integers
+                    a = pc.cast(a, pa.int64())
+                except pa.ArrowInvalid:
+                    pass
+            if self.kind == CRITEO and not e.get("multi_valued"):
+                a = hex_keys(a, lines, badm, bad, c)
+            elif isinstance(a, pa.Array) and not is_list_or_int(a):
+                a = to_string(a, lines, badm, bad, c)
+            cat[c] = a
+        if group_col := (s.group_id if s.group_id and s.group_id in cols else None):
+            cat.setdefault(group_col, cols[group_col])
+        if strict and bad.bad:
+            first = "; ".join(f"{where} {k}: {r}" for k, r in bad.first)
+            raise DataError(f"{bad.bad} of {n} rows are malformed: {first}")
+        whole = not badm.any()
+        keep = np.arange(n) if whole else np.flatnonzero(~badm)
+
+        def kept(c: str) -> Any:
+            return cat[c] if whole else _take(cat[c], keep)
+
+        sparse = np.empty((len(keep), len(single)), self._sparse_dtype)
+        for j, e in enumerate(single):
+            v = kept(e["column"])
+            sparse[:, j] = self._ids(self.table_of[e["name"]], v, v < 0 if self.kind == CRITEO else None)
+        jagged: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for e in (*multi, *s.sequence):
+            v = kept(e["column"])
+            if isinstance(v, tuple):  # already (values, lengths)
+                flat, lens = v[0], np.asarray(v[1], np.int64)
+            else:
+                flat, lens = tokens(v, e.get("delimiter", "|"), lines[keep], np.zeros(len(keep), bool), bad,
+                                    e["name"])
+            ids = self._ids(self.feature_table(e), flat) if len(flat) else np.zeros(0, np.int64)
+            if e.get("max_len"):
+                ids, lens = keep_last(ids, lens, int(e["max_len"]))
+            jagged[e["name"]] = (ids, lens)
+        group = self._ids(GROUP_TABLE, kept(group_col)) if group_col else None
+
+        def rows(a: np.ndarray | None) -> np.ndarray | None:
+            return a if a is None or whole else a[keep]
+
+        return Encoded(keep, rows(lines), rows(y), rows(dense), sparse, jagged, rows(w), group, rows(split),
+                       clamped)
