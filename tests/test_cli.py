@@ -90,7 +90,7 @@ def test_predict_refuses_malformed_rows(trained, tmp_path, caplog):
      "dlrm: unknown interaction='dott' (did you mean 'dot'?); valid: dot, dcn, projection"),
     # a bad parameter value is a ConfigError naming model, parameter, type and value, before any data is read
     (["--model.params.dense_arch=abc", "--data.train=/nonexistent/store"],
-     "dlrm: parameter 'dense_arch' expects tuple[int, ...], got 'abc' (a list)"),
+     "dlrm: parameter 'dense_arch' expects tuple[int, ...], got 'abc' (give a list, e.g. [64, 32])"),
     (["--model.params.over_arch=[16,x]", "--data.train={train}"],
      "dlrm: parameter 'over_arch' expects tuple[int, ...], got [16, 'x'] (item 1: 'x' is not int)"),
     (["--data.train=/nonexistent/store"], "store /nonexistent/store does not exist"),

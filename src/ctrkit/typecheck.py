@@ -145,10 +145,10 @@ def coerce(
         if isinstance(value, CliValue):
             value = yaml.safe_load(value)
         if not isinstance(value, (list, tuple)):
-            raise bad(" (a list)")
+            raise bad(" (give a list, e.g. [64, 32])")
         if origin is tuple and args and args[-1] is not Ellipsis:  # fixed length: tuple[str, str]
             if len(value) != len(args):
-                raise bad(f" (a list of {len(args)} items)")
+                raise bad(f" (give a list of {len(args)} items)")
             inner = list(args)
         else:
             inner = [args[0] if args else Any] * len(value)

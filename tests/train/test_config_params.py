@@ -10,13 +10,20 @@ import torch
 from conftest import contract_schema
 
 from ctrkit.errors import ConfigError
-from ctrkit.models.registry import _MODELS, check_model_params, create_model, register_model
+from ctrkit.models.registry import (
+    _MODELS,
+    check_model_params,
+    create_model,
+    get_model_class,
+    model_params,
+    register_model,
+)
 from ctrkit.train.config import load_config
 
 
 @pytest.mark.parametrize("name, params, message", [
-    ("dlrm", {"dense_arch": "abc"}, "dlrm: parameter 'dense_arch' expects tuple[int, ...], got 'abc' (a list)"),
-    ("dlrm", {"over_arch": 64}, "dlrm: parameter 'over_arch' expects tuple[int, ...], got 64 (a list)"),
+    ("dlrm", {"dense_arch": "abc"}, "dlrm: parameter 'dense_arch' expects tuple[int, ...], got 'abc' (give a list, e.g. [64, 32])"),
+    ("dlrm", {"over_arch": 64}, "dlrm: parameter 'over_arch' expects tuple[int, ...], got 64 (give a list, e.g. [64, 32])"),
     ("dlrm", {"dense_arch": [64, "abc"]},
      "dlrm: parameter 'dense_arch' expects tuple[int, ...], got [64, 'abc'] (item 1: 'abc' is not int)"),
     ("afm", {"attention_dim": 1.5}, "afm: parameter 'attention_dim' expects int, got 1.5"),
@@ -81,3 +88,38 @@ def test_annotations_it_cannot_check_pass_through():
             create_model("_opaque_params", contract_schema(), width="x")
     finally:
         _MODELS.pop("_opaque_params")
+
+
+# ---- option groups: the deep tower's dnn_* options, written once (models/_towers.DNNOptions) ----------
+TOWER_MODELS = ["autoint", "dcn", "dcnv2", "deepfm", "fibinet", "ncf", "nfm", "pnn", "wide_deep", "xdeepfm"]
+
+
+@pytest.mark.parametrize("name", TOWER_MODELS)
+def test_every_deep_tower_takes_the_four_dnn_options(name):
+    params = model_params(name)
+    assert {"dnn_hidden", "dnn_activation", "dnn_dropout", "dnn_batch_norm"} <= set(params)
+    expected = {"ncf": (64, 32, 16), "pnn": (128, 64)}.get(name, (256, 128))  # the model's own default
+    assert params["dnn_hidden"] == expected
+    with pytest.raises(ConfigError, match=rf"model '{name}' has no parameter 'dnn_hiden' \(did you mean 'dnn_hidden'\?\)"):
+        check_model_params(name, {"dnn_hiden": [4]})
+    with pytest.raises(ConfigError, match=rf"{name}: parameter 'dnn_batch_norm' expects bool, got 'maybe'"):
+        check_model_params(name, {"dnn_batch_norm": "maybe"})
+
+
+@pytest.mark.parametrize("name", TOWER_MODELS)
+def test_a_typo_in_a_directly_built_model_is_an_error_too(name):
+    """Built by class, not by name (no registry check): the option group still rejects a stray key."""
+    cls = get_model_class(name)
+    with pytest.raises(ConfigError, match=rf"model '{name}' has no parameter 'dnn_dropuot' \(did you mean 'dnn_dropout'\?\)"):
+        cls(contract_schema(), dnn_dropuot=0.5)
+
+
+def test_dnn_options_build_the_tower_they_name():
+    model = create_model("deepfm", contract_schema(), dnn_hidden=[16, 8], dnn_activation="tanh", dnn_dropout=0.25,
+                         dnn_batch_norm=True)
+    layers = [type(m).__name__ for m in model.deep.tower.modules()]
+    linears = [m for m in model.deep.tower.modules() if isinstance(m, torch.nn.Linear)]
+    assert [lin.out_features for lin in linears] == [16, 8]
+    assert layers.count("Tanh") == 2 and layers.count("BatchNorm1d") == 2 and layers.count("Dropout") == 2
+    assert create_model("ncf", contract_schema()).head.tower.out_features == 16  # ncf's own default (64, 32, 16)
+    assert create_model("dcn", contract_schema(), dnn_hidden=[]).head.tower is None  # cross-only network

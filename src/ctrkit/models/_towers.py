@@ -1,4 +1,5 @@
-"""Small building helpers shared by the zoo models: option checks and the deep tower + output unit.
+"""Small building helpers shared by the zoo models: option checks, the deep tower's option group and the
+deep tower + output unit.
 
 Every helper turns a bad option into a :class:`ConfigError` that names the model and the option, so
 a model file only states its architecture. Not a model module (leading underscore: not auto-imported
@@ -7,14 +8,36 @@ by the registry).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import Any, TypedDict
 
 import torch
 from torch import nn
 
-from ctrkit.models.registry import ConfigError, suggest
+from ctrkit.models.registry import ConfigError, register_option_group, resolve_options, suggest
 from ctrkit.nn.mlp import MLP
+
+
+class DNNOptions(TypedDict, total=False):
+    """The deep tower's options, taken as ``**dnn: Unpack[DNNOptions]`` by every model that has one:
+    ``dnn_hidden`` widths (``()``: no tower), ``dnn_activation`` (:func:`ctrkit.nn.activation.make_activation`),
+    ``dnn_dropout`` after each layer, ``dnn_batch_norm`` before each activation."""
+
+    dnn_hidden: tuple[int, ...]
+    dnn_activation: str
+    dnn_dropout: float
+    dnn_batch_norm: bool
+
+
+register_option_group(DNNOptions, {"dnn_hidden": (256, 128), "dnn_activation": "relu", "dnn_dropout": 0.0,
+                                   "dnn_batch_norm": False})
+
+
+def dnn_options(model: object, given: Mapping[str, Any]) -> dict[str, Any]:
+    """``model``'s deep-tower options, every key present (group defaults < the model's
+    ``option_defaults`` < ``given``); a key outside the group is a ConfigError with a suggestion."""
+    return resolve_options(model, DNNOptions, given)
 
 
 def check_choice(model: str, option: str, value: str, valid: Sequence[str]) -> None:
@@ -46,31 +69,30 @@ def layer_options(model: str, options: str) -> Iterator[None]:
 class TowerHead(nn.Module):
     """The deep tower and the output unit over it: ``logit = w^T [side; MLP(x)] + b`` -> (B,).
 
-    ``MLP(x)``: ``in_features`` -> ``hidden`` widths, every layer activated (the model's
-    ``dnn_hidden / dnn_activation / dnn_dropout / dnn_batch_norm``); ``hidden=()`` keeps x as it is,
-    so the unit reads x directly. ``side_features`` > 0: another branch's output (B, S) joins in front
-    of the tower's (DCN's cross net, NCF's GMF, AutoInt's attention). ``bias=False`` where the model's
-    one bias lives elsewhere. Parameters are created tower first, then the unit.
+    ``MLP(x)``: ``in_features`` -> ``dnn_hidden`` widths, every layer activated, as ``model``'s deep-tower
+    options ``dnn`` say (:class:`DNNOptions`, completed by :func:`dnn_options`); no ``dnn`` or
+    ``dnn_hidden=()`` keeps x as it is, so the unit reads x directly. ``side_features`` > 0: another branch's output (B, S) joins in
+    front of the tower's (DCN's cross net, NCF's GMF, AutoInt's attention). ``bias=False`` where the
+    model's one bias lives elsewhere. Parameters are created tower first, then the unit.
     """
 
     def __init__(
         self,
-        model: str,
+        model: nn.Module,
         in_features: int,
-        hidden: Sequence[int],
+        dnn: Mapping[str, Any] | None = None,
         *,
-        activation: str = "relu",
-        dropout: float = 0.0,
-        batch_norm: bool = False,
         side_features: int = 0,
         bias: bool = True,
     ) -> None:
         super().__init__()
         self.tower: MLP | None = None
-        if hidden:
-            with layer_options(model, "dnn_hidden / dnn_activation / dnn_dropout / dnn_batch_norm"):
-                self.tower = MLP(in_features, list(hidden), activation=activation, dropout=dropout,
-                                 batch_norm=batch_norm)
+        opts = dnn_options(model, dnn) if dnn is not None else None
+        if opts is not None and opts["dnn_hidden"]:
+            name = getattr(model, "model_name", "") or type(model).__name__
+            with layer_options(name, "dnn_hidden / dnn_activation / dnn_dropout / dnn_batch_norm"):
+                self.tower = MLP(in_features, list(opts["dnn_hidden"]), activation=opts["dnn_activation"],
+                                 dropout=opts["dnn_dropout"], batch_norm=opts["dnn_batch_norm"])
         width = self.tower.out_features if self.tower is not None else in_features
         self.out = nn.Linear(side_features + width, 1, bias=bias)
 

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from typing_extensions import Unpack
 
 from ctrkit.batch import Batch
-from ctrkit.models._towers import TowerHead, check_min, layer_options
+from ctrkit.models._towers import DNNOptions, TowerHead, check_min, dnn_options, layer_options
 from ctrkit.models.base import CTRModel
 from ctrkit.models.registry import ConfigError, register_model
 from ctrkit.nn.attention import MultiHeadSelfAttention
@@ -44,12 +45,10 @@ class AutoInt(CTRModel):
         scaled: bool = False,
         autoint_plus: bool = False,
         dense_as_fields: bool = True,
-        dnn_hidden: tuple[int, ...] = (256, 128),
-        dnn_activation: str = "relu",
-        dnn_dropout: float = 0.0,
-        dnn_batch_norm: bool = False,
+        **dnn: Unpack[DNNOptions],
     ) -> None:
         super().__init__()
+        tower = dnn_options(self, dnn)  # checked even when autoint_plus=False leaves them unused
         check_min("autoint", "attention_layers", attention_layers, 1)
         check_min("autoint", "num_heads", num_heads, 1)
         self.embedding = FieldEmbedding(schema, model="autoint")
@@ -72,12 +71,11 @@ class AutoInt(CTRModel):
         self.autoint_plus = bool(autoint_plus)
         self.dense_to_head = nd > 0 and not dense_as_fields and not autoint_plus
         if autoint_plus:  # w^T [flat(X^L); MLP([e_1; ...; e_F; dense])] + b
-            if not dnn_hidden:
+            if not tower["dnn_hidden"]:
                 raise ConfigError("autoint: autoint_plus=True needs a non-empty dnn_hidden")
-            self.head = TowerHead("autoint", f * d + nd, dnn_hidden, activation=dnn_activation,
-                                  dropout=dnn_dropout, batch_norm=dnn_batch_norm, side_features=n_att)
+            self.head = TowerHead(self, f * d + nd, tower, side_features=n_att)
         else:  # w^T [flat(X^L); dense if dense_to_head] + b
-            self.head = TowerHead("autoint", n_att + (nd if self.dense_to_head else 0), ())
+            self.head = TowerHead(self, n_att + (nd if self.dense_to_head else 0))
 
     def forward(self, batch: Batch) -> torch.Tensor:
         emb = self.embedding(batch)  # (B, F, D)

@@ -14,6 +14,9 @@ probed with ``hasattr``:
   task adds to the loss and logs by name.
 - ``embedding_parameters()``: the embedding tables, trained by the sparse-aware optimizer.
 - ``model_name``: the registry key (set by ``@register_model``).
+- ``option_defaults``: this model's defaults for options of a shared option group where they differ
+  from the group's (NCF's pyramid tower: ``{"dnn_hidden": (64, 32, 16)}``); see
+  :mod:`ctrkit.models.registry`.
 
 A retrieval model (two towers) satisfies the :class:`RetrievalModel` protocol: ``encode_query`` and
 ``encode_item`` map a batch to ``(B, D)`` vectors scored by a dot product.
@@ -21,8 +24,9 @@ A retrieval model (two towers) satisfies the :class:`RetrievalModel` protocol: `
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, ClassVar, NamedTuple, Protocol, runtime_checkable
 
 import torch
@@ -124,6 +128,7 @@ class CTRModel(nn.Module):
     model_name: ClassVar[str] = ""  # the registry key, set by @register_model
     needs_prefit: ClassVar[bool] = False  # True: call prefit(train batches) before training
     exportable: ClassVar[bool] = True  # False: forward leaves torch (e.g. LightGBM inside)
+    option_defaults: ClassVar[Mapping[str, Any]] = MappingProxyType({})  # option-group defaults that differ for this model
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

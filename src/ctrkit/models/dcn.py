@@ -17,9 +17,10 @@ cross-only network.
 from __future__ import annotations
 
 import torch
+from typing_extensions import Unpack
 
 from ctrkit.batch import Batch
-from ctrkit.models._towers import TowerHead, check_min
+from ctrkit.models._towers import DNNOptions, TowerHead, check_min, dnn_options
 from ctrkit.models.base import CTRModel
 from ctrkit.models.registry import register_model
 from ctrkit.nn.crossnet import VectorCrossNet
@@ -36,10 +37,7 @@ class DCN(CTRModel):
         schema: Schema,
         *,
         cross_layers: int = 3,
-        dnn_hidden: tuple[int, ...] = (256, 128),
-        dnn_activation: str = "relu",
-        dnn_dropout: float = 0.0,
-        dnn_batch_norm: bool = False,
+        **dnn: Unpack[DNNOptions],
     ) -> None:
         super().__init__()
         check_min("dcn", "cross_layers", cross_layers, 1)
@@ -47,8 +45,7 @@ class DCN(CTRModel):
         n = self.embedding.out_features + schema.num_dense
         self.cross = VectorCrossNet(n, num_layers=cross_layers)  # (B, N) -> (B, N)
         # logit = w^T [cross(x0); MLP(x0)] + b, or over the cross net alone for dnn_hidden=()
-        self.head = TowerHead("dcn", n, dnn_hidden, activation=dnn_activation, dropout=dnn_dropout,
-                              batch_norm=dnn_batch_norm, side_features=n if dnn_hidden else 0)
+        self.head = TowerHead(self, n, dnn, side_features=n if dnn_options(self, dnn)["dnn_hidden"] else 0)
 
     def forward(self, batch: Batch) -> torch.Tensor:
         x0 = torch.cat([self.embedding.concat(batch), batch.dense], dim=1)  # (B, N)

@@ -19,9 +19,10 @@ from typing import Literal
 
 import torch
 from torch import nn
+from typing_extensions import Unpack
 
 from ctrkit.batch import Batch
-from ctrkit.models._towers import TowerHead, check_choice, check_min, layer_options
+from ctrkit.models._towers import DNNOptions, TowerHead, check_choice, check_min, dnn_options, layer_options
 from ctrkit.models.base import CTRModel
 from ctrkit.models.registry import register_model
 from ctrkit.nn.crossnet import CrossNet, LowRankMixtureCrossNet
@@ -47,10 +48,7 @@ class DCNv2(CTRModel):
         experts: int = 4,
         mix_activation: str = "relu",
         structure: Literal["stacked", "parallel"] = "parallel",
-        dnn_hidden: tuple[int, ...] = (256, 128),
-        dnn_activation: str = "relu",
-        dnn_dropout: float = 0.0,
-        dnn_batch_norm: bool = False,
+        **dnn: Unpack[DNNOptions],
     ) -> None:
         super().__init__()
         check_choice("dcnv2", "cross_type", cross_type, CROSS_TYPES)
@@ -68,9 +66,8 @@ class DCNv2(CTRModel):
                 self.cross = LowRankMixtureCrossNet(n, num_layers=cross_layers, num_experts=experts,
                                                     low_rank=rank, activation=mix_activation)
         # stacked: w^T MLP(cross(x0)); parallel: w^T [cross(x0); MLP(x0)]; the cross net alone for dnn_hidden=()
-        self.parallel = structure == "parallel" and bool(dnn_hidden)
-        self.head = TowerHead("dcnv2", n, dnn_hidden, activation=dnn_activation, dropout=dnn_dropout,
-                              batch_norm=dnn_batch_norm, side_features=n if self.parallel else 0)
+        self.parallel = structure == "parallel" and bool(dnn_options(self, dnn)["dnn_hidden"])
+        self.head = TowerHead(self, n, dnn, side_features=n if self.parallel else 0)
 
     def forward(self, batch: Batch) -> torch.Tensor:
         x0 = torch.cat([self.embedding.concat(batch), batch.dense], dim=1)  # (B, N)

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from typing_extensions import Unpack
 
 from ctrkit.batch import Batch
-from ctrkit.models._towers import TowerHead
+from ctrkit.models._towers import DNNOptions, TowerHead
 from ctrkit.models.base import CTRModel
 from ctrkit.models.registry import register_model
 from ctrkit.nn.fm import FMInteraction
@@ -36,11 +37,8 @@ class DeepFM(CTRModel):
         self,
         schema: Schema,
         *,
-        dnn_hidden: tuple[int, ...] = (256, 128),
-        dnn_activation: str = "relu",
-        dnn_dropout: float = 0.0,
-        dnn_batch_norm: bool = False,
         bias: bool = True,
+        **dnn: Unpack[DNNOptions],
     ) -> None:
         super().__init__()
         self.embedding = FieldEmbedding(schema, model="deepfm")
@@ -48,8 +46,7 @@ class DeepFM(CTRModel):
         self.linear = LinearTerm(schema, bias=False)  # (B,)
         self.fm = FMInteraction()  # (B, F, D) -> (B, 1)
         n = self.embedding.num_fields * d + schema.num_dense
-        self.deep = TowerHead("deepfm", n, dnn_hidden, activation=dnn_activation, dropout=dnn_dropout,
-                              batch_norm=dnn_batch_norm, bias=False)  # (B, N) -> (B,)
+        self.deep = TowerHead(self, n, dnn, bias=False)  # (B, N) -> (B,)
         self.bias = nn.Parameter(torch.zeros(1)) if bias else None
 
     def forward(self, batch: Batch) -> torch.Tensor:

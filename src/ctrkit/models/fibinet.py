@@ -22,9 +22,10 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
+from typing_extensions import Unpack
 
 from ctrkit.batch import Batch
-from ctrkit.models._towers import TowerHead, check_choice, layer_options
+from ctrkit.models._towers import DNNOptions, TowerHead, check_choice, layer_options
 from ctrkit.models.base import CTRModel
 from ctrkit.models.registry import ConfigError, register_model
 from ctrkit.nn.inputs import FieldEmbedding, LinearTerm
@@ -46,10 +47,7 @@ class FiBiNET(CTRModel):
         bilinear_type: Literal["field_all", "field_each", "field_interaction"] = "field_interaction",
         reduction_ratio: float = 3.0,
         senet_pooling: Literal["mean", "max"] = "mean",
-        dnn_hidden: tuple[int, ...] = (256, 128),
-        dnn_activation: str = "relu",
-        dnn_dropout: float = 0.0,
-        dnn_batch_norm: bool = False,
+        **dnn: Unpack[DNNOptions],
     ) -> None:
         super().__init__()
         check_choice("fibinet", "bilinear_type", bilinear_type, BILINEAR_TYPES)
@@ -66,8 +64,7 @@ class FiBiNET(CTRModel):
         self.bilinear_raw = BilinearInteraction(f, d, bilinear_type=bilinear_type)  # (B, P, D)
         self.bilinear_senet = BilinearInteraction(f, d, bilinear_type=bilinear_type)  # (B, P, D)
         n = self.bilinear_raw.out_features + self.bilinear_senet.out_features + schema.num_dense
-        self.deep = TowerHead("fibinet", n, dnn_hidden, activation=dnn_activation, dropout=dnn_dropout,
-                              batch_norm=dnn_batch_norm, bias=False)  # (B, N) -> (B,)
+        self.deep = TowerHead(self, n, dnn, bias=False)  # (B, N) -> (B,)
 
     def forward(self, batch: Batch) -> torch.Tensor:
         emb = self.embedding(batch)  # (B, F, D)

@@ -17,10 +17,13 @@ first sparse feature of the schema's feature groups 'user' and 'item', or the na
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import torch
+from typing_extensions import Unpack
 
 from ctrkit.batch import Batch
-from ctrkit.models._towers import TowerHead
+from ctrkit.models._towers import DNNOptions, TowerHead
 from ctrkit.models.base import CTRModel
 from ctrkit.models.registry import ConfigError, register_model
 from ctrkit.nn.embedding import make_embeddings
@@ -52,6 +55,8 @@ class NCF(CTRModel):
     schema dim); ``dnn_hidden`` / ``dnn_activation`` / ``dnn_dropout`` / ``dnn_batch_norm``: the MLP
     branch's tower; ``use_dense``: feed the dense features to the MLP branch."""
 
+    option_defaults = MappingProxyType({"dnn_hidden": (64, 32, 16)})  # the paper's pyramid tower
+
     def __init__(
         self,
         schema: Schema,
@@ -60,11 +65,8 @@ class NCF(CTRModel):
         item_feature: str | None = None,
         gmf_dim: int | None = None,
         mlp_dim: int | None = None,
-        dnn_hidden: tuple[int, ...] = (64, 32, 16),
-        dnn_activation: str = "relu",
-        dnn_dropout: float = 0.0,
-        dnn_batch_norm: bool = False,
         use_dense: bool = False,
+        **dnn: Unpack[DNNOptions],
     ) -> None:
         super().__init__()
         self.user = _role_feature(schema, "user", user_feature)
@@ -81,8 +83,7 @@ class NCF(CTRModel):
         self.use_dense = bool(use_dense) and schema.num_dense > 0
         n_dense = schema.num_dense if self.use_dense else 0
         # h^T [φ_GMF ; MLP(mlp_in)] + b
-        self.head = TowerHead("ncf", 2 * self.mlp_dim + n_dense, dnn_hidden, activation=dnn_activation,
-                              dropout=dnn_dropout, batch_norm=dnn_batch_norm, side_features=self.gmf_dim)
+        self.head = TowerHead(self, 2 * self.mlp_dim + n_dense, dnn, side_features=self.gmf_dim)
 
     def forward(self, batch: Batch) -> torch.Tensor:
         emb = self.embedding(batch.sparse.select([self.user, self.item])).stacked()  # (B, 2, Dg + Dm)

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from typing_extensions import Unpack
 
 from ctrkit.batch import Batch
-from ctrkit.models._towers import TowerHead, check_min
+from ctrkit.models._towers import DNNOptions, TowerHead, check_min
 from ctrkit.models.base import CTRModel
 from ctrkit.models.registry import ConfigError, register_model
 from ctrkit.nn.fm import BiInteractionPooling
@@ -40,10 +41,7 @@ class NFM(CTRModel):
         *,
         bi_dropout: float = 0.0,
         bi_batch_norm: bool = True,
-        dnn_hidden: tuple[int, ...] = (256, 128),
-        dnn_activation: str = "relu",
-        dnn_dropout: float = 0.0,
-        dnn_batch_norm: bool = False,
+        **dnn: Unpack[DNNOptions],
     ) -> None:
         super().__init__()
         self.embedding = FieldEmbedding(schema, model="nfm")
@@ -60,8 +58,7 @@ class NFM(CTRModel):
         # the paper's BatchNorm on the pooled vector; DeepCTR's NFM has none
         self.bn = nn.BatchNorm1d(n) if bi_batch_norm else nn.Identity()
         self.bi_dropout = nn.Dropout(bi_dropout)
-        self.deep = TowerHead("nfm", n, dnn_hidden, activation=dnn_activation, dropout=dnn_dropout,
-                              batch_norm=dnn_batch_norm, bias=False)  # (B, D + Nd) -> (B,)
+        self.deep = TowerHead(self, n, dnn, bias=False)  # (B, D + Nd) -> (B,)
 
     def forward(self, batch: Batch) -> torch.Tensor:
         bi = self.bi(self.embedding(batch))  # (B, F, D) -> (B, D)

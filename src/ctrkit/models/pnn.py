@@ -11,12 +11,14 @@ products (p), inner (IPNN), sum-pooled outer (OPNN) or both (PNN*):
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Literal
 
 import torch
+from typing_extensions import Unpack
 
 from ctrkit.batch import Batch
-from ctrkit.models._towers import TowerHead
+from ctrkit.models._towers import DNNOptions, TowerHead
 from ctrkit.models.base import CTRModel
 from ctrkit.models.registry import ConfigError, register_model
 from ctrkit.nn.inputs import FieldEmbedding
@@ -32,16 +34,15 @@ class PNN(CTRModel):
     ``dnn_activation`` / ``dnn_dropout`` / ``dnn_batch_norm``: the MLP on ``[l_1 ; dense]``. Needs one
     embedding dim D and at least 2 sparse fields."""
 
+    option_defaults = MappingProxyType({"dnn_hidden": (128, 64)})
+
     def __init__(
         self,
         schema: Schema,
         *,
         product: Literal["inner", "outer", "both"] = "inner",
         product_units: int = 64,
-        dnn_hidden: tuple[int, ...] = (128, 64),
-        dnn_activation: str = "relu",
-        dnn_dropout: float = 0.0,
-        dnn_batch_norm: bool = False,
+        **dnn: Unpack[DNNOptions],
     ) -> None:
         super().__init__()
         if product not in PRODUCTS:
@@ -53,8 +54,7 @@ class PNN(CTRModel):
         if F < 2:
             raise ConfigError(f"pnn needs at least 2 sparse fields for its products; the schema has {F}")
         self.product = PNNProductLayer(F, D, product_units, mode=product)
-        self.deep = TowerHead("pnn", product_units + schema.num_dense, dnn_hidden, activation=dnn_activation,
-                              dropout=dnn_dropout, batch_norm=dnn_batch_norm)  # (B, units + Nd) -> (B,)
+        self.deep = TowerHead(self, product_units + schema.num_dense, dnn)  # (B, units + Nd) -> (B,)
 
     def forward(self, batch: Batch) -> torch.Tensor:
         l1 = torch.relu(self.product(self.embedding(batch)))  # (B, F, D) -> (B, units)

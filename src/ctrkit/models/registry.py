@@ -6,16 +6,24 @@ every value against the parameter's annotation like a config value (:mod:`ctrkit
 list from YAML becomes the annotated tuple, an int is accepted for a float, a ``Literal`` lists its
 choices, and a wrong value is a :class:`ConfigError` naming the model, the parameter, the expected
 type and the value before the model is built.
+
+Options shared by many models (the deep tower's ``dnn_hidden / dnn_activation / dnn_dropout /
+dnn_batch_norm``) are written once, as an *option group*: a ``TypedDict`` registered with its
+defaults (:func:`register_option_group`) and taken as ``**dnn: Unpack[DNNOptions]`` (PEP 692). Its keys
+are parameters of the model like the keyword-only ones (listed, type-checked, suggested on a typo);
+a model whose defaults differ says so in its ``option_defaults`` class attribute, and reads the
+resolved values with :func:`resolve_options`.
 """
 
 from __future__ import annotations
 
 import inspect
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from torch import nn
+from typing_extensions import Unpack
 
 from ctrkit.errors import ConfigError
 from ctrkit.schema import Schema
@@ -23,11 +31,44 @@ from ctrkit.typecheck import coerce, is_supported, suggest
 
 __all__ = [
     "ConfigError", "check_model_params", "create_model", "get_model_class", "list_models", "model_params",
-    "register_model", "suggest",
+    "register_model", "register_option_group", "resolve_options", "suggest",
 ]
 
 _MODELS: dict[str, type[nn.Module]] = {}
+_OPTION_GROUPS: dict[type, dict[str, Any]] = {}  # TypedDict -> its defaults
+_UNPACKS = {Unpack, getattr(typing, "Unpack", Unpack)}  # typing_extensions' and (Python >= 3.11) typing's
 M = TypeVar("M", bound=type[nn.Module])
+
+
+def register_option_group(group: type, defaults: Mapping[str, Any]) -> None:
+    """Declare the TypedDict ``group`` an option group with ``defaults`` (one for each of its keys)."""
+    keys = set(typing.get_type_hints(group))
+    if set(defaults) != keys:
+        raise ValueError(f"option group {group.__name__}: defaults {sorted(defaults)} must cover its keys {sorted(keys)}")
+    _OPTION_GROUPS[group] = dict(defaults)
+
+
+def _group_of(tp: Any) -> type | None:
+    """The option group of a ``**kwargs`` annotation ``Unpack[Group]`` (None for anything else)."""
+    if typing.get_origin(tp) in _UNPACKS:
+        (group,) = typing.get_args(tp)
+        if group in _OPTION_GROUPS:
+            return group
+    return None
+
+
+def resolve_options(model: type | object, group: type, given: Mapping[str, Any]) -> dict[str, Any]:
+    """Every option of ``group`` for ``model``: the group's defaults, then the model class's
+    ``option_defaults``, then ``given``. A key outside the group is a ConfigError naming the model and
+    the closest valid key (keys reach here unchecked when a model is built directly, not by name)."""
+    cls = model if isinstance(model, type) else type(model)
+    defaults = _OPTION_GROUPS[group]
+    unknown = [k for k in given if k not in defaults]
+    if unknown:
+        name = getattr(cls, "model_name", "") or cls.__name__
+        raise ConfigError(f"model {name!r} has no parameter {unknown[0]!r}{suggest(unknown[0], defaults)}")
+    own = getattr(cls, "option_defaults", {})
+    return {k: given[k] if k in given else own.get(k, v) for k, v in defaults.items()}
 
 
 def register_model(name: str) -> Callable[[M], M]:
@@ -60,21 +101,35 @@ def get_model_class(name: str) -> type[nn.Module]:
 
 
 def model_params(name: str) -> dict[str, Any]:
-    """Keyword-only hyper-parameters of model ``name`` with their defaults."""
-    sig = inspect.signature(get_model_class(name).__init__)
-    return {
-        p.name: p.default
-        for p in sig.parameters.values()
-        if p.kind is inspect.Parameter.KEYWORD_ONLY
-    }
+    """Hyper-parameters of model ``name`` with their defaults: the keyword-only ones, then the keys of
+    its option groups (``**dnn: Unpack[DNNOptions]``)."""
+    cls = get_model_class(name)
+    sig = inspect.signature(cls.__init__)
+    hints = _init_hints(cls)
+    out: dict[str, Any] = {}
+    for p in sig.parameters.values():
+        if p.kind is inspect.Parameter.KEYWORD_ONLY:
+            out[p.name] = p.default
+        elif p.kind is inspect.Parameter.VAR_KEYWORD and (group := _group_of(hints.get(p.name))) is not None:
+            out.update(resolve_options(cls, group, {}))
+    return out
 
 
-def _param_annotations(cls: type[nn.Module]) -> dict[str, Any]:
-    """Resolved annotations of ``cls.__init__`` ({} when they cannot be resolved)."""
+def _init_hints(cls: type[nn.Module]) -> dict[str, Any]:
     try:
         return typing.get_type_hints(cls.__init__)
     except (NameError, TypeError, AttributeError):  # an annotation unresolvable at runtime: unchecked
         return {}
+
+
+def _param_annotations(cls: type[nn.Module]) -> dict[str, Any]:
+    """Resolved annotations of ``cls.__init__``'s parameters, option groups expanded to their keys
+    ({} when they cannot be resolved)."""
+    out: dict[str, Any] = {}
+    for key, tp in _init_hints(cls).items():
+        group = _group_of(tp)
+        out.update(typing.get_type_hints(group) if group is not None else {key: tp})
+    return out
 
 
 def check_model_params(name: str, params: dict[str, Any]) -> dict[str, Any]:

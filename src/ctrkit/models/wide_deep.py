@@ -22,9 +22,10 @@ them out of the dense / embedding optimizers.
 from __future__ import annotations
 
 import torch
+from typing_extensions import Unpack
 
 from ctrkit.batch import Batch, KeyedJagged
-from ctrkit.models._towers import TowerHead
+from ctrkit.models._towers import DNNOptions, TowerHead
 from ctrkit.models.base import CTRModel, ParamGroup
 from ctrkit.models.registry import ConfigError, register_model
 from ctrkit.nn.embedding import make_embeddings
@@ -63,12 +64,9 @@ class WideDeep(CTRModel):
         self,
         schema: Schema,
         *,
-        dnn_hidden: tuple[int, ...] = (256, 128),
-        dnn_activation: str = "relu",
-        dnn_dropout: float = 0.0,
-        dnn_batch_norm: bool = False,
         crosses: tuple[tuple[str, str], ...] = (),
         cross_buckets: int = 100_000,
+        **dnn: Unpack[DNNOptions],
     ) -> None:
         super().__init__()
         if cross_buckets < 1:
@@ -94,8 +92,7 @@ class WideDeep(CTRModel):
         )
         self.linear = LinearTerm(schema)
         self.embedding = FieldEmbedding(schema, model="wide_deep")
-        self.deep = TowerHead("wide_deep", self.embedding.out_features + schema.num_dense, dnn_hidden,
-                              activation=dnn_activation, dropout=dnn_dropout, batch_norm=dnn_batch_norm,
+        self.deep = TowerHead(self, self.embedding.out_features + schema.num_dense, dnn,
                               bias=False)  # (B, ΣD + Nd) -> (B,); the bias lives in the wide part
 
     def param_groups(self) -> list[ParamGroup]:

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from typing_extensions import Unpack
 
 from ctrkit.batch import Batch
-from ctrkit.models._towers import TowerHead, layer_options
+from ctrkit.models._towers import DNNOptions, TowerHead, layer_options
 from ctrkit.models.base import CTRModel
 from ctrkit.models.registry import register_model
 from ctrkit.nn.cin import CIN
@@ -41,10 +42,7 @@ class XDeepFM(CTRModel):
         cin_layer_sizes: tuple[int, ...] = (128, 128),
         split_half: bool = True,
         cin_activation: str = "identity",
-        dnn_hidden: tuple[int, ...] = (256, 128),
-        dnn_activation: str = "relu",
-        dnn_dropout: float = 0.0,
-        dnn_batch_norm: bool = False,
+        **dnn: Unpack[DNNOptions],
     ) -> None:
         super().__init__()
         self.embedding = FieldEmbedding(schema, model="xdeepfm")
@@ -55,8 +53,7 @@ class XDeepFM(CTRModel):
             self.cin = CIN(f, d, layer_sizes=cin_layer_sizes, split_half=split_half, activation=cin_activation)
         self.cin_out = nn.Linear(self.cin.out_features, 1, bias=False)
         n = f * d + schema.num_dense
-        self.deep = TowerHead("xdeepfm", n, dnn_hidden, activation=dnn_activation, dropout=dnn_dropout,
-                              batch_norm=dnn_batch_norm, bias=False)  # (B, N) -> (B,)
+        self.deep = TowerHead(self, n, dnn, bias=False)  # (B, N) -> (B,)
 
     def forward(self, batch: Batch) -> torch.Tensor:
         emb = self.embedding(batch)  # (B, F, D)
