@@ -96,6 +96,16 @@ def check_columns(got: dict, want: dict) -> None:
     assert jagged_rows(got["tags"]) == want["tags"] and jagged_rows(got["hist"]) == want["hist"]
 
 
+def assert_same_columns(got: dict, want: dict) -> None:
+    """Equal transform outputs: arrays, and (values, lengths) pairs for jagged columns."""
+    assert set(got) == set(want)
+    for k, v in want.items():
+        if isinstance(v, tuple):
+            assert all(np.array_equal(a, b) for a, b in zip(got[k], v)), k
+        else:
+            np.testing.assert_array_equal(got[k], v, err_msg=k)
+
+
 def test_fit_transform_matches_naive_rules() -> None:
     rows = make_rows(300)
     pipe = FeaturePipeline.table(SPEC).fit(rows)
@@ -127,12 +137,7 @@ def test_inputs_arrow_dicts_and_columns_agree() -> None:
     want = pipe.transform(rows)
     table = pa.Table.from_pylist(rows)
     for raw in (table, {c: table.column(c) for c in table.column_names}, table.to_batches()[0]):
-        got = pipe.transform(raw)
-        for k, v in want.items():
-            if isinstance(v, tuple):
-                assert all(np.array_equal(a, b) for a, b in zip(got[k], v)), k
-            else:
-                np.testing.assert_array_equal(got[k], v, err_msg=k)
+        assert_same_columns(pipe.transform(raw), want)
 
 
 def test_streaming_fit_equals_one_chunk() -> None:
@@ -208,12 +213,7 @@ def test_save_load_and_checkpoint_payload_round_trip(tmp_path: Path) -> None:
     raw = torch.load(ckpt, weights_only=True)  # nothing but plain data inside
     assert raw["pipeline"]["meta"]["multi_hot"]["size"] == 2
     for other in (FeaturePipeline.load(d), FeaturePipeline.from_payload(load_checkpoint(ckpt)["pipeline"])):
-        got = other.transform(rows)
-        for k, v in want.items():
-            if isinstance(v, tuple):
-                assert all(np.array_equal(a, b) for a, b in zip(got[k], v)), k
-            else:
-                np.testing.assert_array_equal(got[k], v, err_msg=k)
+        assert_same_columns(other.transform(rows), want)
         assert other.vocab_fingerprint() == pipe.vocab_fingerprint()
         assert other.schema == pipe.schema and other.batch_stage.fingerprint() == pipe.batch_stage.fingerprint()
     meta = json.loads((d / "pipeline.json").read_text())

@@ -4,7 +4,7 @@
   (one D-wide vector per feature and row), ``sequence(kj, key)`` -> ``(emb (B, T, D), mask (B, T))`` for
   an unpooled history, ``lookup(table, ids)`` -> ``(..., D)``, ``embedding_parameters()``, ``tables``.
   Its state dict names tables: ``<prefix>tables.<table>`` -> ``[rows, D]``, whatever the backend.
-  (Defined in :mod:`ctrkit.nn.embedding_interface`, re-exported here.)
+  (Defined in :mod:`ctrkit.nn.embedding_interface` with :class:`PooledEmbeddings`, re-exported here.)
 - :class:`EmbeddingBagCollection` — the ``fused`` backend (the SparseArch of seed 000 §4-5).
 - :func:`make_embeddings` — the one factory models build their tables with.
 
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -38,7 +38,7 @@ from torch import nn
 
 from ctrkit.batch import KeyedJagged
 from ctrkit.errors import IdOutOfRangeError, LayerConfigError
-from ctrkit.nn.embedding_interface import EmbeddingCollection
+from ctrkit.nn.embedding_interface import EmbeddingCollection, PooledEmbeddings, PoolGroup
 from ctrkit.schema import Schema, SchemaError, SequenceFeature, SparseFeature, TableSpec
 
 __all__ = ["EmbeddingBagCollection", "EmbeddingCollection", "EmbeddingWeight", "PooledEmbeddings", "make_embeddings"]
@@ -53,84 +53,6 @@ class EmbeddingWeight(nn.Parameter):
     sparse-aware optimizer group (kept as a class attribute so it survives ``copy.deepcopy``)."""
 
     is_embedding = True
-
-
-@dataclass(frozen=True)
-class _Group:
-    """Features pooled by one embedding_bag call: same dim (one fused weight) and same pooling."""
-
-    dim: int
-    pooling: str
-    keys: tuple[str, ...]
-    positions: tuple[int, ...]  # position of each key in the collection's output order
-
-
-class PooledEmbeddings:
-    """Pooled embeddings of F features for B rows, in the collection's key order.
-
-    Holds one ``[F_g, B, D_g]`` tensor per (dim, pooling) group; the views below build what a model
-    needs: ``stacked()`` [B, F, D] (all dims equal), ``concat()`` [B, sum D_k], ``to_dict()``.
-    """
-
-    def __init__(self, keys: Sequence[str], dims: Sequence[int], groups: Sequence[_Group],
-                 tensors: Sequence[torch.Tensor]) -> None:
-        self.keys: list[str] = list(keys)
-        self.dims: list[int] = list(dims)
-        self._groups = list(groups)
-        self._tensors = list(tensors)  # each (F_g, B, D_g)
-
-    @property
-    def batch_size(self) -> int:
-        return int(self._tensors[0].shape[1]) if self._tensors else 0
-
-    def stacked(self) -> torch.Tensor:
-        """All features as ``[B, F, D]``; an error names the features and dims if dims differ."""
-        if len(set(self.dims)) > 1:
-            by_dim: dict[int, list[str]] = {}
-            for k, d in zip(self.keys, self.dims):
-                by_dim.setdefault(d, []).append(k)
-            raise LayerConfigError(
-                "stacked() needs one embedding dim for all features, but they differ: "
-                + "; ".join(f"dim {d}: {ks}" for d, ks in by_dim.items())
-                + ". Give these features the same embedding_dim in the schema, or use concat()/to_dict()."
-            )
-        # contiguous (B, F, D): the strided transpose view made every downstream broadcast op slow
-        # (xDeepFM training step on the Criteo shapes: 230 -> 160 ms)
-        if len(self._tensors) == 1:
-            return self._tensors[0].transpose(0, 1).contiguous()  # (B, F, D)
-        allf = torch.cat(self._tensors, 0)  # (F, B, D) in group order
-        order = [p for g in self._groups for p in g.positions]
-        if order != list(range(len(order))):
-            inv = [0] * len(order)
-            for i, p in enumerate(order):
-                inv[p] = i
-            allf = allf[inv]
-        return allf.transpose(0, 1).contiguous()  # (B, F, D)
-
-    def concat(self) -> torch.Tensor:
-        """All features concatenated along the last dim: ``[B, sum_k D_k]`` in key order."""
-        if len(set(self.dims)) <= 1:
-            s = self.stacked()
-            return s.reshape(s.shape[0], -1)
-        d = self.to_dict()
-        return torch.cat([d[k] for k in self.keys], 1)
-
-    def to_dict(self) -> dict[str, torch.Tensor]:
-        """``{key: [B, D_k]}``."""
-        out: dict[str, torch.Tensor] = {}
-        for g, t in zip(self._groups, self._tensors):
-            for i, k in enumerate(g.keys):
-                out[k] = t[i]
-        return {k: out[k] for k in self.keys}
-
-    def __getitem__(self, key: str) -> torch.Tensor:
-        for g, t in zip(self._groups, self._tensors):
-            if key in g.keys:
-                return t[g.keys.index(key)]
-        raise KeyError(f"no pooled embedding for {key!r}; keys: {self.keys}")
-
-    def __repr__(self) -> str:
-        return f"PooledEmbeddings(keys={self.keys}, dims={self.dims}, batch_size={self.batch_size})"
 
 
 class EmbeddingBagCollection(EmbeddingCollection):
@@ -218,7 +140,7 @@ class EmbeddingBagCollection(EmbeddingCollection):
         for i, k in enumerate(self.keys):
             groups.setdefault((self.dims[i], self.feature_pooling[k]), []).append(i)
         self._groups = [
-            _Group(d, p, tuple(self.keys[i] for i in pos), tuple(pos)) for (d, p), pos in groups.items()
+            PoolGroup(d, p, tuple(self.keys[i] for i in pos), tuple(pos)) for (d, p), pos in groups.items()
         ]
         # per group: table row offset and table size of each key, as buffers (move with .to()).
         for gi, g in enumerate(self._groups):

@@ -1,15 +1,16 @@
 """The embedding interface (DESIGN §6): what a model may ask of its tables, whatever the backend.
 
-:class:`EmbeddingCollection` (``pooled``, ``sequence``, ``lookup``, ``embedding_parameters``, ``tables``).
-The fused backend, the result type :class:`~ctrkit.nn.embedding.PooledEmbeddings` and the factory
-``make_embeddings`` live in :mod:`ctrkit.nn.embedding`, which re-exports this class.
+:class:`EmbeddingCollection` (``pooled``, ``sequence``, ``lookup``, ``embedding_parameters``, ``tables``)
+and the result of ``pooled``, :class:`PooledEmbeddings` (one ``[F_g, B, D_g]`` tensor per
+:class:`PoolGroup` of features a backend pools together). The fused backend and the factory
+``make_embeddings`` live in :mod:`ctrkit.nn.embedding`, which re-exports these classes.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -18,8 +19,84 @@ from ctrkit.batch import KeyedJagged
 from ctrkit.errors import LayerConfigError
 from ctrkit.schema import TableSpec
 
-if TYPE_CHECKING:
-    from ctrkit.nn.embedding import PooledEmbeddings
+
+@dataclass(frozen=True)
+class PoolGroup:
+    """Features a backend pools in one call: same dim and same pooling (the fused backend: one
+    embedding_bag call over one fused weight)."""
+
+    dim: int
+    pooling: str
+    keys: tuple[str, ...]
+    positions: tuple[int, ...]  # position of each key in the collection's output order
+
+
+class PooledEmbeddings:
+    """Pooled embeddings of F features for B rows, in the collection's key order.
+
+    Holds one ``[F_g, B, D_g]`` tensor per (dim, pooling) group; the views below build what a model
+    needs: ``stacked()`` [B, F, D] (all dims equal), ``concat()`` [B, sum D_k], ``to_dict()``.
+    """
+
+    def __init__(self, keys: Sequence[str], dims: Sequence[int], groups: Sequence[PoolGroup],
+                 tensors: Sequence[torch.Tensor]) -> None:
+        self.keys: list[str] = list(keys)
+        self.dims: list[int] = list(dims)
+        self._groups = list(groups)
+        self._tensors = list(tensors)  # each (F_g, B, D_g)
+
+    @property
+    def batch_size(self) -> int:
+        return int(self._tensors[0].shape[1]) if self._tensors else 0
+
+    def stacked(self) -> torch.Tensor:
+        """All features as ``[B, F, D]``; an error names the features and dims if dims differ."""
+        if len(set(self.dims)) > 1:
+            by_dim: dict[int, list[str]] = {}
+            for k, d in zip(self.keys, self.dims):
+                by_dim.setdefault(d, []).append(k)
+            raise LayerConfigError(
+                "stacked() needs one embedding dim for all features, but they differ: "
+                + "; ".join(f"dim {d}: {ks}" for d, ks in by_dim.items())
+                + ". Give these features the same embedding_dim in the schema, or use concat()/to_dict()."
+            )
+        # contiguous (B, F, D): the strided transpose view made every downstream broadcast op slow
+        # (xDeepFM training step on the Criteo shapes: 230 -> 160 ms)
+        if len(self._tensors) == 1:
+            return self._tensors[0].transpose(0, 1).contiguous()  # (B, F, D)
+        allf = torch.cat(self._tensors, 0)  # (F, B, D) in group order
+        order = [p for g in self._groups for p in g.positions]
+        if order != list(range(len(order))):
+            inv = [0] * len(order)
+            for i, p in enumerate(order):
+                inv[p] = i
+            allf = allf[inv]
+        return allf.transpose(0, 1).contiguous()  # (B, F, D)
+
+    def concat(self) -> torch.Tensor:
+        """All features concatenated along the last dim: ``[B, sum_k D_k]`` in key order."""
+        if len(set(self.dims)) <= 1:
+            s = self.stacked()
+            return s.reshape(s.shape[0], -1)
+        d = self.to_dict()
+        return torch.cat([d[k] for k in self.keys], 1)
+
+    def to_dict(self) -> dict[str, torch.Tensor]:
+        """``{key: [B, D_k]}``."""
+        out: dict[str, torch.Tensor] = {}
+        for g, t in zip(self._groups, self._tensors):
+            for i, k in enumerate(g.keys):
+                out[k] = t[i]
+        return {k: out[k] for k in self.keys}
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        for g, t in zip(self._groups, self._tensors):
+            if key in g.keys:
+                return t[g.keys.index(key)]
+        raise KeyError(f"no pooled embedding for {key!r}; keys: {self.keys}")
+
+    def __repr__(self) -> str:
+        return f"PooledEmbeddings(keys={self.keys}, dims={self.dims}, batch_size={self.batch_size})"
 
 
 class EmbeddingCollection(nn.Module, abc.ABC):
