@@ -224,3 +224,21 @@ def test_ftrl_needs_a_wide_part():
     model = create_model("lr", contract_schema())
     with pytest.raises(ConfigError, match="wide_optimizer=ftrl needs a model with a wide part.*'lr' declares none"):
         build_optimizers(model, TrainConfig(wide_optimizer="ftrl"))
+
+
+class TwoGroups(Tiny):
+    """Two declared groups: one for FTRL (named other than "wide"), one with a penalty only."""
+
+    def param_groups(self) -> list[ParamGroup]:
+        return [ParamGroup("first_order", [self.lin.bias], optimizer="ftrl"), ParamGroup("reg", [self.lin.weight], l2=1.0)]
+
+
+def test_ftrl_takes_the_groups_that_declare_it_whatever_their_name():
+    from ctrkit.train.ftrl import FTRL
+
+    model = TwoGroups()
+    opt = build_optimizers(model, TrainConfig(wide_optimizer="ftrl"))
+    assert isinstance(opt.wide, FTRL)
+    assert [id(p) for g in opt.wide.param_groups for p in g["params"]] == [id(model.lin.bias)]
+    assert id(model.lin.weight) in {id(p) for p in opt.dense_params}  # a penalty alone keeps the dense optimizer
+    assert id(model.lin.bias) not in {id(p) for p in opt.dense_params + opt.embedding_params}

@@ -60,7 +60,7 @@ class ParamGroup:
     """A named set of parameters with an optional dedicated optimizer and/or penalties.
 
     ``optimizer``: the dedicated optimizer the group is meant for ("ftrl"); the run config decides
-    whether it is used (``train.wide_optimizer=ftrl`` for the group named "wide"), otherwise the
+    whether it is used (``train.wide_optimizer=ftrl`` for every group declaring "ftrl"), otherwise the
     group's parameters stay with the dense / embedding optimizers.
 
     Penalty (added to the loss by the task, logged as ``penalty/<name>``)::

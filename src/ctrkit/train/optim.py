@@ -18,8 +18,8 @@ works identically for every sparse optimizer and never walks the whole table. (D
 divides by each id's frequency; that variant is not implemented.)
 
 Dedicated groups: a model declares named :class:`~ctrkit.models.base.ParamGroup` s; with
-``train.wide_optimizer=ftrl`` the group named "wide" (Wide & Deep's linear part) is trained by
-:class:`~ctrkit.train.ftrl.FTRL` and taken out of the dense / sparse optimizers.
+``train.wide_optimizer=ftrl`` the groups declared with ``optimizer="ftrl"`` (Wide & Deep's "wide" linear
+part) are trained by :class:`~ctrkit.train.ftrl.FTRL` and taken out of the dense / sparse optimizers.
 """
 
 from __future__ import annotations
@@ -251,15 +251,16 @@ def build_optimizers(model: CTRModel, config: Any) -> OptimizerSet:
         raise ConfigError("the model has no trainable parameters")
     wide_opt = None
     if config.wide_optimizer == "ftrl":
-        group = next((g for g in model.param_groups() if g.name == "wide"), None)
-        if group is None:
+        groups = [g for g in model.param_groups() if g.optimizer == "ftrl"]
+        if not groups:
             raise ConfigError(
-                f"train.wide_optimizer=ftrl needs a model with a wide part (a parameter group named 'wide'); "
-                f"{model.model_name or type(model).__name__!r} declares none; set train.wide_optimizer=default"
+                f"train.wide_optimizer=ftrl needs a model with a wide part (a parameter group declared with "
+                f"optimizer='ftrl'); {model.model_name or type(model).__name__!r} declares none; "
+                "set train.wide_optimizer=default"
             )
         from ctrkit.train.ftrl import FTRL
 
-        wide = {id(p): p for p in group.params if p.requires_grad}
+        wide = {id(p): p for g in groups for p in g.params if p.requires_grad}
         dense = [p for p in dense if id(p) not in wide]
         emb = [p for p in emb if id(p) not in wide]
         wide_opt = FTRL(list(wide.values()), alpha=config.ftrl_alpha, beta=config.ftrl_beta, l1=config.ftrl_l1,
