@@ -28,6 +28,7 @@ from ctrkit.data.pipeline_io import pipeline_from_checkpoint, pipeline_from_stor
 from ctrkit.data.raw_rows import iter_transformed
 from ctrkit.data.store import Store, Vocabularies, check_same_vocabulary
 from ctrkit.errors import JobError
+from ctrkit.models.base import logits_of
 from ctrkit.models.registry import check_model_params, create_model
 from ctrkit.train.config import Config, config_to_dict, load_config
 
@@ -142,7 +143,7 @@ def predict_store(model: torch.nn.Module, store: Store, batch_size: int = 8192,
     out = []
     with torch.no_grad():
         for batch in _eval_loader(store, batch_size, pipeline):
-            out.append(torch.sigmoid(model(batch)).numpy())
+            out.append(torch.sigmoid(logits_of(model(batch))).numpy())
     return np.concatenate(out) if out else np.zeros(0, np.float32)
 
 
@@ -155,7 +156,7 @@ def evaluate_store(model: torch.nn.Module, store: Store, pipeline: FeaturePipeli
     model.eval()
     with torch.no_grad():
         for batch in _eval_loader(store, batch_size, pipeline):
-            ms.update(torch.sigmoid(model(batch)), batch.labels, batch.weights)
+            ms.update(torch.sigmoid(logits_of(model(batch))), batch.labels, batch.weights)
     return ms.compute()
 
 
@@ -166,7 +167,7 @@ def predict_file(model: torch.nn.Module, pipeline: FeaturePipeline, path: str | 
     model.eval()
     with torch.no_grad():
         for columns in iter_transformed(pipeline, path, batch_size):
-            yield torch.sigmoid(model(pipeline.to_batch(columns))).numpy()
+            yield torch.sigmoid(logits_of(model(pipeline.to_batch(columns)))).numpy()
 
 
 # ---- CLI commands ----------------------------------------------------------------------------------

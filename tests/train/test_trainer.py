@@ -185,6 +185,36 @@ def test_every_part_of_the_loss_is_logged_by_name(tmp_path):
     assert train_records[1]["loss"] == pytest.approx(sum(seen[4:8]) / 4, rel=1e-6)
 
 
+class WarmupAux(TinyCTR):
+    """An auxiliary loss of 1.0 on odd calls only (a part that comes and goes, e.g. after a warm-up)."""
+
+    def __init__(self, name: str = "aux_odd") -> None:
+        super().__init__(dropout=0.0)
+        self.name, self.calls = name, 0
+
+    def forward(self, batch: Batch):
+        logits = super().forward(batch)
+        self.calls += 1
+        if self.calls % 2:
+            return ModelOutput(logits, {self.name: logits.new_ones(())})
+        return logits
+
+
+def test_a_part_is_averaged_over_the_steps_that_logged_it(tmp_path):
+    train, _ = _loaders(n_train=512)
+    Trainer(WarmupAux(), train, _cfg(epochs=1, log_every=4), run_dir=tmp_path / "run").fit()
+    records = [json.loads(s) for s in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    parts = [r["aux_odd"] for r in records if r["kind"] == "train"]
+    assert parts == [1.0, 1.0]  # logged in 2 of every 4 steps, each time 1.0 (not 2/4)
+
+
+@pytest.mark.parametrize("name", ["loss", "step"])
+def test_a_part_named_like_a_record_field_is_refused(tmp_path, name):
+    train, _ = _loaders(n_train=128)
+    with pytest.raises(TrainingError, match=f"loss part named {name!r}.*rename it"):
+        Trainer(WarmupAux(name), train, _cfg(epochs=1), run_dir=tmp_path / "run").fit()
+
+
 def test_plain_logits_log_only_the_loss(tmp_path):
     train, _ = _loaders(n_train=320)
     Trainer(TinyCTR(), train, _cfg(epochs=1, log_every=5), run_dir=tmp_path / "run").fit()

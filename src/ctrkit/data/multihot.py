@@ -55,7 +55,8 @@ class MultiHot:
     """Expand single-valued sparse features into ``multi_hot_size`` ids each (see module docstring).
 
     Features are matched to the KeyedJagged's keys by position: key i uses ``num_embeddings[i]``;
-    keys past ``len(num_embeddings)`` (e.g. sequence features) are passed through unchanged.
+    keys past ``len(num_embeddings)`` (e.g. sequence features) are passed through unchanged, and so are
+    keys whose ``single_valued[i]`` is False (multi-valued features already hold several ids).
     """
 
     def __init__(
@@ -66,6 +67,7 @@ class MultiHot:
         distribution: str = "uniform",
         collect_freqs: bool = False,
         pareto_a: float = 0.25,
+        single_valued: Sequence[bool] | None = None,
     ) -> None:
         if distribution not in DISTRIBUTIONS:
             raise DataError(f"multi-hot distribution {distribution!r} is not one of {DISTRIBUTIONS}")
@@ -78,7 +80,10 @@ class MultiHot:
         self.multi_hot_min_table_size = int(multi_hot_min_table_size)
         self.distribution = distribution
         self.pareto_a = float(pareto_a)
-        self.expanded = [n >= self.multi_hot_min_table_size for n in self.num_embeddings]
+        single = list(single_valued) if single_valued is not None else [True] * len(self.num_embeddings)
+        if len(single) != len(self.num_embeddings):
+            raise DataError(f"single_valued needs one flag per feature ({len(self.num_embeddings)}), got {len(single)}")
+        self.expanded = [n >= self.multi_hot_min_table_size and one for n, one in zip(self.num_embeddings, single)]
         # fixed lookup tables, never trained: weight[i] is None for features left single-valued
         self.weight: list[torch.Tensor | None] = [
             multi_hot_table(n, self.multi_hot_size, i, distribution, pareto_a) if e else None
@@ -94,10 +99,12 @@ class MultiHot:
     @classmethod
     def from_schema(cls, schema: Schema, multi_hot_size: int, multi_hot_min_table_size: int,
                     distribution: str = "uniform", collect_freqs: bool = False, pareto_a: float = 0.25) -> MultiHot:
-        """One entry per sparse feature of ``schema`` (in order): the rows of the table it uses."""
+        """One entry per sparse feature of ``schema`` (in order): the rows of the table it uses; only its
+        single-valued features are expanded."""
         tables = schema.tables()
         n = [tables[s.table_name].num_embeddings for s in schema.sparse]
-        return cls(n, multi_hot_size, multi_hot_min_table_size, distribution, collect_freqs, pareto_a)
+        return cls(n, multi_hot_size, multi_hot_min_table_size, distribution, collect_freqs, pareto_a,
+                   single_valued=[not s.multi_valued for s in schema.sparse])
 
     def fingerprint(self) -> str:
         """sha256 of the options and every fixed table: equal fingerprints, equal expansion."""

@@ -54,7 +54,7 @@ from ctrkit.data.pipeline_encode import (
 from ctrkit.data.rows import DataError, SpillColumn
 from ctrkit.data.store import ColumnSpec
 from ctrkit.data.tabular_read import TableSpecYaml, keep_last, kind_of, load_spec
-from ctrkit.data.vocab import VocabBuilder, Vocabulary, check_vocab_options
+from ctrkit.data.vocab import RARE_ID, VocabBuilder, Vocabulary, _as_key_array, check_vocab_options, hash_keys
 from ctrkit.errors import NotFittedError
 from ctrkit.schema import DenseFeature, Schema, SequenceFeature, SparseFeature
 
@@ -145,7 +145,8 @@ class FeaturePipeline(RowEncoder):
             a = values.to_numpy(zero_copy_only=False) if isinstance(values, pa.Array) else np.asarray(values)
             return a.astype(np.int64)
         self._check_fitted()
-        return self.vocabs_[table].lookup(values, missing)
+        ids = self.vocabs_[table].lookup(values, missing)
+        return _groups_apart(ids, values, self.vocabs_[table].kind) if table == GROUP_TABLE else ids
 
     # ---- transform ---------------------------------------------------------------------------------
     def transform(self, raw: Raw, *, lines: np.ndarray | None = None) -> dict[str, Any]:
@@ -160,9 +161,9 @@ class FeaturePipeline(RowEncoder):
         s, spec, luts = self.schema, self.spec, luts or {}
         id_dtype = self.id_dtype
 
-        def ids(table: str, a: np.ndarray) -> np.ndarray:
+        def ids(table: str, a: np.ndarray, dtype: Any = id_dtype) -> np.ndarray:
             m = luts.get(table)
-            return (m[a] if m is not None else a).astype(id_dtype)
+            return (m[a] if m is not None else a).astype(dtype)
 
         out: dict[str, Any] = {}
         if "label" in part:
@@ -170,7 +171,7 @@ class FeaturePipeline(RowEncoder):
         if s.weight and "weight" in part:
             out[s.weight] = np.asarray(part["weight"], np.float32)
         if s.group_id and "group" in part:
-            out[s.group_id] = ids(GROUP_TABLE, part["group"]).astype(np.int64)
+            out[s.group_id] = ids(GROUP_TABLE, part["group"], np.int64)  # unseen groups' ids pass 2^62
         d = part["dense"]
         stand = np.array([e["transform"] == "standardize" for e in spec.dense], bool)
         d = np.where(stand, (d - self.mean_) / self.std_, d).astype(np.float32) if stand.any() else d.astype(
@@ -359,8 +360,9 @@ class PipelineFitter(RowEncoder):
         self.pipeline = pipeline
         self.spec, self.kind, self.table_of = pipeline.spec, pipeline.kind, pipeline.table_of
         self._builders: dict[str, VocabBuilder] = {}
-        self._sums = np.zeros((2, len(self.spec.dense)))  # sum, sum of squares of the training rows
-        self._n = 0
+        self._n = 0  # training rows counted so far, their per-column mean and sum of squared deviations
+        self._mean = np.zeros(len(self.spec.dense))
+        self._m2 = np.zeros(len(self.spec.dense))
         self.luts: dict[str, np.ndarray | None] = {}
 
     def _ids(self, table: str, values: Any, missing: np.ndarray | None = None) -> np.ndarray:
@@ -380,9 +382,15 @@ class PipelineFitter(RowEncoder):
 
     def add_dense_stats(self, dense: np.ndarray) -> None:
         """Count training rows ``dense`` [m, Nd] (before scaling) in the mean / std of every dense column."""
-        self._sums[0] += dense.sum(0)
-        self._sums[1] += (dense ** 2).sum(0)
-        self._n += len(dense)
+        m = len(dense)
+        if m == 0:
+            return
+        mean = dense.mean(0, dtype=np.float64)
+        m2 = ((dense - mean) ** 2).sum(0)  # centred per chunk: no cancellation for large offsets (timestamps)
+        delta, n = mean - self._mean, self._n  # Chan et al.'s pairwise update of (n, mean, M2)
+        self._n = n + m
+        self._mean += delta * (m / self._n)
+        self._m2 += m2 + delta ** 2 * (n * m / self._n)
 
     def finish(self) -> FeaturePipeline:
         """Fit the pipeline (vocabularies, dense statistics) and fill ``luts``; returns the pipeline."""
@@ -394,9 +402,8 @@ class PipelineFitter(RowEncoder):
         for table in sorted(set(self.table_of.values()) - set(vocabs)):  # a table that saw no values
             vocabs[table] = Vocabulary.build(table, "str", np.array([], str), np.array([], np.int64))
             self.luts[table] = None
-        n = max(self._n, 1)
-        mean = self._sums[0] / n
-        std = np.sqrt(np.maximum(self._sums[1] / n - mean ** 2, 0.0))
+        mean = self._mean
+        std = np.sqrt(self._m2 / max(self._n, 1))
         p.vocabs_, p.mean_, p.std_ = vocabs, mean, np.where(std > 0, std, 1.0)
         p._fingerprint, p._stage = None, None
         return p
@@ -413,3 +420,19 @@ __all__ = [
     "PipelineFitter",
     "criteo_spec",
 ]
+
+
+UNSEEN_GROUP_BASE = 1 << 62
+
+
+def _groups_apart(ids: np.ndarray, values: Any, kind: str) -> np.ndarray:
+    """Group ids of rows whose group key the pipeline never saw: ``2^62 + hash(key) mod 2^62`` instead of the
+    shared rare id 1, so new users (data mapped with ``--vocab-from``, rows to score) keep one group each
+    for GAUC. Equal keys get equal ids; distinct keys collide with probability ~ n^2 / 2^63."""
+    unseen = ids == RARE_ID
+    if not unseen.any():
+        return ids
+    keys, _ = _as_key_array(values, kind)
+    out = ids.copy()
+    out[unseen] = (UNSEEN_GROUP_BASE + (hash_keys(keys[unseen]) >> np.uint64(2))).astype(np.int64)
+    return out

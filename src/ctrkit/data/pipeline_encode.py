@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 
 from ctrkit.data.criteo_parse import dense_transform
 from ctrkit.data.rows import BadRows, DataError, jagged_take
+from ctrkit.data.store import GROUP_VOCAB
 from ctrkit.data.tabular_read import (
     SPLITS,
     TableSpecYaml,
@@ -44,7 +45,7 @@ from ctrkit.data.tabular_read import (
 
 CRITEO, TABLE, IDS = "criteo", "table", "ids"
 KINDS = (CRITEO, TABLE, IDS)
-GROUP_TABLE = "__group__"  # the vocabulary of the group-id column
+GROUP_TABLE = GROUP_VOCAB  # the vocabulary of the group-id column
 _LOG_FLOOR = math.exp(-2)
 _HEX = np.full(256, -1, np.int64)
 _HEX[np.frombuffer(b"0123456789", np.uint8)] = np.arange(10)
@@ -108,7 +109,7 @@ def hex_keys(col: Any, lines: np.ndarray, bad_rows: np.ndarray, bad: BadRows, na
     if isinstance(col, pa.Array) and pa.types.is_integer(col.type):
         return pc.fill_null(col, -1).to_numpy(zero_copy_only=False).astype(np.int64)
     s = to_string(col if isinstance(col, pa.Array) else pa.array(col, pa.string()), lines, bad_rows, bad, name)
-    s = s.fill_null("")
+    s = s.cast(pa.string()).fill_null("")  # 32-bit offsets (large_string has 64-bit ones), read below
     n8 = pc.equal(pc.binary_length(s), 8).to_numpy(zero_copy_only=False)
     empty = pc.equal(pc.binary_length(s), 0).to_numpy(zero_copy_only=False)
     keys = np.full(len(s), -1, np.int64)
@@ -129,32 +130,58 @@ def hex_keys(col: Any, lines: np.ndarray, bad_rows: np.ndarray, bad: BadRows, na
 
 
 def as_columns(raw: Raw) -> dict[str, Any]:
-    """Raw rows -> {column: pyarrow array | numpy array | (values, lengths)}."""
+    """Raw rows -> {column: pyarrow array | integer numpy array | (values, lengths)}, every column in the
+    one form the parsers read (:func:`_normal`)."""
     if isinstance(raw, pa.RecordBatch):
         raw = pa.Table.from_batches([raw])
     if isinstance(raw, pa.Table):
-        return {c: raw.column(c).combine_chunks() for c in raw.column_names}
+        return {c: _normal(raw.column(c)) for c in raw.column_names}
     if type(raw).__module__.split(".")[0] == "pandas":
         return as_columns(pa.Table.from_pandas(raw, preserve_index=False))
     if isinstance(raw, list):  # rows as dicts; a column of mixed types is read as text (then validated)
         names = list(dict.fromkeys(k for r in raw for k in r))
-        return {k: _array([r.get(k) for r in raw]) for k in names}
+        return {k: _normal(_array([r.get(k) for r in raw])) for k in names}
     if isinstance(raw, Mapping):
-        out = {}
-        for k, v in raw.items():
-            if isinstance(v, pa.ChunkedArray):
-                v = v.combine_chunks()
-            elif not isinstance(v, (pa.Array, np.ndarray, tuple)):
-                v = pa.array(v)
-            out[k] = v
-        return out
+        return {k: v if isinstance(v, tuple) else _normal(v) for k, v in raw.items()}
     raise DataError(f"cannot read rows from a {type(raw).__name__}; give a pyarrow Table, a pandas DataFrame, "
                     "a list of dicts or a dict of columns")
 
 
+def _normal(col: Any) -> Any:
+    """One column in the form the parsers read, whatever produced it (CSV reader, pandas >= 3, Polars,
+    Parquet, numpy): integer numpy arrays stay as they are (the Criteo block parser's fast path); anything
+    else becomes one pyarrow array with 32-bit offsets (large_string -> string, large_list -> list, also
+    inside lists) and no dictionary encoding (pandas categoricals); numpy NaN / None become nulls."""
+    if isinstance(col, np.ndarray):
+        if col.dtype.kind in "iu":
+            return col
+        col = pa.array(col, from_pandas=True)
+    elif isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    elif not isinstance(col, pa.Array):
+        col = pa.array(col, from_pandas=True)
+    if pa.types.is_dictionary(col.type):
+        col = col.dictionary_decode()
+    small = _small_offsets(col.type)
+    return col if small == col.type else col.cast(small)
+
+
+def _small_offsets(t: pa.DataType) -> pa.DataType:
+    """``t`` with every large (64-bit offset) string / binary / list type replaced by its 32-bit twin."""
+    if pa.types.is_large_string(t):
+        return pa.string()
+    if pa.types.is_large_binary(t):
+        return pa.binary()
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return pa.list_(_small_offsets(t.value_type))
+    if pa.types.is_dictionary(t):
+        return _small_offsets(t.value_type)
+    return t
+
+
 def _array(values: list[Any]) -> pa.Array:
     try:
-        return pa.array(values)
+        return pa.array(values, from_pandas=True)  # float NaN is a missing value, like None
     except (pa.ArrowInvalid, pa.ArrowTypeError):
         return pa.array([None if v is None else str(v) for v in values], pa.string())
 
@@ -209,6 +236,8 @@ class RowEncoder:
         """Parse, validate and look up one chunk of raw rows (see the module docstring)."""
         s = self.spec
         cols = as_columns(raw)
+        if isinstance(raw, list) and not raw:  # no rows, so no column names to read: zero rows of each column
+            cols = {c: pa.array([], pa.string()) for c in self.input_columns(optional=False)}
         missing = [c for c in self.input_columns(optional=False) if c not in cols]
         if missing:
             raise DataError(f"rows lack the columns {missing} that the pipeline reads; they have {sorted(cols)}")

@@ -391,6 +391,9 @@ class _VocabEntry:
         return self._digest
 
 
+GROUP_VOCAB = "__group__"  # the vocabulary of the group-id column (GAUC groups; no model reads it)
+
+
 @dataclass
 class Vocabularies:
     """The vocabularies that decided a store's ids: ``entries`` {name: entry} from ``<store>/vocab``
@@ -434,6 +437,8 @@ class Vocabularies:
         if self.entries is not None and other.entries is not None:
             out = []
             for name in [*self.entries, *(n for n in other.entries if n not in self.entries)]:
+                if name == GROUP_VOCAB:  # group ids only group rows for GAUC; no model reads them
+                    continue
                 a, b = self.entries.get(name), other.entries.get(name)
                 if a is None or b is None:
                     out.append(f"vocabulary {name!r} only in the {'second' if a is None else 'first'}")

@@ -89,6 +89,24 @@ def _as_key_array(values: Any, kind: str) -> tuple[np.ndarray, np.ndarray | None
     return arr.astype(np.int64, copy=False), None
 
 
+def _integer_keys_of_text(values: Any) -> tuple[Any, np.ndarray | None]:
+    """Values for an integer vocabulary: text holding an integer ("5", " 5 ") becomes that integer, empty
+    text stays missing, any other text ("abc", "5.7") is returned as null with an ``unseen`` mask (id 1:
+    it cannot be one of the integer keys). Non-text values pass unchanged (unseen None)."""
+    if isinstance(values, np.ndarray) and values.dtype.kind in "OUS":
+        values = pa.array(values, from_pandas=True)
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if not isinstance(values, pa.Array) or not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
+        return values, None
+    text = pc.utf8_trim_whitespace(values)
+    is_int = pc.match_substring_regex(text, r"^[+-]?[0-9]{1,18}$").fill_null(False)
+    filled = pc.equal(pc.utf8_length(text), 0).fill_null(True)  # null or empty: missing
+    unseen = pc.and_(pc.invert(is_int), pc.invert(filled)).to_numpy(zero_copy_only=False)
+    ints = pc.cast(pc.if_else(is_int, text, pa.scalar(None, text.type)), pa.int64())
+    return ints, (unseen if unseen.any() else None)
+
+
 def _sorted_insert(a: np.ndarray, a_val: np.ndarray, b: np.ndarray, b_val: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Merge sorted ``b`` (with payload b_val) into sorted ``a`` (payload a_val) in O(len(a) + len(b))."""
     pos = np.searchsorted(a, b) + np.arange(len(b))  # final positions of b
@@ -271,6 +289,9 @@ class Vocabulary:
 
     def lookup(self, values: Any, missing: np.ndarray | None = None) -> np.ndarray:
         """Raw values [n] -> ids int64 [n]: kept -> id, other non-missing -> 1, missing (null/empty) -> 0."""
+        unseen = None
+        if self.kind == "int":  # text (a CSV read as strings, dict rows) looked up in integer keys
+            values, unseen = _integer_keys_of_text(values)
         keys, miss = _as_key_array(values, self.kind)
         if missing is not None:
             miss = missing if miss is None else (miss | missing)
@@ -282,6 +303,8 @@ class Vocabulary:
             out = self._lookup_unique(keys)
         if miss is not None:
             out[miss] = MISSING_ID
+        if unseen is not None:
+            out[unseen] = RARE_ID
         return out
 
     def _lookup_unique(self, keys: np.ndarray) -> np.ndarray:

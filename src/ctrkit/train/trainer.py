@@ -64,6 +64,7 @@ from ctrkit.train.tasks import CTRTask, Task
 
 log = logging.getLogger(__name__)
 
+RECORD_FIELDS = ("kind", "step", "epoch", "loss")  # of a train record in metrics.jsonl; parts of the loss join them
 
 
 class Loader(Protocol):
@@ -191,6 +192,7 @@ class Trainer:
                           desc="train", dynamic_ncols=True, leave=False)
         running = torch.zeros((), dtype=torch.float64, device=self.device)  # sum of losses since the last log
         running_parts: dict[str, torch.Tensor] = {}  # sum of each logged part of the loss
+        part_n: dict[str, int] = {}  # steps that logged it (a part may come and go, e.g. a warm-up aux loss)
         running_n = 0
         try:
             start_epoch = self.epoch + 1 if self.epoch_complete else self.epoch
@@ -211,14 +213,19 @@ class Trainer:
                     running += loss.detach().double()
                     for k, v in logs.items():
                         part = running_parts.get(k)
+                        if part is None and k in RECORD_FIELDS:
+                            raise TrainingError(f"the task logs a loss part named {k!r}, which is a field of the "
+                                                f"metrics record {RECORD_FIELDS}; rename it (e.g. 'aux/{k}')")
                         running_parts[k] = v.to(torch.float64, copy=True) if part is None else part.add_(v)
+                        part_n[k] = part_n.get(k, 0) + 1
                     running_n += 1
                     self._pbar.update(1)
                     if self.step % cfg.log_every == 0:
                         avg = float(running) / running_n
-                        parts = {k: float(v) / running_n for k, v in running_parts.items()}
+                        parts = {k: float(v) / part_n[k] for k, v in running_parts.items()}  # over its steps
                         running.zero_()
                         running_parts.clear()
+                        part_n.clear()
                         running_n = 0
                         self._pbar.set_postfix(self._postfix(avg), refresh=False)
                         self._log({"kind": "train", "step": self.step, "epoch": epoch, "loss": avg, **parts})

@@ -1,0 +1,53 @@
+"""runner: evaluate / predict score any model of the contract, plain logits or ModelOutput alike."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import torch
+
+from ctrkit.batch import Batch
+from ctrkit.data.pipeline_io import pipeline_from_store
+from ctrkit.data.store import Store
+from ctrkit.data.tabular import preprocess_table
+from ctrkit.models.base import CTRModel, ModelOutput
+from ctrkit.models.registry import create_model
+from ctrkit.runner import evaluate_store, predict_file, predict_store
+
+
+class WithAux(CTRModel):
+    """Another model's logits, returned as a ModelOutput with an auxiliary loss."""
+
+    def __init__(self, inner: CTRModel) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, batch: Batch) -> ModelOutput:
+        logits = self.inner(batch)
+        return ModelOutput(logits, {"aux": logits.pow(2).mean()})
+
+
+def test_evaluate_and_predict_read_the_logits_of_a_model_output(tmp_path: Path):
+    rng = np.random.default_rng(0)
+    n = 200
+    csv = tmp_path / "t.csv"
+    pacsv.write_csv(pa.table({"label": rng.integers(0, 2, n), "x": rng.normal(size=n),
+                              "c": [f"v{k}" for k in rng.integers(0, 9, n)]}), csv)
+    spec = {"label": "label", "dense": ["x"], "sparse": [{"name": "c", "embedding_dim": 4}]}
+    store = Store(preprocess_table(csv, spec, tmp_path / "st", split="1")["train"])
+    pipe = pipeline_from_store(store)
+    torch.manual_seed(0)
+    plain = create_model("fm", store.schema)
+    with torch.no_grad():
+        for p in plain.parameters():
+            p.normal_(0, 0.3)  # not the zero start: the scores must differ from row to row
+    wrapped = WithAux(plain)
+    np.testing.assert_array_equal(predict_store(wrapped, store, 64, pipe), predict_store(plain, store, 64, pipe))
+    assert evaluate_store(wrapped, store, pipe, 64) == evaluate_store(plain, store, pipe, 64)
+    got = np.concatenate(list(predict_file(wrapped, pipe, csv, 64)))
+    want = np.concatenate(list(predict_file(plain, pipe, csv, 64)))
+    np.testing.assert_array_equal(got, want)
+    assert len(got) == n and got.std() > 0
