@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
+import pytest
 import torch
 
 from ctrkit.batch import Batch
@@ -51,3 +52,26 @@ def test_evaluate_and_predict_read_the_logits_of_a_model_output(tmp_path: Path):
     want = np.concatenate(list(predict_file(plain, pipe, csv, 64)))
     np.testing.assert_array_equal(got, want)
     assert len(got) == n and got.std() > 0
+
+
+def test_evaluate_reports_gauc_when_the_store_has_groups(tmp_path: Path):
+    from ctrkit.metrics import gauc
+
+    rng = np.random.default_rng(1)
+    n = 300
+    csv = tmp_path / "g.csv"
+    pacsv.write_csv(pa.table({"label": rng.integers(0, 2, n), "user": [f"u{k}" for k in rng.integers(0, 12, n)],
+                              "c": [f"v{k}" for k in rng.integers(0, 9, n)]}), csv)
+    spec = {"label": "label", "group_id": "user", "sparse": [{"name": "c", "embedding_dim": 4}]}
+    store = Store(preprocess_table(csv, spec, tmp_path / "st", split="1")["train"])
+    pipe = pipeline_from_store(store)
+    torch.manual_seed(0)
+    model = create_model("lr", store.schema)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.5)
+    got = evaluate_store(model, store, pipe, 64)
+    assert set(got) >= {"auc", "logloss", "accuracy", "calibration", "gauc"}
+    scores = predict_store(model, store, 64, pipe)
+    want, _ = gauc(scores, np.asarray(store["label"]), np.asarray(store[store.schema.group_id]))
+    assert got["gauc"] == pytest.approx(want, abs=1e-9)

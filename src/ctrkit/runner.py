@@ -147,17 +147,17 @@ def predict_store(model: torch.nn.Module, store: Store, batch_size: int = 8192,
     return np.concatenate(out) if out else np.zeros(0, np.float32)
 
 
+EVALUATE_METRICS = ("auc", "logloss", "accuracy", "calibration")
+
+
 def evaluate_store(model: torch.nn.Module, store: Store, pipeline: FeaturePipeline | None,
                    batch_size: int = 8192) -> dict[str, float]:
-    """AUC, LogLoss, accuracy and calibration of ``model`` on ``store`` through ``pipeline``."""
-    from ctrkit.metrics import MetricSet
+    """AUC, LogLoss, accuracy and calibration of ``model`` on ``store`` through ``pipeline``, by the same
+    :class:`~ctrkit.train.tasks.CTRTask` evaluation that training reports (GAUC too when the store has groups)."""
+    from ctrkit.train.tasks import CTRTask
 
-    ms = MetricSet(["auc", "logloss", "accuracy", "calibration"])
-    model.eval()
-    with torch.no_grad():
-        for batch in _eval_loader(store, batch_size, pipeline):
-            ms.update(torch.sigmoid(logits_of(model(batch))), batch.labels, batch.weights)
-    return ms.compute()
+    metrics = [*EVALUATE_METRICS, *(["gauc"] if store.schema.group_id else [])]
+    return CTRTask(metrics).evaluate(model, _eval_loader(store, batch_size, pipeline))
 
 
 def predict_file(model: torch.nn.Module, pipeline: FeaturePipeline, path: str | Path,
