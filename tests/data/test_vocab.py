@@ -131,3 +131,19 @@ def test_bad_options_and_missing_dir(tmp_path: Path) -> None:
         load_vocabularies(tmp_path)
     assert isinstance(Vocabulary.build("x", "int", np.array([9]), np.array([1])).lookup(np.array([9]))[0],
                       np.integer)
+
+
+def test_unseen_base_keeps_distinct_unseen_keys_apart():
+    from ctrkit.data.vocab import RARE_ID
+
+    v = Vocabulary.build("g", "str", np.array(["a", "b"]), np.array([1, 1]))
+    values = pa.array(["a", "x", "y", "x", None, "b"])
+    plain = v.lookup(values)
+    assert plain.tolist() == [2, RARE_ID, RARE_ID, RARE_ID, 0, 3]
+    apart = v.lookup(values, unseen_base=1 << 62)
+    want = [(1 << 62) + int(h >> np.uint64(2)) for h in hash_keys(np.array(["x", "y", "x"]))]
+    assert apart.tolist() == [2, want[0], want[1], want[2], 0, 3]
+    assert apart[1] == apart[3] != apart[2]
+    ints = Vocabulary.build("g", "int", np.array([5, 6]), np.array([1, 1]))
+    got = ints.lookup(pa.array(["5", "7", "abc", ""]), unseen_base=1 << 62)
+    assert got[0] == 2 and got[1] >= 1 << 62 and got[2] == RARE_ID and got[3] == 0

@@ -54,11 +54,12 @@ from ctrkit.data.pipeline_encode import (
 from ctrkit.data.rows import DataError, SpillColumn
 from ctrkit.data.store import ColumnSpec
 from ctrkit.data.tabular_read import TableSpecYaml, keep_last, kind_of, load_spec
-from ctrkit.data.vocab import RARE_ID, VocabBuilder, Vocabulary, _as_key_array, check_vocab_options, hash_keys
+from ctrkit.data.vocab import VocabBuilder, Vocabulary, check_vocab_options
 from ctrkit.errors import NotFittedError
 from ctrkit.schema import DenseFeature, Schema, SequenceFeature, SparseFeature
 
 DENSE_NAMES = [f"I{i}" for i in range(1, NUM_DENSE + 1)]
+UNSEEN_GROUP_BASE = 1 << 62  # group ids of keys the pipeline never saw start here (see FeaturePipeline._ids)
 SPARSE_NAMES = [f"C{i}" for i in range(1, NUM_SPARSE + 1)]
 
 
@@ -145,8 +146,9 @@ class FeaturePipeline(RowEncoder):
             a = values.to_numpy(zero_copy_only=False) if isinstance(values, pa.Array) else np.asarray(values)
             return a.astype(np.int64)
         self._check_fitted()
-        ids = self.vocabs_[table].lookup(values, missing)
-        return _groups_apart(ids, values, self.vocabs_[table].kind) if table == GROUP_TABLE else ids
+        # a group key training never saw keeps a group of its own (GAUC of new users), not the shared id 1
+        base = UNSEEN_GROUP_BASE if table == GROUP_TABLE else None
+        return self.vocabs_[table].lookup(values, missing, unseen_base=base)
 
     # ---- transform ---------------------------------------------------------------------------------
     def transform(self, raw: Raw, *, lines: np.ndarray | None = None) -> dict[str, Any]:
@@ -420,19 +422,3 @@ __all__ = [
     "PipelineFitter",
     "criteo_spec",
 ]
-
-
-UNSEEN_GROUP_BASE = 1 << 62
-
-
-def _groups_apart(ids: np.ndarray, values: Any, kind: str) -> np.ndarray:
-    """Group ids of rows whose group key the pipeline never saw: ``2^62 + hash(key) mod 2^62`` instead of the
-    shared rare id 1, so new users (data mapped with ``--vocab-from``, rows to score) keep one group each
-    for GAUC. Equal keys get equal ids; distinct keys collide with probability ~ n^2 / 2^63."""
-    unseen = ids == RARE_ID
-    if not unseen.any():
-        return ids
-    keys, _ = _as_key_array(values, kind)
-    out = ids.copy()
-    out[unseen] = (UNSEEN_GROUP_BASE + (hash_keys(keys[unseen]) >> np.uint64(2))).astype(np.int64)
-    return out

@@ -287,8 +287,12 @@ class Vocabulary:
     def __len__(self) -> int:
         return self.size
 
-    def lookup(self, values: Any, missing: np.ndarray | None = None) -> np.ndarray:
-        """Raw values [n] -> ids int64 [n]: kept -> id, other non-missing -> 1, missing (null/empty) -> 0."""
+    def lookup(self, values: Any, missing: np.ndarray | None = None, *, unseen_base: int | None = None) -> np.ndarray:
+        """Raw values [n] -> ids int64 [n]: kept -> id, other non-missing -> 1, missing (null/empty) -> 0.
+
+        ``unseen_base``: a value the vocabulary does not hold gets ``unseen_base + (hash(key) >> 2)``
+        instead of 1, so distinct unseen keys stay apart (GAUC groups of new users; ``unseen_base`` =
+        2^62 keeps them clear of every vocabulary id). Text that cannot be an integer key stays 1."""
         unseen = None
         if self.kind == "int":  # text (a CSV read as strings, dict rows) looked up in integer keys
             values, unseen = _integer_keys_of_text(values)
@@ -301,6 +305,10 @@ class Vocabulary:
             out = self._lookup_unique(uniq.astype(str) if self.kind == "str" else uniq)[enc.indices.to_numpy()]
         else:
             out = self._lookup_unique(keys)
+        if unseen_base is not None:
+            new = out == RARE_ID
+            if new.any():
+                out[new] = (unseen_base + (hash_keys(keys[new]) >> np.uint64(2))).astype(np.int64)
         if miss is not None:
             out[miss] = MISSING_ID
         if unseen is not None:

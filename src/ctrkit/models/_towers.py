@@ -71,9 +71,10 @@ class TowerHead(nn.Module):
 
     ``MLP(x)``: ``in_features`` -> ``dnn_hidden`` widths, every layer activated, as ``model``'s deep-tower
     options ``dnn`` say (:class:`DNNOptions`, completed by :func:`dnn_options`); no ``dnn`` or
-    ``dnn_hidden=()`` keeps x as it is, so the unit reads x directly. ``side_features`` > 0: another branch's output (B, S) joins in
-    front of the tower's (DCN's cross net, NCF's GMF, AutoInt's attention). ``bias=False`` where the
-    model's one bias lives elsewhere. Parameters are created tower first, then the unit.
+    ``dnn_hidden=()`` keeps x as it is, so the unit reads x directly. ``side_features`` > 0: another
+    branch's output (B, S) joins in front of the tower's (DCN's cross net, NCF's GMF, AutoInt's
+    attention). ``bias=False`` where the model's one bias lives elsewhere. Parameters are created tower
+    first, then the unit.
     """
 
     def __init__(
