@@ -158,8 +158,9 @@ def block_columns(blk: ParsedBlock) -> dict[str, np.ndarray]:
     """The parser's decoded rows as the pipeline's raw columns: label, I1..I13 (integers), C1..C26 (keys, -1
     missing)."""
     cols: dict[str, np.ndarray] = {"label": blk.label}
-    cols.update((n, blk.raw_dense[:, j]) for j, n in enumerate(DENSE_NAMES))
-    cols.update((c, blk.keys[:, j]) for j, c in enumerate(SPARSE_NAMES))
+    dense, keys = np.ascontiguousarray(blk.raw_dense.T), np.ascontiguousarray(blk.keys.T)  # one copy: columns
+    cols.update((n, dense[j]) for j, n in enumerate(DENSE_NAMES))  # contiguous, not strided views of rows
+    cols.update((c, keys[j]) for j, c in enumerate(SPARSE_NAMES))
     return cols
 
 

@@ -256,7 +256,7 @@ class RowEncoder:
             if lab_bad.any():
                 badm |= lab_bad
                 bad.add(lines[lab_bad], f"label {s.label!r} is not 0 or 1")
-        dense = np.zeros((n, len(s.dense)), self._dense_dtype)
+        dense = np.zeros((n, len(s.dense)), self._dense_dtype, order="F")  # filled column by column
         clamped = np.zeros(len(s.dense), np.int64)
         for j, e in enumerate(s.dense):
             col = cols[e["column"]]
@@ -311,7 +311,7 @@ class RowEncoder:
         def kept(c: str) -> Any:
             return cat[c] if whole else _take(cat[c], keep)
 
-        sparse = np.empty((len(keep), len(single)), self._sparse_dtype)
+        sparse = np.empty((len(keep), len(single)), self._sparse_dtype, order="F")  # filled column by column
         for j, e in enumerate(single):
             v = kept(e["column"])
             sparse[:, j] = self._ids(self.table_of[e["name"]], v, v < 0 if self.kind == CRITEO else None)
