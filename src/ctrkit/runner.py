@@ -26,7 +26,8 @@ from ctrkit.data.loader import BatchLoader
 from ctrkit.data.pipeline import FeaturePipeline
 from ctrkit.data.pipeline_io import pipeline_from_checkpoint, pipeline_from_store
 from ctrkit.data.raw_rows import iter_transformed
-from ctrkit.data.store import Store, Vocabularies, check_same_vocabulary
+from ctrkit.data.store import Store
+from ctrkit.data.vocab_agree import Vocabularies, check_same_vocabulary
 from ctrkit.errors import JobError
 from ctrkit.models.base import logits_of
 from ctrkit.models.registry import check_model_params, create_model

@@ -11,12 +11,11 @@ from ctrkit.data.store import (
     Store,
     StoreError,
     StoreWriter,
-    Vocabularies,
-    check_same_vocabulary,
     remove_stale_splits,
     write_store,
 )
 from ctrkit.data.tabular import preprocess_table
+from ctrkit.data.vocab_agree import Vocabularies, check_same_vocabulary
 from ctrkit.errors import DataError
 from ctrkit.schema import DenseFeature, Schema, SparseFeature
 

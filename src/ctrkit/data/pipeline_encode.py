@@ -32,7 +32,6 @@ import pyarrow.compute as pc
 
 from ctrkit.data.criteo_parse import dense_transform
 from ctrkit.data.rows import BadRows, DataError, jagged_take
-from ctrkit.data.store import GROUP_VOCAB
 from ctrkit.data.tabular_read import (
     SPLITS,
     TableSpecYaml,
@@ -42,6 +41,7 @@ from ctrkit.data.tabular_read import (
     to_string,
     tokens,
 )
+from ctrkit.data.vocab_agree import GROUP_VOCAB
 
 CRITEO, TABLE, IDS = "criteo", "table", "ids"
 KINDS = (CRITEO, TABLE, IDS)
