@@ -31,20 +31,31 @@ class WithAux(CTRModel):
         return ModelOutput(logits, {"aux": logits.pow(2).mean()})
 
 
+def table_store(tmp_path: Path, columns: dict, spec: dict) -> tuple[Path, Store]:
+    """A CSV of ``columns`` and the store ``preprocess table`` makes of it with ``spec``."""
+    csv = tmp_path / "t.csv"
+    pacsv.write_csv(pa.table(columns), csv)
+    return csv, Store(preprocess_table(csv, spec, tmp_path / "st", split="1")["train"])
+
+
+def random_model(name: str, store: Store, std: float) -> CTRModel:
+    """Model ``name`` with N(0, std^2) parameters (not the zero start: scores differ from row to row)."""
+    torch.manual_seed(0)
+    model = create_model(name, store.schema)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, std)
+    return model
+
+
 def test_evaluate_and_predict_read_the_logits_of_a_model_output(tmp_path: Path):
     rng = np.random.default_rng(0)
     n = 200
-    csv = tmp_path / "t.csv"
-    pacsv.write_csv(pa.table({"label": rng.integers(0, 2, n), "x": rng.normal(size=n),
-                              "c": [f"v{k}" for k in rng.integers(0, 9, n)]}), csv)
-    spec = {"label": "label", "dense": ["x"], "sparse": [{"name": "c", "embedding_dim": 4}]}
-    store = Store(preprocess_table(csv, spec, tmp_path / "st", split="1")["train"])
+    csv, store = table_store(tmp_path, {"label": rng.integers(0, 2, n), "x": rng.normal(size=n),
+                                        "c": [f"v{k}" for k in rng.integers(0, 9, n)]},
+                             {"label": "label", "dense": ["x"], "sparse": [{"name": "c", "embedding_dim": 4}]})
     pipe = pipeline_from_store(store)
-    torch.manual_seed(0)
-    plain = create_model("fm", store.schema)
-    with torch.no_grad():
-        for p in plain.parameters():
-            p.normal_(0, 0.3)  # not the zero start: the scores must differ from row to row
+    plain = random_model("fm", store, 0.3)
     wrapped = WithAux(plain)
     np.testing.assert_array_equal(predict_store(wrapped, store, 64, pipe), predict_store(plain, store, 64, pipe))
     assert evaluate_store(wrapped, store, pipe, 64) == evaluate_store(plain, store, pipe, 64)
@@ -59,17 +70,11 @@ def test_evaluate_reports_gauc_when_the_store_has_groups(tmp_path: Path):
 
     rng = np.random.default_rng(1)
     n = 300
-    csv = tmp_path / "g.csv"
-    pacsv.write_csv(pa.table({"label": rng.integers(0, 2, n), "user": [f"u{k}" for k in rng.integers(0, 12, n)],
-                              "c": [f"v{k}" for k in rng.integers(0, 9, n)]}), csv)
-    spec = {"label": "label", "group_id": "user", "sparse": [{"name": "c", "embedding_dim": 4}]}
-    store = Store(preprocess_table(csv, spec, tmp_path / "st", split="1")["train"])
+    _, store = table_store(tmp_path, {"label": rng.integers(0, 2, n), "user": [f"u{k}" for k in rng.integers(0, 12, n)],
+                                      "c": [f"v{k}" for k in rng.integers(0, 9, n)]},
+                           {"label": "label", "group_id": "user", "sparse": [{"name": "c", "embedding_dim": 4}]})
     pipe = pipeline_from_store(store)
-    torch.manual_seed(0)
-    model = create_model("lr", store.schema)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.5)
+    model = random_model("lr", store, 0.5)
     got = evaluate_store(model, store, pipe, 64)
     assert set(got) >= {"auc", "logloss", "accuracy", "calibration", "gauc"}
     scores = predict_store(model, store, 64, pipe)
