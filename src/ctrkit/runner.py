@@ -121,11 +121,12 @@ def train_from_config(cfg: Config, *, resume: str | None = None, progress: bool 
     return summary
 
 
-def _checkpoint_vocabularies(path: str | Path) -> Vocabularies:
-    """The vocabularies a checkpoint's model was trained with (to check a store against them)."""
+def _checkpoint_vocabularies(path: str | Path, ckpt: dict[str, Any] | None = None) -> Vocabularies:
+    """The vocabularies a checkpoint's model was trained with (to check a store against them); ``ckpt``: the
+    checkpoint at ``path`` when already read."""
     from ctrkit.train.checkpoint import load_checkpoint
 
-    ckpt = load_checkpoint(path)
+    ckpt = load_checkpoint(path) if ckpt is None else ckpt
     cfg = ckpt.get("config") or {}
     train_store = (cfg.get("data") or {}).get("train") if isinstance(cfg, dict) else None
     return Vocabularies.of_checkpoint(ckpt.get("vocab"), ckpt.get("schema"), f"checkpoint {path}",
@@ -197,7 +198,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
     if not path:
         raise JobError("no store to evaluate: pass --data (the checkpoint's config names no test store)")
     store = Store(path)
-    check_same_vocabulary(_checkpoint_vocabularies(args.checkpoint), store,
+    check_same_vocabulary(_checkpoint_vocabularies(args.checkpoint, ckpt), store,
                           "--data" if args.data else "the checkpoint's data.test")
     metrics = evaluate_store(model, store, pipeline_from_checkpoint(ckpt), args.batch_size)
     sys.stdout.write(f"{path}: {_fmt(metrics)}\n")

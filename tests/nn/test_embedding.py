@@ -195,13 +195,13 @@ def test_lookup_by_table_matches_table_rows():
         ebc.lookup("c", ids)  # a feature name is not a table name
 
 
-def test_init_bounds_and_embedding_marker():
+def test_init_bounds_and_embedding_parameters():
     ebc = EmbeddingBagCollection(TABLES)
     for t in ebc.tables.values():
         w = ebc.table_weight(t.name)
         assert w.abs().max() <= (1.0 / t.num_embeddings) ** 0.5
     params = list(ebc.embedding_parameters())
-    assert len(params) == 2 and all(p.is_embedding for p in params)  # one fused weight per dim (8, 5)
+    assert len(params) == 2 and all(isinstance(p, nn.Parameter) for p in params)  # one fused weight per dim (8, 5)
     assert {id(p) for p in params} == {id(p) for p in ebc.parameters()}
     assert len(list(copy.deepcopy(ebc).embedding_parameters())) == 2
 
@@ -308,7 +308,7 @@ def test_state_dict_names_tables_and_round_trips_the_fused_weights():
     other.load_state_dict(torch.load(io.BytesIO(buf.getvalue()), weights_only=True))
     for p, q in zip(ebc.embedding_parameters(), other.embedding_parameters()):
         assert torch.equal(p, q)  # every row restored exactly, into the same fused Parameter objects
-    assert all(isinstance(p, nn.Parameter) and p.is_embedding for p in other.embedding_parameters())
+    assert all(isinstance(p, nn.Parameter) for p in other.embedding_parameters())
 
 
 def test_load_state_dict_reports_missing_unexpected_and_bad_shapes():

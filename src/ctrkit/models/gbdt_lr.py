@@ -8,7 +8,7 @@ one-hot categorical feature, and a logistic regression is trained over those lea
     logit = b + Σ_t w_t[l_t(x)]   (+ the plain LR over x when ``with_linear``)
 
 The trees are fitted once by :meth:`prefit` (the trainer calls it on the training batches); only
-the leaf weights (a dim-1 table of ``num_leaves`` rows per tree, fused, ``is_embedding``) and the
+the leaf weights (a dim-1 table of ``num_leaves`` rows per tree, fused, an embedding table) and the
 optional LR are trained. Sparse ids go to LightGBM as categorical features or as numbers
 (``sparse_as``); multi-valued features and sequences are not given to the trees.
 

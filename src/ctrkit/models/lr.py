@@ -5,7 +5,7 @@ Idea: one weight per id of every sparse feature and one per dense value, summed 
     logit = b + Σ_f w_f[id_f] + <w_d, x_dense>          -> (B,)
 
 Multi-valued features and pooled sequences contribute their pooled (sum / mean) weight. Sparse
-weights are dim-1 embedding tables (``is_embedding``), so the trainer updates them from sparse
+weights are dim-1 embedding tables (``embedding_parameters()``), so the trainer updates them from sparse
 gradients; they start at zero.
 """
 

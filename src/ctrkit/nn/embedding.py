@@ -41,18 +41,11 @@ from ctrkit.errors import IdOutOfRangeError, LayerConfigError
 from ctrkit.nn.embedding_interface import EmbeddingCollection, PooledEmbeddings, PoolGroup
 from ctrkit.schema import Schema, SchemaError, SequenceFeature, SparseFeature, TableSpec
 
-__all__ = ["EmbeddingBagCollection", "EmbeddingCollection", "EmbeddingWeight", "PooledEmbeddings", "make_embeddings"]
+__all__ = ["EmbeddingBagCollection", "EmbeddingCollection", "PooledEmbeddings", "make_embeddings"]
 
 POOLINGS = ("sum", "mean")
 INITS = ("uniform", "normal", "zeros")
 BACKENDS = ("fused",)
-
-
-class EmbeddingWeight(nn.Parameter):
-    """A fused embedding weight. ``is_embedding`` is True so the trainer can put it in the
-    sparse-aware optimizer group (kept as a class attribute so it survives ``copy.deepcopy``)."""
-
-    is_embedding = True
 
 
 class EmbeddingBagCollection(EmbeddingCollection):
@@ -132,9 +125,7 @@ class EmbeddingBagCollection(EmbeddingCollection):
             self.row_offset[t.name] = rows_per_dim.get(t.embedding_dim, 0)
             rows_per_dim[t.embedding_dim] = self.row_offset[t.name] + t.num_embeddings
         for d, n in rows_per_dim.items():
-            w = EmbeddingWeight(torch.empty(n, d))
-            w.is_embedding = True  # also as instance attribute: survives pickling of the module
-            self.register_parameter(_fused_name(d), w)
+            self.register_parameter(_fused_name(d), nn.Parameter(torch.empty(n, d)))
 
         groups: dict[tuple[int, str], list[int]] = {}
         for i, k in enumerate(self.keys):

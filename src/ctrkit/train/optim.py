@@ -162,7 +162,7 @@ class OptimizerSet:
     ) -> None:
         self.dense = dense
         self.sparse = sparse
-        self.wide = wide  # e.g. FTRL over the model's "wide" parameter group
+        self.wide = wide  # e.g. FTRL over the parameter groups declared with optimizer="ftrl"
         self.embedding_l2 = float(embedding_l2)
         self._needs_sparse_grad = isinstance(sparse, torch.optim.SparseAdam)
 
