@@ -23,6 +23,7 @@ from ctrkit.nn.interaction import DCNInteraction, DotInteraction, ProjectionInte
 from ctrkit.nn.mlp import MLP
 from ctrkit.nn.product import InnerProduct, PNNProductLayer
 from ctrkit.nn.senet import SENET, BilinearInteraction
+from ctrkit.nn.session import BiasEncoding, BiLSTM, SessionActivation, SessionInterestExtractor
 
 __all__ = [
     "ACTIVATIONS",
@@ -31,6 +32,8 @@ __all__ = [
     "SENET",
     "AFMAttention",
     "BiInteractionPooling",
+    "BiLSTM",
+    "BiasEncoding",
     "BilinearInteraction",
     "CrossNet",
     "DCNInteraction",
@@ -46,6 +49,8 @@ __all__ = [
     "PNNProductLayer",
     "PooledEmbeddings",
     "ProjectionInteraction",
+    "SessionActivation",
+    "SessionInterestExtractor",
     "TransformerEncoderLayer",
     "VectorCrossNet",
     "make_activation",
