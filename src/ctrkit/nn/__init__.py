@@ -22,7 +22,9 @@ from ctrkit.nn.fm import BiInteractionPooling, FFMInteraction, FMInteraction
 from ctrkit.nn.interaction import DCNInteraction, DotInteraction, ProjectionInteraction
 from ctrkit.nn.mlp import MLP
 from ctrkit.nn.product import InnerProduct, PNNProductLayer
+from ctrkit.nn.rnn import AttentionGRU, AuxiliaryNet, dien_auxiliary_loss
 from ctrkit.nn.senet import SENET, BilinearInteraction
+from ctrkit.nn.sequence import Dice, TargetAttention, masked_mean, masked_sum, mba_l2
 from ctrkit.nn.session import BiasEncoding, BiLSTM, SessionActivation, SessionInterestExtractor
 
 __all__ = [
@@ -31,12 +33,15 @@ __all__ = [
     "MLP",
     "SENET",
     "AFMAttention",
+    "AttentionGRU",
+    "AuxiliaryNet",
     "BiInteractionPooling",
     "BiLSTM",
     "BiasEncoding",
     "BilinearInteraction",
     "CrossNet",
     "DCNInteraction",
+    "Dice",
     "DotInteraction",
     "EmbeddingBagCollection",
     "EmbeddingCollection",
@@ -51,9 +56,14 @@ __all__ = [
     "ProjectionInteraction",
     "SessionActivation",
     "SessionInterestExtractor",
+    "TargetAttention",
     "TransformerEncoderLayer",
     "VectorCrossNet",
+    "dien_auxiliary_loss",
     "make_activation",
     "make_embeddings",
+    "masked_mean",
+    "masked_sum",
+    "mba_l2",
     "positional_encoding",
 ]

@@ -23,8 +23,9 @@ class MLP(nn.Module):
     Args:
         in_features: input width.
         hidden: output width of each layer, in order.
-        activation: name ("relu", "sigmoid", "tanh", "gelu", "silu", "prelu", ...) or module factory
-            (:func:`~ctrkit.nn.activation.make_activation`; a factory gives each layer its own module).
+        activation: name ("relu", "sigmoid", "tanh", "gelu", "silu", "prelu", "dice", ...) or module factory
+            (:func:`~ctrkit.nn.activation.make_activation`, given each layer's width for "dice"; a factory
+            gives each layer its own module).
         dropout: dropout probability after each activated layer (0 = none).
         batch_norm: BatchNorm1d between each Linear and its activation.
         final_activation: apply BN/activation/dropout after the last layer too (DenseArch: True;
@@ -56,7 +57,7 @@ class MLP(nn.Module):
             if final_activation or i < len(hidden) - 1:
                 if batch_norm:
                     layers.append(nn.BatchNorm1d(h))
-                layers.append(make_activation(activation, layer="MLP"))
+                layers.append(make_activation(activation, layer="MLP", num_features=h))
                 if dropout > 0:
                     layers.append(nn.Dropout(dropout))
             prev = h

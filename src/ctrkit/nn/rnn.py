@@ -1,0 +1,208 @@
+"""Recurrent layers of DIEN (Zhou et al., "Deep Interest Evolution Network for Click-Through Rate
+Prediction", AAAI 2019; seed 002 "DIEN"): the GRU with attention (AIGRU / AGRU / AUGRU) of the interest
+evolving layer, and the auxiliary loss of the interest extractor layer.
+
+Masks are (B, T) with True at a real step; rows are right-padded (each row's real steps first, then its
+padding), as the behaviour stores write them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ctrkit.errors import LayerConfigError
+from ctrkit.nn.activation import ActivationSpec
+from ctrkit.nn.mlp import MLP
+
+__all__ = ["GRU_TYPES", "AttentionGRU", "AuxiliaryNet", "dien_auxiliary_loss"]
+
+GRU_TYPES = ("GRU", "AIGRU", "AGRU", "AUGRU")
+
+
+class AttentionGRU(nn.Module):
+    """A GRU over a masked sequence, optionally steered by attention scores a_t (DIEN §4.3).
+
+    Gates in torch.nn.GRU's layout and formulation (rows of W_ih, W_hh in the order r, z, n):
+
+        r   = σ(W_ir x_t + b_ir + W_hr h + b_hr)
+        z   = σ(W_iz x_t + b_iz + W_hz h + b_hz)                u = 1 − z  (the paper's update gate)
+        h̃   = tanh(W_in x_t + b_in + r ⊙ (W_hn h + b_hn))
+        GRU:    h' = (1 − u) ⊙ h + u ⊙ h̃                          (= torch.nn.GRU; att ignored)
+        AIGRU:  the GRU on a_t · x_t
+        AGRU:   h' = (1 − a_t) · h + a_t · h̃
+        AUGRU:  ũ = a_t · u,  h' = (1 − ũ) ⊙ h + ũ ⊙ h̃
+
+    x (B, T, I), mask (B, T) bool (None: all real), att (B, T) (needed by AIGRU / AGRU / AUGRU) ->
+    (outputs (B, T, H), final (B, H)). h_0 = 0; a padded step keeps the previous state, so outputs at
+    padding repeat the last real state and final is the state at each row's last real step (0 for an
+    empty row). GRU / AIGRU run torch's fused GRU kernel (cuDNN on GPU) over all T steps, which is exact
+    for right-padded rows; AGRU / AUGRU (and ``fused=False``) compute x_t W_ih for all steps in one GEMM
+    and loop over T with one (B, H) x (H, 3H) GEMM per step, exact for any mask. Parameters live in
+    ``self.gru`` (a one-layer ``nn.GRU``, batch_first; its init: U(−1/sqrt(H), 1/sqrt(H))).
+    """
+
+    def __init__(self, input_size: int, hidden_size: int, *, gru_type: str = "GRU", fused: bool = True) -> None:
+        super().__init__()
+        if gru_type not in GRU_TYPES:
+            raise LayerConfigError(f"AttentionGRU: unknown gru_type={gru_type!r}; valid: {', '.join(GRU_TYPES)}")
+        if input_size < 1 or hidden_size < 1:
+            raise LayerConfigError(
+                f"AttentionGRU: input_size and hidden_size must be >= 1, got {input_size}, {hidden_size}"
+            )
+        self.input_size, self.hidden_size, self.gru_type = input_size, hidden_size, gru_type
+        self.fused = fused and gru_type in ("GRU", "AIGRU")
+        self.gru = nn.GRU(input_size, hidden_size, batch_first=True)
+        self.out_features = hidden_size
+
+    def reset_parameters(self) -> None:
+        self.gru.reset_parameters()
+
+    def forward(self, x: Tensor, mask: Tensor | None = None, att: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        if x.dim() != 3 or x.shape[2] != self.input_size:
+            raise LayerConfigError(
+                f"AttentionGRU: x must be (B, T, {self.input_size}), got shape {list(x.shape)}"
+            )
+        b, t, _ = x.shape
+        if mask is None:
+            mask = torch.ones(b, t, dtype=torch.bool, device=x.device)
+        elif mask.shape != (b, t):
+            raise LayerConfigError(f"AttentionGRU: mask must have shape (B, T) = ({b}, {t}), got {list(mask.shape)}")
+        mask = mask.to(torch.bool)
+        if self.gru_type != "GRU":
+            if att is None or att.shape != (b, t):
+                got = None if att is None else list(att.shape)
+                raise LayerConfigError(f"AttentionGRU: gru_type={self.gru_type!r} needs att (B, T) = ({b}, {t}), got {got}")
+            att = att.to(x.dtype)
+            if self.gru_type == "AIGRU":
+                x = x * att.unsqueeze(2)  # (B, T, I)
+        if t == 0:
+            return x.new_zeros(b, 0, self.hidden_size), x.new_zeros(b, self.hidden_size)
+        if self.fused:
+            return self._fused(x, mask)
+        return self._loop(x, mask, att if self.gru_type in ("AGRU", "AUGRU") else None)
+
+    def _fused(self, x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        out, _ = self.gru(x)  # (B, T, H): exact up to each row's last real step
+        last = (mask.sum(dim=1) - 1).clamp_min(0)  # (B,) index of the last real step (right padding)
+        final = out.gather(1, last.view(-1, 1, 1).expand(-1, 1, self.hidden_size)).squeeze(1)  # (B, H)
+        final = final * mask.any(dim=1, keepdim=True).to(out.dtype)  # empty row -> 0
+        out = torch.where(mask.unsqueeze(2), out, final.unsqueeze(1))  # padded steps hold the final state
+        return out, final
+
+    def _loop(self, x: Tensor, mask: Tensor, att: Tensor | None) -> tuple[Tensor, Tensor]:
+        g = self.gru
+        hs = self.hidden_size
+        gi = F.linear(x, g.weight_ih_l0, g.bias_ih_l0)  # (B, T, 3H): every step's input projection at once
+        w_hh_t = g.weight_hh_l0.t()  # (H, 3H): the three hidden projections in one GEMM per step
+        h = x.new_zeros(x.shape[0], hs)  # (B, H)
+        keep = mask.unsqueeze(2)  # (B, T, 1)
+        outputs = []
+        for step in range(x.shape[1]):
+            gh = torch.addmm(g.bias_hh_l0, h, w_hh_t)  # (B, 3H)
+            gi_t = gi[:, step]  # (B, 3H)
+            rz = torch.sigmoid(gi_t[:, : 2 * hs] + gh[:, : 2 * hs])  # (B, 2H)
+            r, z = rz[:, :hs], rz[:, hs:]
+            n = torch.tanh(torch.addcmul(gi_t[:, 2 * hs :], r, gh[:, 2 * hs :]))  # (B, H) h̃
+            if att is None:
+                u = 1.0 - z  # GRU
+            elif self.gru_type == "AGRU":
+                u = att[:, step : step + 1]  # (B, 1)
+            else:
+                u = att[:, step : step + 1] * (1.0 - z)  # AUGRU
+            h_new = torch.addcmul(h, u, n - h)  # (1 − u) h + u h̃
+            h = torch.where(keep[:, step], h_new, h)  # a padded step keeps the state
+            outputs.append(h)
+        return torch.stack(outputs, dim=1), h  # (B, T, H), (B, H)
+
+    def extra_repr(self) -> str:
+        return f"{self.input_size}, {self.hidden_size}, gru_type={self.gru_type}, fused={self.fused}"
+
+
+class AuxiliaryNet(nn.Module):
+    """DIEN's auxiliary network: a logit s = MLP([h; e]) -> Linear -> scalar, scoring whether behaviour e
+    follows interest state h. Input (..., H + D) -> logits (...). The paper's MLP: ``hidden=(100, 50)``,
+    sigmoid activations. :meth:`pair_logits` scores a positive and a negative behaviour against the same
+    states, sharing the first layer's h part (W [h; e] = W_h h + W_e e).
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        *,
+        hidden: Sequence[int] = (100, 50),
+        activation: ActivationSpec = "sigmoid",
+    ) -> None:
+        super().__init__()
+        hidden = [int(h) for h in hidden]
+        if in_features < 2 or not hidden or any(h < 1 for h in hidden):
+            raise LayerConfigError(
+                f"AuxiliaryNet: need in_features >= 2 and hidden widths >= 1 (at least one), got "
+                f"in_features={in_features}, hidden={hidden}"
+            )
+        self.in_features = in_features
+        self.mlp = MLP(in_features, hidden, activation=activation)
+        self.out = nn.Linear(hidden[-1], 1)
+        self.out_features = 1
+
+    def reset_parameters(self) -> None:
+        self.mlp.reset_parameters()
+        self.out.reset_parameters()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.out(self.mlp(x)).squeeze(-1)  # (...)
+
+    def pair_logits(self, h: Tensor, pos: Tensor, neg: Tensor) -> tuple[Tensor, Tensor]:
+        """(s(h, pos), s(h, neg)) for h (..., H), pos / neg (..., D) with H + D = in_features."""
+        hs = h.shape[-1]
+        if hs + pos.shape[-1] != self.in_features:
+            raise LayerConfigError(
+                f"AuxiliaryNet: state width {hs} + behaviour width {pos.shape[-1]} must be in_features="
+                f"{self.in_features}"
+            )
+        first, rest = self.mlp.layers[0], self.mlp.layers[1:]
+        w_h, w_e = first.weight[:, :hs], first.weight[:, hs:]
+        from_h = F.linear(h, w_h, first.bias)  # (..., W1) shared by both behaviours
+
+        def score(e: Tensor) -> Tensor:
+            return self.out(rest(from_h + F.linear(e, w_e))).squeeze(-1)
+
+        return score(pos), score(neg)
+
+
+def dien_auxiliary_loss(h: Tensor, pos: Tensor, neg: Tensor, mask: Tensor, net: nn.Module | None = None) -> Tensor:
+    """DIEN's auxiliary loss (paper eq. 6) on the interest extractor's states:
+
+        L_aux = −(1/N) Σ_{b, t: mask[b, t] ∧ mask[b, t+1]} [ log σ(s(h_t, e_{t+1})) + log(1 − σ(s(h_t, ê_{t+1}))) ]
+
+    h (B, T, H) the GRU states, pos (B, T, D) the behaviours e, neg (B, T, D) one sampled negative ê per
+    step, mask (B, T); N the number of (t, t+1) pairs of real steps. s = net([h; e]) (a logit, e.g.
+    :class:`AuxiliaryNet` (H + D)), or the inner product h · e with ``net=None`` (needs H == D). A batch
+    with no pair gives 0 (still connected to the graph). Returns a scalar.
+    """
+    if h.dim() != 3 or pos.shape != neg.shape or pos.shape[:2] != h.shape[:2] or mask.shape != h.shape[:2]:
+        raise LayerConfigError(
+            f"dien_auxiliary_loss: need h (B, T, H), pos / neg (B, T, D), mask (B, T) with equal B, T; got "
+            f"h {list(h.shape)}, pos {list(pos.shape)}, neg {list(neg.shape)}, mask {list(mask.shape)}"
+        )
+    if net is None and h.shape[2] != pos.shape[2]:
+        raise LayerConfigError(
+            f"dien_auxiliary_loss: the inner product needs H == D, got H={h.shape[2]}, D={pos.shape[2]}; "
+            "pass net=AuxiliaryNet(H + D)"
+        )
+    mask = mask.to(torch.bool)
+    pairs = (mask[:, :-1] & mask[:, 1:]).to(h.dtype)  # (B, T−1) real (t, t+1)
+    states, e_pos, e_neg = h[:, :-1], pos[:, 1:], neg[:, 1:]  # (B, T−1, ·)
+    if net is None:
+        s_pos, s_neg = (states * e_pos).sum(dim=2), (states * e_neg).sum(dim=2)  # (B, T−1)
+    elif isinstance(net, AuxiliaryNet):
+        s_pos, s_neg = net.pair_logits(states, e_pos, e_neg)
+    else:
+        s_pos, s_neg = net(torch.cat([states, e_pos], dim=2)), net(torch.cat([states, e_neg], dim=2))
+        s_pos, s_neg = s_pos.reshape(pairs.shape), s_neg.reshape(pairs.shape)
+    # −log σ(s) = softplus(−s), −log(1 − σ(s)) = softplus(s)
+    per_pair = F.softplus(-s_pos) + F.softplus(s_neg)  # (B, T−1)
+    return (per_pair * pairs).sum() / pairs.sum().clamp_min(1.0)

@@ -1,0 +1,219 @@
+"""Behaviour-sequence layers of DIN (Zhou et al., "Deep Interest Network for Click-Through Rate Prediction",
+KDD 2018; seed 002 "DIN"): the Dice activation, the local activation unit (target attention), masked
+pooling and the mini-batch-aware L2 regulariser.
+
+Masks are (B, T) with True (or 1) at a real behaviour and False at padding; a row with no real position
+(an empty history) pools to zeros, never NaN.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ctrkit.errors import LayerConfigError
+from ctrkit.nn.activation import ActivationSpec, make_activation
+from ctrkit.nn.mlp import MLP
+
+__all__ = ["Dice", "TargetAttention", "masked_mean", "masked_sum", "mba_l2"]
+
+
+class Dice(nn.Module):
+    """DIN's data-adaptive activation (paper eq. 2):
+
+        p(s) = sigmoid( (s − E[s]) / sqrt(Var[s] + eps) )
+        f(s) = p(s) · s + (1 − p(s)) · α · s                α ∈ R^H learned, init 0
+
+    E[s], Var[s] are BatchNorm statistics without affine: in training the (biased) batch mean / variance
+    over every dim but the last, with running estimates updated as ``nn.BatchNorm1d`` does (``momentum``,
+    unbiased running variance); in eval the running estimates. Input (N, H) or (B, T, H) -> same shape.
+    A training batch of a single row normalises to 0 (p = 1/2) and leaves the running estimates alone.
+    """
+
+    def __init__(self, num_features: int, *, eps: float = 1e-8, momentum: float = 0.1) -> None:
+        super().__init__()
+        if num_features < 1:
+            raise LayerConfigError(f"Dice: num_features must be >= 1, got {num_features}")
+        if eps <= 0 or not 0.0 <= momentum <= 1.0:
+            raise LayerConfigError(f"Dice: need eps > 0 and momentum in [0, 1], got eps={eps}, momentum={momentum}")
+        self.num_features, self.eps, self.momentum = num_features, eps, momentum
+        self.alpha = nn.Parameter(torch.empty(num_features))
+        self.register_buffer("running_mean", torch.zeros(num_features))
+        self.register_buffer("running_var", torch.ones(num_features))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.zeros_(self.alpha)
+        self.running_mean.zero_()
+        self.running_var.fill_(1.0)
+
+    def forward(self, s: Tensor) -> Tensor:
+        if s.dim() < 2 or s.shape[-1] != self.num_features:
+            raise LayerConfigError(
+                f"Dice: input must be (..., {self.num_features}), got shape {list(s.shape)}"
+            )
+        flat = s.reshape(-1, self.num_features)  # (N, H)
+        if self.training and flat.shape[0] < 2:  # BatchNorm cannot estimate a variance from one row
+            z = torch.zeros_like(flat)
+        else:
+            z = F.batch_norm(
+                flat, self.running_mean, self.running_var, None, None, self.training, self.momentum, self.eps
+            )  # (N, H) standardised, no affine
+        p = torch.sigmoid(z)
+        out = flat * (self.alpha + p * (1.0 - self.alpha))  # p·s + (1 − p)·α·s
+        return out.reshape(s.shape)
+
+    def extra_repr(self) -> str:
+        return f"num_features={self.num_features}, eps={self.eps}, momentum={self.momentum}"
+
+
+def _check_mask(layer: str, mask: Tensor | None, b: int, t: int, device: torch.device) -> Tensor:
+    if mask is None:
+        return torch.ones(b, t, dtype=torch.bool, device=device)
+    if mask.dim() != 2 or mask.shape[0] != b or mask.shape[1] != t:
+        raise LayerConfigError(f"{layer}: mask must have shape (B, T) = ({b}, {t}), got {list(mask.shape)}")
+    return mask.to(torch.bool)
+
+
+def masked_sum(x: Tensor, mask: Tensor) -> Tensor:
+    """Σ_t mask_t · x_t: (B, T, D), mask (B, T) -> (B, D). Padding positions get a zero gradient
+    (their values must be finite)."""
+    if x.dim() != 3:
+        raise LayerConfigError(f"masked_sum: x must be (B, T, D), got shape {list(x.shape)}")
+    m = _check_mask("masked_sum", mask, x.shape[0], x.shape[1], x.device).to(x.dtype)  # (B, T)
+    return torch.bmm(m.unsqueeze(1), x).squeeze(1)  # (B, 1, T) @ (B, T, D) -> (B, D)
+
+
+def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
+    """Σ_t mask_t · x_t / Σ_t mask_t: (B, T, D), mask (B, T) -> (B, D); a row without a real position -> 0."""
+    total = masked_sum(x, mask)  # (B, D)
+    count = mask.to(x.dtype).sum(dim=1, keepdim=True).clamp_min(1.0)  # (B, 1)
+    return total / count
+
+
+def mba_l2(weight: Tensor, ids: Tensor, counts: Tensor | None, lam: float) -> Tensor:
+    """DIN's mini-batch-aware L2 (paper eq. 4) on an embedding table ``weight`` (R, D):
+
+        lam · Σ_{j ∈ unique(ids), j ≠ 0} ||w_j||² / n_j
+
+    ``ids`` (any shape, int64) are the batch's ids of this table (0 = padding, skipped), ``counts`` (R,) the
+    occurrences n_j of each id in the training data (a count of 0 counts as 1; None: every n_j = 1).
+    Returns a scalar with the graph to ``weight`` (only the rows present get a gradient).
+    """
+    if weight.dim() != 2:
+        raise LayerConfigError(f"mba_l2: weight must be (R, D), got shape {list(weight.shape)}")
+    if counts is not None and (counts.dim() != 1 or counts.shape[0] != weight.shape[0]):
+        raise LayerConfigError(
+            f"mba_l2: counts must be (R,) = ({weight.shape[0]},), got shape {list(counts.shape)}"
+        )
+    present = torch.unique(ids.reshape(-1))  # (U,) sorted
+    present = present[present != 0]
+    sq = weight.index_select(0, present).pow(2).sum(dim=1)  # (U,) ||w_j||²
+    if counts is not None:
+        sq = sq / counts.index_select(0, present).to(sq.dtype).clamp_min(1.0)
+    return lam * sq.sum()
+
+
+class TargetAttention(nn.Module):
+    """DIN's local activation unit: attention of a target (query) over a behaviour sequence (keys).
+
+        a_t = Linear( MLP( [q, k_t, q − k_t, q ⊙ k_t] ) )          scalar score of behaviour t   (B, T)
+        w_t = a_t · mask_t                          normalize=False (the paper: weights not normalised)
+        w   = softmax over the real t of a_t        normalize=True (zeros for a row with no real t)
+        pooled = Σ_t w_t k_t                                                                      (B, D)
+
+    q (B, D), k (B, T, D), mask (B, T) bool (None: all real). ``key_dim`` must equal ``query_dim``.
+    ``forward`` returns pooled (``out_features = D``), or ``(pooled, w)`` with ``return_scores=True``;
+    :meth:`scores` returns w (B, T). The MLP (``hidden`` widths, each followed by ``activation``; "dice":
+    :class:`Dice`) is applied to the real positions only, so padding neither enters Dice's batch
+    statistics nor receives a gradient; its first Linear W = [W_q, W_k, W_d, W_p] (the layout of the
+    concatenated input, see ``first``) is evaluated as (W_q + W_d) q + (W_k − W_d) k_t + W_p (q ⊙ k_t),
+    without building the (B, T, 4D) input. Init: PyTorch's Linear init, Dice's α = 0.
+    """
+
+    def __init__(
+        self,
+        query_dim: int,
+        key_dim: int | None = None,
+        *,
+        hidden: Sequence[int] = (80, 40),
+        activation: ActivationSpec = "dice",
+        normalize: bool = False,
+        return_scores: bool = False,
+    ) -> None:
+        super().__init__()
+        key_dim = query_dim if key_dim is None else key_dim
+        if query_dim < 1 or key_dim != query_dim:
+            raise LayerConfigError(
+                f"TargetAttention: query_dim and key_dim must be equal and >= 1, got query_dim={query_dim}, "
+                f"key_dim={key_dim} (project the target or the behaviours to one width first)"
+            )
+        hidden = [int(h) for h in hidden]
+        if any(h < 1 for h in hidden):
+            raise LayerConfigError(f"TargetAttention: hidden widths must be >= 1, got hidden={hidden}")
+        self.dim, self.hidden = query_dim, tuple(hidden)
+        self.normalize, self.return_scores = normalize, return_scores
+        width = hidden[0] if hidden else 1
+        self.first = nn.Linear(4 * query_dim, width)  # over [q, k, q − k, q ⊙ k]
+        self.first_activation = (
+            make_activation(activation, layer="TargetAttention", num_features=width) if hidden else None
+        )
+        self.mlp = MLP(width, hidden[1:], activation=activation) if hidden else None
+        self.out = nn.Linear(hidden[-1], 1) if hidden else None
+        self.out_features = key_dim
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for m in (self.first, self.first_activation, self.mlp, self.out):
+            if m is not None and hasattr(m, "reset_parameters"):
+                m.reset_parameters()
+
+    def _check(self, q: Tensor, k: Tensor, mask: Tensor | None) -> Tensor:
+        if k.dim() != 3 or k.shape[2] != self.dim or q.shape != (k.shape[0], self.dim):
+            raise LayerConfigError(
+                f"TargetAttention: need q (B, {self.dim}) and k (B, T, {self.dim}), got q {list(q.shape)}, "
+                f"k {list(k.shape)}"
+            )
+        return _check_mask("TargetAttention", mask, k.shape[0], k.shape[1], k.device)
+
+    def logits(self, q: Tensor, k: Tensor, mask: Tensor | None = None) -> Tensor:
+        """The unit's raw scores a_t (B, T); 0 at padding."""
+        mask = self._check(q, k, mask)
+        b, t, d = k.shape
+        w = self.first.weight  # (W1, 4D) = [W_q, W_k, W_d, W_p]
+        w_q, w_k, w_d, w_p = w[:, :d], w[:, d : 2 * d], w[:, 2 * d : 3 * d], w[:, 3 * d :]
+        flat = mask.reshape(-1).nonzero().squeeze(1)  # (n,) real positions of the (B·T) grid, row-major
+        if flat.numel() == 0:
+            return k.new_zeros(b, t)
+        rows = torch.div(flat, t, rounding_mode="floor")  # (n,)
+        k_real = k.reshape(b * t, d).index_select(0, flat)  # (n, D)
+        q_real = q.index_select(0, rows)  # (n, D)
+        per_row = F.linear(q, w_q + w_d, self.first.bias)  # (B, W1): once per row, not per behaviour
+        h = torch.addmm(per_row.index_select(0, rows), k_real, (w_k - w_d).t())  # (n, W1)
+        h = torch.addmm(h, q_real * k_real, w_p.t())  # (n, W1)
+        if self.first_activation is not None and self.mlp is not None and self.out is not None:
+            h = self.out(self.mlp(self.first_activation(h)))  # (n, 1)
+        a = k.new_zeros(b * t).index_copy(0, flat, h.squeeze(1).to(k.dtype))  # (B·T,)
+        return a.view(b, t)
+
+    def scores(self, q: Tensor, k: Tensor, mask: Tensor | None = None) -> Tensor:
+        """The pooling weights w (B, T): a_t · mask_t, or the masked softmax with ``normalize=True``."""
+        a = self.logits(q, k, mask)  # (B, T), 0 at padding
+        if not self.normalize:
+            return a
+        real = _check_mask("TargetAttention", mask, k.shape[0], k.shape[1], k.device)
+        # a finite fill instead of -inf: an all-padding row gets a uniform softmax, zeroed by the mask
+        # below, so neither its weights nor its gradients are NaN
+        filled = a.masked_fill(~real, torch.finfo(a.dtype).min)
+        return torch.softmax(filled, dim=1) * real.to(a.dtype)
+
+    def forward(self, q: Tensor, k: Tensor, mask: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+        w = self.scores(q, k, mask)  # (B, T)
+        pooled = torch.bmm(w.unsqueeze(1), k).squeeze(1)  # (B, 1, T) @ (B, T, D) -> (B, D)
+        return (pooled, w) if self.return_scores else pooled
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, hidden={self.hidden}, normalize={self.normalize}"
