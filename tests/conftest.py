@@ -36,6 +36,30 @@ def contract_schema() -> Schema:
     )
 
 
+def behaviour_schema(sessions: int = 2, session_len: int = 3) -> Schema:
+    """The contract schema's fields plus what the behaviour builder writes: unpooled histories of items and
+    their categories (hist_item, hist_cat), DIEN's sampled negatives (neg_hist_*) and DSIN's sessions
+    (sess_<k>_item / sess_<k>_cat)."""
+    s = contract_schema()
+    seqs = [SequenceFeature("hist_item", 6, shares="item", pooling="none"),
+            SequenceFeature("hist_cat", 6, shares="cat", pooling="none"),
+            SequenceFeature("neg_hist_item", 6, shares="item", pooling="none"),
+            SequenceFeature("neg_hist_cat", 6, shares="cat", pooling="none")]
+    for k in range(sessions):
+        seqs += [SequenceFeature(f"sess_{k}_item", session_len, shares="item", pooling="none"),
+                 SequenceFeature(f"sess_{k}_cat", session_len, shares="cat", pooling="none")]
+    return Schema(dense=s.dense, sparse=s.sparse, sequence=seqs)
+
+
+def _sibling(name: str, out: dict) -> str | None:
+    """The sequence of the same behaviours already drawn: hist_item for hist_cat, sess_0_item for sess_0_cat."""
+    stem = name.rsplit("_", 1)[0] + "_"
+    for key in out:
+        if key.endswith(".lengths") and key.startswith(stem) and key.count("_") == name.count("_"):
+            return key.removesuffix(".lengths")
+    return None
+
+
 def planted_data(n: int, seed: int = 0, schema: Schema | None = None) -> dict[str, np.ndarray]:
     """Rows whose label follows a logistic model of one dense value and two id properties."""
     schema = schema or contract_schema()
@@ -52,7 +76,11 @@ def planted_data(n: int, seed: int = 0, schema: Schema | None = None) -> dict[st
             out[f.name] = rng.integers(2, f.vocab_size, n)
     for q in schema.sequence:
         vocab = schema.feature(q.shares).vocab_size
-        lengths = rng.integers(0, q.max_len + 1, n)
+        paired = q.name.removeprefix("neg_") if q.name.startswith("neg_") else None
+        # attributes of the same behaviours (hist_cat beside hist_item, neg_hist_item, a session's sess_k_cat)
+        # have the lengths of the sequence they describe
+        same = paired if paired in out else _sibling(q.name, out)
+        lengths = out[same + ".lengths"] if same else rng.integers(0, q.max_len + 1, n)
         out[q.name + ".lengths"] = lengths
         out[q.name] = rng.integers(2, vocab, lengths.sum())
     logit = 1.5 * dense[:, 0] + 2.0 * (out["item"] % 2 == 0) - 2.0 * (out["user"] % 3 == 0) - 0.3

@@ -98,8 +98,8 @@ def train_from_config(cfg: Config, *, resume: str | None = None, progress: bool 
             check_same_vocabulary(store, loader.store, what)
     if resume:  # a resumed run goes on with the ids it started with
         check_same_vocabulary(_checkpoint_vocabularies(resume), store, "data.train (--resume)")
-    if model.needs_prefit:  # e.g. GBDT+LR fits its trees on the training rows first
-        model.prefit(list(train))
+    if model.needs_prefit:  # e.g. GBDT+LR fits its trees on the training rows first, DIN counts ids
+        model.prefit(train)
     name = cfg.run.name or f"{cfg.model.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = Path(cfg.run.dir) / name
     trainer = Trainer(

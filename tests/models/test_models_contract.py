@@ -14,6 +14,9 @@ import pytest
 import torch
 from conftest import contract_schema, make_batch, planted_data
 from sklearn.metrics import roc_auc_score
+from test_behaviour_models import CONTRACT_VARIANTS as BEHAVIOUR_VARIANTS
+from test_behaviour_models import SCHEMAS
+from test_behaviour_models import UNPOOLED as BEHAVIOUR_UNPOOLED
 from test_dlrm import CONTRACT_VARIANTS as DLRM_VARIANTS
 from test_models_a import CONTRACT_VARIANTS as A_VARIANTS
 from test_models_b import CONTRACT_VARIANTS as B_VARIANTS
@@ -33,12 +36,30 @@ def merge(*parts: dict[str, list[dict]]) -> dict[str, list[dict]]:
     return out
 
 
-VARIANTS = merge(DLRM_VARIANTS, A_VARIANTS, B_VARIANTS)
+VARIANTS = merge(DLRM_VARIANTS, A_VARIANTS, B_VARIANTS, BEHAVIOUR_VARIANTS)
 
 # What each model does with an unpooled (pooling "none") history: "ignores" it (the default: the zoo's
 # field models read only pooled features, schema.pooled_keys), "uses" it (attention over the
 # sequence) or "rejects" it with a ConfigError naming the feature.
-UNPOOLED: dict[str, str] = {}
+UNPOOLED: dict[str, str] = {**BEHAVIOUR_UNPOOLED}
+
+
+def schema_for(name: str) -> Schema:
+    """The schema a model is checked on: the contract schema, or the behaviour builder's for the behaviour
+    models (SCHEMAS in their test file)."""
+    return SCHEMAS.get(name, contract_schema)()
+
+
+_DATA: dict[str, dict[str, np.ndarray]] = {}
+
+
+def data_for(name: str) -> dict[str, np.ndarray]:
+    """Planted-signal rows (3000) in the schema ``name`` is checked on, drawn once per schema."""
+    factory = SCHEMAS.get(name, contract_schema)
+    key = factory.__name__
+    if key not in _DATA:
+        _DATA[key] = planted_data(3000, seed=1, schema=factory())
+    return _DATA[key]
 
 
 def cases() -> list:
@@ -57,17 +78,12 @@ def build(name: str, params: dict, seed: int = 0, data: dict | None = None,
     """Create the model; a model that declares ``needs_prefit`` (GBDT+LR's trees) gets its prefit on
     the training rows, as the runner does."""
     torch.manual_seed(seed)
-    schema = schema or contract_schema()
+    schema = schema or schema_for(name)
     model = create_model(name, schema, **params)
     if model.needs_prefit:
-        data = data if data is not None else planted_data(3000, seed=1, schema=schema)
+        data = data if data is not None else data_for(name)
         model.prefit([make_batch(data, slice(s, s + 500), schema) for s in range(0, 2500, 500)])
     return model
-
-
-@pytest.fixture(scope="module")
-def data() -> dict[str, np.ndarray]:
-    return planted_data(3000, seed=1)
 
 
 def test_variants_name_registered_models():
@@ -93,9 +109,10 @@ def test_declarations(name):
 
 
 @pytest.mark.parametrize("name, params", cases())
-def test_forward_loss_grads_and_consistency(name, params, data):
+def test_forward_loss_grads_and_consistency(name, params):
+    data, schema = data_for(name), schema_for(name)
     model = build(name, params, data=data)
-    batch = make_batch(data, slice(0, 64))
+    batch = make_batch(data, slice(0, 64), schema)
     model.train()
     task = CTRTask().bind(model)
     torch.manual_seed(5)  # the same dropout masks for the task's forward and the reference one
@@ -119,7 +136,7 @@ def test_forward_loss_grads_and_consistency(name, params, data):
     with torch.no_grad():
         full = logits_of(model(batch))
         again = logits_of(model(batch))
-        alone = torch.stack([logits_of(model(make_batch(data, slice(i, i + 1))))[0] for i in (0, 17, 63)])
+        alone = torch.stack([logits_of(model(make_batch(data, slice(i, i + 1), schema)))[0] for i in (0, 17, 63)])
     assert torch.equal(full, again), "eval must be deterministic"
     torch.testing.assert_close(alone, full[[0, 17, 63]], rtol=1e-5, atol=1e-5)
 
@@ -155,14 +172,15 @@ def test_unpooled_history(name):
 
 
 @pytest.mark.parametrize("name, params", cases())
-def test_checkpoint_round_trip(name, params, data):
+def test_checkpoint_round_trip(name, params):
+    data = data_for(name)
     model = build(name, params, seed=0, data=data).eval()
     buf = io.BytesIO()
     torch.save(model.state_dict(), buf)
     buf.seek(0)
     other = build(name, params, seed=123, data=data).eval()
     other.load_state_dict(torch.load(buf, weights_only=True))
-    batch = make_batch(data, slice(0, 32))
+    batch = make_batch(data, slice(0, 32), schema_for(name))
     with torch.no_grad():
         assert torch.equal(logits_of(model(batch)), logits_of(other(batch)))
 
@@ -170,12 +188,13 @@ def test_checkpoint_round_trip(name, params, data):
 @pytest.mark.parametrize("name", list_models())
 def test_unknown_option_rejected(name):
     with pytest.raises(ConfigError, match=f"model {name!r} has no parameter 'no_such_option'"):
-        create_model(name, contract_schema(), no_such_option=1)
+        create_model(name, schema_for(name), no_such_option=1)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name, params", cases())
-def test_learns_planted_signal(name, params, data):
+def test_learns_planted_signal(name, params):
+    data, schema = data_for(name), schema_for(name)
     model = build(name, params, data=data)
     task = CTRTask().bind(model)
     tables = {id(p) for p in model.embedding_parameters()}
@@ -190,14 +209,14 @@ def test_learns_planted_signal(name, params, data):
     for _ in range(6):
         perm = rng.permutation(train_rows)
         for s in range(0, len(perm), 128):
-            loss, _ = task.loss(model, make_batch(data, perm[s:s + 128]))
+            loss, _ = task.loss(model, make_batch(data, perm[s:s + 128], schema))
             for o in opts:
                 o.zero_grad()
             loss.backward()
             for o in opts:
                 o.step()
     model.eval()
-    test = make_batch(data, slice(2500, 3000))
+    test = make_batch(data, slice(2500, 3000), schema)
     metrics = task.evaluate(model, [test])  # eval mode kept
     with torch.no_grad():
         auc = roc_auc_score(test.labels.numpy(), logits_of(model(test)).numpy())

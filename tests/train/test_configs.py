@@ -24,6 +24,8 @@ BASES = sorted((REPO / "configs" / "_base").glob("*.yaml"))
 DATASETS = ("criteo", "movielens")
 ZOO = {p.stem for p in (REPO / "src" / "ctrkit" / "models").glob("*.py") if not p.stem.startswith("_")} - {
     "__init__", "registry", "base"}  # base.py: the model contract, not a model
+# the user-behaviour models read histories that only behaviour stores (beauty, taobao) have; dsin needs sessions
+BEHAVIOUR = {"dnn", "din", "dien", "bst", "dsin"}
 
 
 def _tiny_criteo(path: Path, n: int = 300, seed: int = 0) -> Path:
@@ -72,7 +74,8 @@ def test_every_dataset_has_a_config_per_model() -> None:
     assert ZOO <= names  # every model file registered itself
     for ds in DATASETS:
         have = {p.stem for p in CONFIGS if p.parent.name == ds}
-        assert have == names, f"configs/{ds}: missing {sorted(names - have)}, extra {sorted(have - names)}"
+        want = names - BEHAVIOUR
+        assert have == want, f"configs/{ds}: missing {sorted(want - have)}, extra {sorted(have - want)}"
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[f"{p.parent.name}/{p.stem}" for p in CONFIGS])

@@ -24,7 +24,7 @@ A retrieval model (two towers) satisfies the :class:`RetrievalModel` protocol: `
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, ClassVar, NamedTuple, Protocol, runtime_checkable
@@ -135,9 +135,9 @@ class CTRModel(nn.Module):
         if cls.needs_prefit and cls.prefit is CTRModel.prefit:
             raise TypeError(f"{cls.__qualname__} declares needs_prefit = True but does not define prefit()")
 
-    def prefit(self, batches: Sequence[Batch]) -> CTRModel:
-        """Fit what gradient training does not (run once on the training batches when
-        ``needs_prefit``); returns self. A model without such a part has nothing to do."""
+    def prefit(self, batches: Iterable[Batch]) -> CTRModel:
+        """Fit what gradient training does not (run once on the training batches, one pass of the training
+        loader, when ``needs_prefit``); returns self. A model without such a part has nothing to do."""
         return self
 
     def param_groups(self) -> list[ParamGroup]:

@@ -19,7 +19,7 @@ with no pickle; the booster is re-parsed lazily on the first forward after ``loa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable
 from typing import Any, Literal
 
 import numpy as np
@@ -101,8 +101,9 @@ class GBDTLR(CTRModel):
             cols.append(torch.where(lengths > 0, first, 0).cpu().double().unsqueeze(1))
         return torch.cat(cols, dim=1).numpy()  # (B, Nd + S)
 
-    def prefit(self, batches: Sequence[Batch]) -> GBDTLR:
+    def prefit(self, batches: Iterable[Batch]) -> GBDTLR:
         """Fit the trees on ``batches`` (labels and optional weights), store them in ``trees``."""
+        batches = list(batches)
         if not batches:
             raise ConfigError("gbdt_lr.prefit needs at least one training batch to fit the trees on")
         lgb = _lightgbm()
