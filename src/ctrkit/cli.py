@@ -15,7 +15,7 @@ log = logging.getLogger("ctrkit")
 
 
 def _add_preprocess(sub: argparse._SubParsersAction) -> None:
-    from ctrkit.data import criteo, tabular
+    from ctrkit.data import behaviour, criteo, tabular
 
     p = sub.add_parser("preprocess", help="raw data -> columnar store")
     kinds = p.add_subparsers(dest="kind", required=True)
@@ -25,6 +25,9 @@ def _add_preprocess(sub: argparse._SubParsersAction) -> None:
     t = kinds.add_parser("table", help="CSV / Parquet with a YAML schema")
     tabular.add_preprocess_table_args(t)
     t.set_defaults(func=tabular.run_preprocess_table)
+    b = kinds.add_parser("behaviour", help="behaviour log (CSV / Parquet / S3-Rec sequences) -> DIN-style samples")
+    behaviour.add_preprocess_behaviour_args(b)
+    b.set_defaults(func=behaviour.run_preprocess_behaviour)
 
 
 def _add_synth(sub: argparse._SubParsersAction) -> None:

@@ -1,0 +1,367 @@
+"""Behaviour logs -> DIN-style sample stores (``ctrkit preprocess behaviour``; issue 9, point 1).
+
+Input, one of:
+
+* ``csv`` / ``parquet``: one behaviour per row with a user column, an item column, optional attribute
+  columns (``--attr-cols category:cate`` reads column ``category`` as feature ``cate``), an optional time
+  column (seconds, any number, or ISO date-times; without one the file order within a user is the time
+  order) and an optional behaviour-type column to filter on (``--type-col type --behaviour-types pv,buy``).
+  CSVs may be gzipped and may lack a header (``--no-header --names user,item,...``: Taobao UserBehavior).
+  An item's attributes are those of its first row in time order (rows that disagree are counted in
+  ``attribute_conflicts``), so an item has the same attributes as a target, in a history and as a negative.
+* ``s3rec``: one user per line, ``user item_1 item_2 ...`` in time order (no timestamps), with
+  ``--item-attributes`` a JSON ``{item: [attribute ids]}`` (plain or gzipped). The item's attribute ``cate``
+  is the LAST id of its list: in the S3-Rec Amazon files the brand comes first and the categories follow
+  from coarse to fine, so the last id is the most specific category. Items missing from the JSON have a
+  missing ``cate`` (id 0).
+
+Samples follow :mod:`ctrkit.data.behaviour_samples` (histories, negatives, leave-last-out split, DIEN's
+auxiliary negatives, DSIN's sessions). The rows become stores ``out/{train,valid,test}`` through a table
+:class:`~ctrkit.data.pipeline.FeaturePipeline` fitted on the TRAIN rows only (targets, histories and sampled
+negatives of train), so an item or user first seen in valid / test maps to id 1 (rare). Store columns:
+label, group (the user, for GAUC), sparse ``user`` / ``item`` / one per attribute, sequences
+``hist_item`` / ``hist_<attr>`` (sharing the item / attribute tables, pooling none), with aux negatives
+``neg_hist_*``, with sessions ``sess_<k>_*``. Train rows are shuffled (seeded); valid / test keep user order,
+each positive followed by its negative.
+
+Report (logged, in every store's ``stats.behaviour`` and in ``out/report.json``): ``rows_read``, ``bad_rows``
+and ``first_bad_lines`` (CSV / Parquet), ``behaviour_types`` (rows per type) and ``rows_filtered_out``,
+``empty_lines`` / ``users_without_behaviours`` / ``items_without_attributes`` (s3rec), ``attribute_conflicts``
+(per attribute: distinct (item, value) pairs beyond one per item), ``users``, ``behaviours``, ``items``,
+``single_behaviour_users`` (no sample), ``out_of_order_rows`` (sorted), ``duplicate_user_item_rows`` (rows
+repeating a (user, item) pair; kept), ``positives``, ``samples`` {train, valid, test} (rows, two per
+positive), ``mean_history_len``, ``vocab_sizes``, ``unseen_in_train`` (valid / test rows whose user / item
+is id 1), ``cold_positives`` (valid / test positives whose item is in no train positive or history: it may
+still have an id, from train's sampled negatives, which draw from every item of the log) and ``seconds``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import logging
+import re
+import time as _time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ctrkit.data.behaviour_read import read_log, read_s3rec
+from ctrkit.data.behaviour_samples import NEGATIVES, Samples, build_samples, sort_log
+from ctrkit.data.pipeline import FeaturePipeline
+from ctrkit.data.pipeline_io import PIPELINE_DIR
+from ctrkit.data.rows import DataError, TempDir
+from ctrkit.data.store import StoreError, StoreWriter, remove_stale_splits
+from ctrkit.data.tabular_read import SPLITS
+from ctrkit.data.vocab import link_tree, save_vocabularies
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("csv", "parquet", "s3rec")
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+_RESERVED = {"user", "item", "label", "group"}
+_PREFIXES = ("hist", "neg_hist", "sess_")
+
+
+@dataclass
+class BehaviourLog:
+    """A behaviour log in code space, rows sorted by (user, time) (stable: ties and logs without times keep
+    file order); codes number users / items by first appearance in the file."""
+
+    user: np.ndarray  # (n,) user codes
+    item: np.ndarray  # (n,) item codes
+    time: np.ndarray | None  # (n,) seconds (float64) or None
+    user_keys: pa.Array  # (U,) raw user keys by code
+    item_keys: pa.Array  # (I,) raw item keys by code
+    attrs: dict[str, tuple[pa.Array, np.ndarray]] = field(default_factory=dict)  # name -> (keys, code per item)
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_attr_cols(specs: list[str] | dict[str, str] | None) -> dict[str, str]:
+    """``["category:cate", "brand"]`` -> {source column: feature name}; names are checked."""
+    if isinstance(specs, dict):
+        pairs = dict(specs)
+    else:
+        pairs = {}
+        for s in specs or []:
+            col, _, name = s.partition(":")
+            pairs[col] = name or col
+    for col, name in pairs.items():
+        if not _NAME.match(name) or name in _RESERVED or name.startswith(_PREFIXES):
+            raise DataError(f"--attr-cols {col}:{name}: the feature name must be letters, digits and '_', not "
+                            f"one of {sorted(_RESERVED)} and not start with {_PREFIXES} (it names hist_<name>, "
+                            "sess_<k>_<name>); pick another name after the ':'")
+    if len(set(pairs.values())) != len(pairs):
+        raise DataError(f"--attr-cols {pairs}: two columns map to the same feature name")
+    return pairs
+
+
+def read_behaviour_log(input: str | Path, *, format: str | None = None, user_col: str = "user",
+                       item_col: str = "item", attr_cols: list[str] | dict[str, str] | None = None,
+                       time_col: str | None = None, type_col: str | None = None,
+                       behaviour_types: list[str] | str | None = None, header: bool = True,
+                       names: list[str] | str | None = None, delimiter: str = ",",
+                       item_attributes: str | Path | None = None, max_bad_fraction: float = 0.001) -> BehaviourLog:
+    """Read a behaviour log (see the module docstring) into codes, sorted by (user, time). Malformed rows
+    (wrong field count, empty user / item, a time that is not a number) are skipped and counted; above
+    ``max_bad_fraction`` of them is an error naming the first lines. ``stats`` counts rows read, bad rows,
+    behaviour types, out-of-order rows (a time earlier than the user's previous row in the file) and
+    attribute conflicts."""
+    path = Path(input)
+    fmt = format or ("parquet" if ".parquet" in path.suffixes else "csv")
+    if fmt not in FORMATS:
+        raise DataError(f"--format {fmt!r} is not one of {FORMATS}")
+    if fmt == "s3rec":
+        if attr_cols or time_col or type_col:
+            raise DataError("--format s3rec has no attribute, time or type columns; give item attributes with "
+                            "--item-attributes JSON")
+        raw = read_s3rec(path)
+        attrs = {"cate": None} if item_attributes is not None else {}
+    else:
+        if item_attributes is not None:
+            raise DataError("--item-attributes is for --format s3rec; CSV / Parquet logs carry attribute "
+                            "columns (--attr-cols)")
+        attrs = parse_attr_cols(attr_cols)
+        types = behaviour_types.split(",") if isinstance(behaviour_types, str) else behaviour_types
+        if types and not type_col:
+            raise DataError("--behaviour-types needs --type-col (the column holding the behaviour type)")
+        raw = read_log(path, fmt, user_col=user_col, item_col=item_col, attr_cols=list(attrs),
+                       time_col=time_col, type_col=type_col, types=types, header=header,
+                       names=names.split(",") if isinstance(names, str) else names, delimiter=delimiter,
+                       max_bad_fraction=max_bad_fraction)
+        attrs = {attrs[c]: raw.attrs[c] for c in attrs}
+    u = pc.dictionary_encode(raw.user)
+    i = pc.dictionary_encode(raw.item)
+    user = u.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    order, out_of_order = sort_log(user, raw.time)
+    item = i.indices.to_numpy(zero_copy_only=False).astype(np.int64)[order]
+    out = BehaviourLog(user[order], item, None if raw.time is None else raw.time[order], u.dictionary,
+                       i.dictionary, stats={"format": fmt, **raw.stats, "out_of_order_rows": out_of_order})
+    n_items = len(i.dictionary)
+    if fmt == "s3rec" and item_attributes is not None:
+        keys, codes, missing = _s3rec_attributes(Path(item_attributes), i.dictionary)
+        out.attrs["cate"] = (keys, codes)
+        out.stats["items_without_attributes"] = missing
+    conflicts = {}
+    for name, col in attrs.items():
+        if col is None:
+            continue
+        a = pc.dictionary_encode(col)
+        code = a.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)[order]  # (n,) sorted rows
+        per_item = np.full(n_items, -1, np.int64)
+        ok = code >= 0
+        first_items, first = np.unique(item[ok], return_index=True)
+        per_item[first_items] = code[ok][first]
+        pairs = np.unique(item[ok] * (len(a.dictionary) + 1) + code[ok])
+        conflicts[name] = int(len(pairs) - len(first_items))
+        out.attrs[name] = (a.dictionary, per_item)
+    if conflicts:
+        out.stats["attribute_conflicts"] = conflicts
+    return out
+
+
+def _s3rec_attributes(path: Path, item_keys: pa.Array) -> tuple[pa.Array, np.ndarray, int]:
+    """{item: [attribute ids]} JSON -> (attribute keys, attribute code per item code (-1 missing), missing)."""
+    try:
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt", encoding="utf-8") as f:
+            d = json.load(f)
+    except (OSError, ValueError) as e:
+        raise DataError(f"--item-attributes {path}: not a readable JSON file ({e})") from None
+    if not isinstance(d, dict) or not all(isinstance(v, list) for v in d.values()):
+        raise DataError(f"--item-attributes {path}: expected a mapping {{item: [attribute ids]}}")
+    keys = pa.array(list(d.keys()), pa.string())
+    last = pa.array([v[-1] if v else None for v in d.values()])  # the most specific category (module docstring)
+    if pa.types.is_integer(item_keys.type):
+        ok = pc.match_substring_regex(keys, r"^[+-]?[0-9]{1,18}$").to_numpy(zero_copy_only=False)
+        if not ok.all():
+            raise DataError(f"--item-attributes {path}: item key {keys[int(np.argmin(ok))]} is not an integer "
+                            "but the log's item ids are")
+        keys = pc.cast(keys, pa.int64())
+    enc = pc.dictionary_encode(last)
+    a_code = enc.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)  # (J,) per JSON item
+    jk = keys.to_numpy(zero_copy_only=False)
+    order = np.argsort(jk, kind="stable")
+    want = item_keys.to_numpy(zero_copy_only=False)
+    pos = np.minimum(np.searchsorted(jk[order], want), max(len(jk) - 1, 0))
+    hit = (jk[order][pos] == want) if len(jk) else np.zeros(len(want), bool)
+    per_item = np.where(hit, a_code[order][pos] if len(jk) else -1, -1)
+    return enc.dictionary, per_item.astype(np.int64), int((per_item < 0).sum())
+
+
+# ---- samples -> stores -------------------------------------------------------------------------------------
+def behaviour_spec(attrs: list[str], *, max_len: int, aux_negatives: bool, sessions: int,
+                   session_len: int) -> dict[str, Any]:
+    """The table spec of the sample rows (every column named like its feature)."""
+    feats = ["item", *attrs]
+    sequence = [{"name": f"hist_{f}", "shares": f, "max_len": max_len, "pooling": "none", "group": "user"}
+                for f in feats]
+    if aux_negatives:
+        sequence += [{"name": f"neg_hist_{f}", "shares": f, "max_len": max_len, "pooling": "none",
+                      "group": "user"} for f in feats]
+    sequence += [{"name": f"sess_{k}_{f}", "shares": f, "max_len": session_len, "pooling": "none",
+                  "group": "user"} for k in range(sessions) for f in feats]
+    return {"label": "label", "group_id": "user",
+            "sparse": [{"name": "user", "group": "user"}, {"name": "item", "group": "item", "table": "item"},
+                       *({"name": a, "group": "item", "table": a} for a in attrs)],
+            "sequence": sequence}
+
+
+def _keys(keys: pa.Array, codes: np.ndarray) -> pa.Array:
+    """Raw keys of ``codes`` [m] (-1 -> null)."""
+    miss = codes < 0
+    return keys.take(pa.array(codes, mask=miss if miss.any() else None))
+
+
+def sample_columns(blog: BehaviourLog, s: Samples) -> dict[str, Any]:
+    """Sample rows -> raw columns for the pipeline (keys, jagged columns as (values, lengths))."""
+    cols: dict[str, Any] = {"label": s.label, "user": _keys(blog.user_keys, s.user)}
+    tables = {"item": (blog.item_keys, None), **{a: (k, c) for a, (k, c) in blog.attrs.items()}}
+
+    def of(name: str, items: np.ndarray) -> pa.Array:
+        keys, per_item = tables[name]
+        return _keys(keys, items if per_item is None else per_item[items])
+
+    for f in tables:
+        cols[f] = of(f, s.item)
+        cols[f"hist_{f}"] = (of(f, s.hist[0]), s.hist[1])
+        if s.neg_hist is not None:
+            cols[f"neg_hist_{f}"] = (of(f, s.neg_hist[0]), s.neg_hist[1])
+        for k, (v, ln) in enumerate(s.sessions):
+            cols[f"sess_{k}_{f}"] = (of(f, v), ln)
+    return cols
+
+
+def preprocess_behaviour(input: str | Path, out: str | Path, *, format: str | None = None,
+                         user_col: str = "user", item_col: str = "item",
+                         attr_cols: list[str] | dict[str, str] | None = None, time_col: str | None = None,
+                         type_col: str | None = None, behaviour_types: list[str] | str | None = None,
+                         header: bool = True, names: list[str] | str | None = None, delimiter: str = ",",
+                         item_attributes: str | Path | None = None, max_len: int = 50,
+                         negatives: str = "uniform", seed: int = 0, aux_negatives: bool = False,
+                         sessions: int = 0, session_len: int = 10, session_gap: float = 1800.0,
+                         min_session_len: int = 1, min_freq: int = 1, embedding_dim: int | str = "auto",
+                         max_bad_fraction: float = 0.001, overwrite: bool = False) -> dict[str, Path]:
+    """Behaviour log -> stores ``out/{train,valid,test}`` + ``out/report.json``; returns {split: path}."""
+    t0 = _time.perf_counter()
+    out = Path(out)
+    for s in SPLITS:
+        if (out / s).exists() and not overwrite:
+            raise StoreError(f"output {out / s} already exists; choose another --out or pass --overwrite")
+    if negatives not in NEGATIVES:
+        raise DataError(f"--negatives {negatives!r} is not one of {NEGATIVES}")
+    blog = read_behaviour_log(input, format=format, user_col=user_col, item_col=item_col, attr_cols=attr_cols,
+                              time_col=time_col, type_col=type_col, behaviour_types=behaviour_types,
+                              header=header, names=names, delimiter=delimiter, item_attributes=item_attributes,
+                              max_bad_fraction=max_bad_fraction)
+    samples = build_samples(blog.user, blog.item, blog.time, n_items=len(blog.item_keys), max_len=max_len, negatives=negatives, seed=seed,
+                            aux_negatives=aux_negatives, sessions=sessions, session_len=session_len,
+                            session_gap=session_gap, min_session_len=min_session_len, user_names=blog.user_keys)
+    report = {"input": str(input), **blog.stats, **samples.stats}
+    if samples.stats["samples"]["train"] == 0:
+        raise DataError(f"{input}: no training samples: every user has fewer than 4 behaviours (a user's last "
+                        "two positives go to valid / test); use a longer log")
+    options = {"format": report["format"], "user_col": user_col, "item_col": item_col, "attr_cols": attr_cols,
+               "time_col": time_col, "type_col": type_col, "behaviour_types": behaviour_types,
+               "item_attributes": str(item_attributes) if item_attributes else None, "max_len": max_len,
+               "negatives": negatives, "seed": seed, "aux_negatives": aux_negatives, "sessions": sessions,
+               "session_len": session_len, "session_gap": session_gap, "min_session_len": min_session_len,
+               "min_freq": min_freq, "embedding_dim": embedding_dim}
+    spec = behaviour_spec(list(blog.attrs), max_len=max_len, aux_negatives=aux_negatives, sessions=sessions,
+                          session_len=session_len)
+    pipe = FeaturePipeline.table(spec, min_freq=min_freq, embedding_dim=embedding_dim)
+
+    parts = {name: samples.part(code) for code, name in enumerate(SPLITS)}
+    tr = parts["train"]
+    warm = np.zeros(len(blog.item_keys), bool)  # items of train positives and histories
+    warm[tr.item[tr.label == 1]] = True
+    warm[tr.hist[0]] = True
+    report["cold_positives"] = {name: int((~warm[p.item[p.label == 1]]).sum()) for name, p in parts.items()
+                                if name != "train"}
+    fitter = pipe.fitter()  # vocabularies from the train rows only: valid / test keys unseen there -> id 1
+    enc = fitter.encode(sample_columns(blog, parts["train"]))
+    fitter.finish()
+    columns = {"train": pipe.finalize(enc.parts(), fitter.luts)}
+    for name in SPLITS[1:]:
+        if len(parts[name]):
+            columns[name] = pipe.transform(sample_columns(blog, parts[name]))
+    report["vocab_sizes"] = {t: v.size for t, v in pipe.vocabs_.items()}
+    report["unseen_in_train"] = {name: {f: int((columns[name][f] == 1).sum()) for f in ("user", "item")}
+                                 for name in columns if name != "train"}
+    result: dict[str, Path] = {}
+    with TempDir(out, ".behaviour-tmp-") as tmp:
+        save_vocabularies(tmp / "vocab", pipe.vocabs_, fitted_on=f"{input} (train samples)")
+        pipe.save(tmp / PIPELINE_DIR)
+        for name, cols in columns.items():
+            n = len(cols["label"])
+            meta = {"preprocessing": {"kind": "table", "builder": "behaviour", "split": name, "input": str(input),
+                                      "options": options, "spec": spec, "tables": pipe.table_of},
+                    "stats": {"rows": n, "label_rate": float(cols["label"].mean()) if n else 0.0,
+                              "behaviour": report}}
+            with StoreWriter(out / name, pipe.schema, pipe.column_specs(), overwrite=overwrite) as w:
+                w.append(cols)
+                link_tree(tmp / "vocab", w.tmp / "vocab")
+                link_tree(tmp / PIPELINE_DIR, w.tmp / PIPELINE_DIR)
+                w.set_meta(**meta)
+            result[name] = out / name
+    if overwrite:
+        remove_stale_splits(out, result, SPLITS)
+    report["seconds"] = round(_time.perf_counter() - t0, 3)
+    (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
+    log.info("behaviour %s: %d users, %d behaviours (%d single-behaviour users dropped, %d out-of-order rows "
+             "sorted, %d repeated user-item rows kept) -> samples %s in %.1fs", input, report["users"],
+             report["behaviours"], report["single_behaviour_users"], report["out_of_order_rows"],
+             report["duplicate_user_item_rows"], report["samples"], report["seconds"])
+    return result
+
+
+# ---- command line ------------------------------------------------------------------------------------------
+def add_preprocess_behaviour_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Options of ``ctrkit preprocess behaviour``."""
+    p.add_argument("input", nargs="?", help="behaviour log: CSV (.gz), Parquet, or S3-Rec sequences")
+    p.add_argument("--input", dest="input_opt", default=None, help="the log (instead of the positional)")
+    p.add_argument("--out", required=True, help="output directory: OUT/{train,valid,test}, OUT/report.json")
+    p.add_argument("--format", choices=FORMATS, default=None, help="default: parquet by extension, else csv")
+    p.add_argument("--item-attributes", default=None, help="s3rec: JSON {item: [attribute ids]} (last id = cate)")
+    p.add_argument("--user-col", default="user")
+    p.add_argument("--item-col", default="item")
+    p.add_argument("--attr-cols", nargs="*", default=[], help="item attribute columns, COLUMN[:FEATURE] each")
+    p.add_argument("--time-col", default=None, help="timestamp column (none: file order within a user)")
+    p.add_argument("--type-col", default=None, help="behaviour type column, for --behaviour-types")
+    p.add_argument("--behaviour-types", default=None, help="keep only these types, e.g. pv,buy")
+    p.add_argument("--no-header", dest="header", action="store_false", help="the CSV has no header line")
+    p.add_argument("--names", default=None, help="column names, comma-separated (with --no-header)")
+    p.add_argument("--delimiter", default=",", help="CSV field delimiter")
+    p.add_argument("--max-len", type=int, default=50, help="history length kept (the most recent)")
+    p.add_argument("--negatives", choices=NEGATIVES, default="uniform", help="uniform (DIN) or popularity (DIEN)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the negatives and the train shuffle")
+    p.add_argument("--aux-negatives", action="store_true", help="DIEN: neg_hist_* (one negative per step)")
+    p.add_argument("--sessions", type=int, default=0, help="DSIN: keep this many sessions (sess_<k>_*)")
+    p.add_argument("--session-len", type=int, default=10, help="behaviours kept per session (the last ones)")
+    p.add_argument("--session-gap", type=float, default=1800.0, help="seconds of inactivity that start a session")
+    p.add_argument("--min-session-len", type=int, default=1, help="drop sessions with fewer behaviours")
+    p.add_argument("--min-freq", type=int, default=1, help="keys seen fewer times in train map to id 1")
+    p.add_argument("--embedding-dim", default="auto", help="embedding dim of every table, or 'auto'")
+    p.add_argument("--max-bad-fraction", type=float, default=0.001, help="fail above this fraction of bad rows")
+    p.add_argument("--overwrite", action="store_true", help="replace existing output stores")
+    return p
+
+
+def run_preprocess_behaviour(args: argparse.Namespace) -> dict[str, Path]:
+    """Run :func:`preprocess_behaviour` from parsed arguments."""
+    if (args.input is None) == (args.input_opt is None):
+        raise DataError("give the behaviour log once: as the positional INPUT or as --input")
+    return preprocess_behaviour(
+        args.input or args.input_opt, args.out, format=args.format, user_col=args.user_col,
+        item_col=args.item_col, attr_cols=args.attr_cols, time_col=args.time_col, type_col=args.type_col,
+        behaviour_types=args.behaviour_types, header=args.header, names=args.names, delimiter=args.delimiter,
+        item_attributes=args.item_attributes, max_len=args.max_len, negatives=args.negatives, seed=args.seed,
+        aux_negatives=args.aux_negatives, sessions=args.sessions, session_len=args.session_len,
+        session_gap=args.session_gap, min_session_len=args.min_session_len, min_freq=args.min_freq,
+        embedding_dim=args.embedding_dim, max_bad_fraction=args.max_bad_fraction, overwrite=args.overwrite,
+    )

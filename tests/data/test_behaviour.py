@@ -1,0 +1,348 @@
+"""Behaviour-log builder: hand-written samples of tiny logs, a naive per-user reference on a Taobao slice,
+negatives, DIEN's aux negatives, DSIN's sessions, S3-Rec input, and stores that the pipeline and loader read."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from ctrkit.batch import Batch
+from ctrkit.cli import main
+from ctrkit.data.behaviour import preprocess_behaviour, read_behaviour_log
+from ctrkit.data.behaviour_samples import build_samples, draw_negatives, sort_log, user_keys
+from ctrkit.data.loader import BatchLoader
+from ctrkit.data.pipeline import FeaturePipeline
+from ctrkit.data.raw_rows import iter_transformed
+from ctrkit.data.rows import DataError
+from ctrkit.data.store import Store, StoreError
+
+DATA = Path("/work/shared/data")
+TAOBAO = DATA / "taobao_userbehavior" / "UserBehavior_head.csv.gz"
+S3REC = DATA / "amazon_yelp_lastfm_sequences_s3rec"
+
+# user A: 5 behaviours in order; B: one; C: 3, its first two rows out of time order in the file
+TINY = """user,item,category,time
+A,a1,x,10
+A,a2,x,20
+B,b1,y,5
+C,c2,z,200
+A,a3,y,30
+C,c1,z,100
+A,a4,x,40
+A,a5,y,50
+C,c3,x,300
+"""
+
+
+def decode(store: Store, name: str) -> list[Any]:
+    """Raw keys of a store column (a list per row for jagged columns; id 1 -> 'RARE', 0 -> None)."""
+    pipe = FeaturePipeline.load(store.path / "pipeline")
+    table = pipe.feature_table(next(e for e in (*pipe.spec.sparse, *pipe.spec.sequence) if e["name"] == name))
+    v = pipe.vocabs_[table]
+    inv = {0: None, 1: "RARE", **{int(i): k for i, k in zip(v.ids, v.keys)}}
+    col = store[name]
+    if isinstance(col, tuple):
+        vals, offs = col
+        return [[inv[int(x)] for x in vals[offs[r]:offs[r + 1]]] for r in range(len(offs) - 1)]
+    return [inv[int(x)] for x in col]
+
+
+def rows_of(store: Store, names: tuple[str, ...] = ("user", "label", "item", "hist_item")) -> list[tuple]:
+    cols = [decode(store, n) if n != "label" else store["label"].astype(int).tolist() for n in names]
+    return [tuple(tuple(c) if isinstance(c, list) else c for c in r) for r in zip(*cols)]
+
+
+def tiny(tmp_path: Path, text: str = TINY, name: str = "log.csv") -> Path:
+    p = tmp_path / name
+    if name.endswith(".gz"):
+        with gzip.open(p, "wt") as f:
+            f.write(text)
+    else:
+        p.write_text(text)
+    return p
+
+
+def test_tiny_log_samples_by_hand(tmp_path: Path) -> None:
+    res = preprocess_behaviour(tiny(tmp_path, name="log.csv.gz"), tmp_path / "out", attr_cols=["category:cate"],
+                               time_col="time", seed=3)
+    tr, va, te = (Store(res[s]) for s in ("train", "valid", "test"))
+    pos = lambda st: [r for r in rows_of(st) if r[1] == 1]
+    assert sorted(pos(tr)) == [("A", 1, "a2", ("a1",)), ("A", 1, "a3", ("a1", "a2"))]
+    known = {k for r in rows_of(tr) for k in (r[0], r[2], *r[3])}  # the train rows' keys: all else is rare
+    assert known >= {"A", "a1", "a2", "a3"} and not known & {"a4", "a5", "C"}
+    vocab = lambda *keys: tuple(k if k in known else "RARE" for k in keys)
+    # valid / test keep user order; C's file rows c2@200, c1@100 are sorted by time
+    assert pos(va) == [("A", 1, "RARE", ("a1", "a2", "a3")), ("RARE", 1, *vocab("c2"), vocab("c1"))]
+    assert pos(te) == [("A", 1, "RARE", ("a1", "a2", "a3", "RARE")), ("RARE", 1, *vocab("c3"), vocab("c1", "c2"))]
+    # every positive is followed by a negative with the same history and an item the user never had
+    items = {"A": {"a1", "a2", "a3", "a4", "a5"}, "C": {"c1", "c2", "c3"}}
+    for st in (va, te):
+        r = rows_of(st)
+        assert [x[1] for x in r] == [1, 0] * (len(r) // 2)
+        for p, n in zip(r[::2], r[1::2]):
+            assert n[0] == p[0] and n[3] == p[3] and n[2] not in items.get(p[0], items["C"])
+    rep = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert rep["single_behaviour_users"] == 1 and rep["out_of_order_rows"] == 1 and rep["users"] == 3
+    assert rep["samples"] == {"train": 4, "valid": 4, "test": 4} and rep["behaviours"] == 9
+    assert tr.stats["behaviour"]["samples"] == rep["samples"] and tr.schema.group_id == "group"
+    assert rep["cold_positives"] == {"valid": 2, "test": 2}  # a4, c2 / a5, c3 are in no train positive
+    # categories follow the items (first row's value), histories of attributes share the cate table
+    assert decode(te, "hist_cate")[0] == ["x", "x", "y", "x"] and decode(te, "cate")[0] == "y"
+    assert te["group"][0] < 1 << 62 <= te["group"][2]  # A was seen in train; C gets a GAUC group of its own
+    seq = {q.name: q for q in te.schema.sequence}
+    assert seq["hist_item"].shares == "item" and seq["hist_cate"].shares == "cate"
+    assert seq["hist_item"].pooling == "none" and seq["hist_item"].max_len == 50
+
+
+def test_vocabularies_fitted_on_train_only(tmp_path: Path) -> None:
+    res = preprocess_behaviour(tiny(tmp_path), tmp_path / "out", time_col="time", seed=0)
+    tr, va = Store(res["train"]), Store(res["valid"])
+    pipe = FeaturePipeline.load(tr.path / "pipeline")
+    train_items = {k for r in rows_of(tr) for k in (r[2], *r[3])}
+    assert set(pipe.vocabs_["item"].keys.tolist()) == train_items  # exactly the train rows' keys
+    assert set(pipe.vocabs_["user"].keys.tolist()) == {"A"}  # C only has valid / test samples
+    assert decode(va, "item")[2] == ("c2" if "c2" in train_items else "RARE")  # C's valid positive
+    assert va["user"][2] == 1 and va["group"][2] >= 1 << 62  # unseen user: rare id, own GAUC group
+
+
+def test_max_len_keeps_most_recent(tmp_path: Path) -> None:
+    res = preprocess_behaviour(tiny(tmp_path), tmp_path / "out", time_col="time", max_len=2)
+    te = Store(res["test"])
+    assert rows_of(te)[0] == ("A", 1, "RARE", ("a3", "RARE"))  # a4, a5 are in no train row
+    assert {q.name: q.max_len for q in te.schema.sequence}["hist_item"] == 2
+
+
+def test_file_order_without_time_and_parquet(tmp_path: Path) -> None:
+    p = tmp_path / "log.parquet"
+    pq.write_table(pa.table({"uid": [7, 7, 7, 7, 8, 8], "iid": [3, 1, 2, 9, 1, 4]}), p)
+    res = preprocess_behaviour(p, tmp_path / "out", user_col="uid", item_col="iid", seed=1)
+    te = Store(res["test"])
+    assert [r for r in rows_of(te) if r[1] == 1] == [(7, 1, "RARE", (3, 1, "RARE")), ("RARE", 1, 4, (1,))]
+    assert [r for r in rows_of(Store(res["train"])) if r[1] == 1] == [(7, 1, 1, (3,))]
+    rep = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert rep["out_of_order_rows"] == 0 and rep["format"] == "parquet"
+
+
+def _naive(path: Path, n_lines: int, max_len: int) -> dict[str, list[tuple]]:
+    """Per-user Python reference: sort by time (stable), one positive per behaviour after the first."""
+    by_user: dict[str, list[tuple[int, int, str]]] = {}
+    with gzip.open(path, "rt") as f:
+        for j, line in zip(range(n_lines), f):
+            u, i, _c, _b, t = line.strip().split(",")
+            by_user.setdefault(u, []).append((int(t), j, i))
+    out: dict[str, list[tuple]] = {"train": [], "valid": [], "test": []}
+    for u, rows in by_user.items():
+        items = [i for _t, _j, i in sorted(rows)]
+        for p in range(1, len(items)):
+            split = "test" if p == len(items) - 1 else "valid" if p == len(items) - 2 else "train"
+            out[split].append((int(u), items[p], tuple(int(x) for x in items[max(0, p - max_len):p])))
+    return out
+
+
+@pytest.mark.skipif(not TAOBAO.is_file(), reason="Taobao UserBehavior head not available")
+def test_taobao_slice_matches_naive_reference(tmp_path: Path) -> None:
+    with gzip.open(TAOBAO, "rt") as f:
+        lines = f.readlines()[:3000]
+    src = tmp_path / "ub.csv.gz"
+    with gzip.open(src, "wt") as f:
+        f.writelines(lines)
+    assert main(["preprocess", "behaviour", "--input", str(src), "--out", str(tmp_path / "out"), "--no-header",
+                 "--names", "user,item,category,type,timestamp", "--attr-cols", "category:cate", "--time-col",
+                 "timestamp", "--max-len", "7"]) == 0
+    want = _naive(src, 3000, 7)
+    for split in ("valid", "test"):  # items of valid / test are raw keys when train saw them, else rare
+        st = Store(tmp_path / "out" / split)
+        got = [(r[0], r[2], r[3]) for r in rows_of(st) if r[1] == 1]
+        assert len(got) == len(want[split])
+        for g, w in zip(got, want[split]):
+            assert g[0] in (w[0], "RARE") and g[1] in (int(w[1]), "RARE")
+            assert all(a in (b, "RARE") for a, b in zip(g[2], w[2])) and len(g[2]) == len(w[2])
+    tr = Store(tmp_path / "out" / "train")
+    got = sorted((r[0], r[2], r[3]) for r in rows_of(tr) if r[1] == 1)
+    assert got == sorted((u, int(i), h) for u, i, h in want["train"])
+    assert (tmp_path / "out" / "report.json").is_file()
+
+
+def test_sessions_by_hand() -> None:
+    # one user, gap 1800: sessions [0, 100] [5000, 5100, 5200] [20000, 20100]
+    t = np.array([0, 100, 5000, 5100, 5200, 20000, 20100], np.float64)
+    u, it = np.zeros(7, np.int64), np.arange(7)
+
+    def slots(min_len: int) -> list[list[list[int]]]:
+        s = build_samples(u, it, t, n_items=20, sessions=2, session_len=2, min_session_len=min_len)
+        pos = np.flatnonzero(s.label == 1)
+        pos = pos[np.argsort(s.item[pos])]  # positives by target (item code = row), train rows are shuffled
+        out = []
+        for v, ln in s.sessions:
+            off = np.concatenate([[0], np.cumsum(ln)])
+            out.append([v[off[r]:off[r + 1]].tolist() for r in pos])
+        return [list(x) for x in zip(*out)]  # per sample: [slot0, slot1]
+
+    got = slots(1)  # targets are rows 1..6
+    assert got[0] == [[0], []]  # history [0]: one cut session, left-aligned
+    assert got[1] == [[0, 1], []]  # target 5000 opens a session: [0, 100] is complete
+    assert got[2] == [[0, 1], [2]]  # the second session cut at the target
+    assert got[3] == [[0, 1], [2, 3]]
+    assert got[4] == [[0, 1], [3, 4]]  # target 20000 opens a new session; [5000..5200] keeps its last 2
+    assert got[5] == [[3, 4], [5]]  # most recent 2 sessions: [.., 5100, 5200], the cut [20000]
+    got = slots(2)  # sessions shorter than 2 dropped (the cut one included)
+    assert got[0] == [[], []] and got[1] == [[0, 1], []] and got[2] == [[0, 1], []]
+    assert got[3] == [[0, 1], [2, 3]] and got[4] == [[0, 1], [3, 4]] and got[5] == [[0, 1], [3, 4]]
+    with pytest.raises(DataError, match="timestamps"):
+        build_samples(u, it, None, n_items=20, sessions=2)
+
+
+def test_aux_negatives_and_seeds() -> None:
+    rng = np.random.default_rng(0)
+    n_users, n_items = 30, 40
+    u = np.sort(rng.integers(0, n_users, 600))
+    it = rng.integers(0, n_items, 600)
+    t = rng.random(600)
+    order, _ = sort_log(u, t)
+    s = build_samples(u[order], it[order], t[order], n_items=n_items, aux_negatives=True, seed=5)
+    seen = {(a, b) for a, b in zip(u.tolist(), it.tolist())}
+    assert np.array_equal(s.neg_hist[1], s.hist[1])
+    users = np.repeat(s.user, s.hist[1])
+    assert not any((a, b) in seen for a, b in zip(users.tolist(), s.neg_hist[0].tolist()))
+    neg = s.label == 0
+    assert not any((a, b) in seen for a, b in zip(s.user[neg].tolist(), s.item[neg].tolist()))
+    again = build_samples(u[order], it[order], t[order], n_items=n_items, aux_negatives=True, seed=5)
+    other = build_samples(u[order], it[order], t[order], n_items=n_items, aux_negatives=True, seed=6)
+    assert np.array_equal(s.item, again.item) and np.array_equal(s.neg_hist[0], again.neg_hist[0])
+    assert not np.array_equal(s.item, other.item)
+
+
+def test_negative_sampling_distributions() -> None:
+    rng = np.random.default_rng(0)
+    n_items = 6
+    pool = np.repeat(np.arange(n_items), [1, 2, 3, 4, 5, 15])  # frequencies of the log's items
+    seen = user_keys(np.array([0]), np.array([5]), n_items)  # user 0 has item 5
+    pop = draw_negatives(np.zeros(200_000, np.int64), seen, n_items, rng, pool)
+    freq = np.bincount(pop, minlength=n_items) / len(pop)
+    want = np.array([1, 2, 3, 4, 5, 0]) / 15
+    assert np.abs(freq - want).max() < 0.005
+    uni = draw_negatives(np.zeros(200_000, np.int64), seen, n_items, rng)
+    assert np.abs(np.bincount(uni, minlength=n_items) / len(uni) - np.array([.2] * 5 + [0])).max() < 0.005
+    with pytest.raises(DataError, match="all 2 items"):
+        build_samples(np.zeros(3, np.int64), np.array([0, 1, 0]), None, n_items=2)
+
+
+def test_overwrite_refused_and_seeded_stores(tmp_path: Path) -> None:
+    p = tiny(tmp_path)
+    preprocess_behaviour(p, tmp_path / "out", time_col="time", seed=2)
+    first = Store(tmp_path / "out" / "train")["item"].copy()
+    with pytest.raises(StoreError, match="--overwrite"):
+        preprocess_behaviour(p, tmp_path / "out", time_col="time", seed=2)
+    assert main(["preprocess", "behaviour", str(p), "--out", str(tmp_path / "out"), "--time-col", "time",
+                 "--seed", "2"]) == 2
+    preprocess_behaviour(p, tmp_path / "out", time_col="time", seed=2, overwrite=True)
+    assert np.array_equal(Store(tmp_path / "out" / "train")["item"], first)
+
+
+def test_s3rec_with_attributes(tmp_path: Path) -> None:
+    seq = tmp_path / "seq.txt.gz"
+    with gzip.open(seq, "wt") as f:
+        f.write("1 10 11 12 13\n2 11 14\n\n3 12\n")
+    attrs = tmp_path / "attrs.json.gz"
+    with gzip.open(attrs, "wt") as f:
+        json.dump({"10": [100, 7], "11": [101, 8, 9], "12": [5], "13": []}, f)
+    res = preprocess_behaviour(seq, tmp_path / "out", format="s3rec", item_attributes=attrs)
+    te = Store(res["test"])
+    # train: user 1's target 11 (history [10]) and its negative, necessarily 14 (1 had 10..13)
+    tr = Store(res["train"])
+    assert sorted(rows_of(tr, ("user", "label", "item", "hist_item", "hist_cate", "cate")), key=lambda r: -r[1]) == [
+        (1, 1, 11, (10,), (7,), 9), (1, 0, 14, (10,), (7,), None)]  # cate = the last attribute; 14 has none
+    assert rows_of(te, ("user", "label", "item", "hist_item", "hist_cate"))[0] == (
+        1, 1, "RARE", (10, 11, "RARE"), (7, 9, "RARE"))  # 12, 13 and 12's cate 5 are in no train row
+    assert decode(te, "cate")[0] is None  # item 13 has no attribute: missing (id 0)
+    rep = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert rep["single_behaviour_users"] == 1 and rep["items_without_attributes"] == 2  # 13 ([]), 14 (absent)
+    assert rep["empty_lines"] == 1 and rep["samples"]["test"] == 4
+    log = read_behaviour_log(seq, format="s3rec")
+    assert log.time is None and len(log.item) == 7
+
+
+def test_store_to_batch_and_loader(tmp_path: Path) -> None:
+    res = preprocess_behaviour(tiny(tmp_path), tmp_path / "out", attr_cols=["category:cate"], time_col="time",
+                               aux_negatives=True, sessions=2, session_len=3, session_gap=15)
+    st = Store(res["test"])
+    pipe = FeaturePipeline.load(st.path / "pipeline")
+    cols = {}
+    for name in st.columns():
+        c = st[name]
+        cols[name] = (np.asarray(c[0]), np.diff(c[1])) if isinstance(c, tuple) else np.asarray(c)
+    b = pipe.to_batch(cols)
+    assert isinstance(b, Batch) and len(b.labels) == st.num_rows == 4
+    keys = b.sparse.keys
+    for k in ("hist_item", "hist_cate", "neg_hist_item", "neg_hist_cate", "sess_0_item", "sess_1_cate"):
+        assert k in keys
+    assert b.sparse["hist_item"][1].tolist() == [4, 4, 2, 2]
+    # A's gaps are 10 < 15: one session, cut at the test target a5 and keeping its last 3 (a4 is rare)
+    assert decode(st, "sess_0_item")[0] == ["a2", "a3", "RARE"] and decode(st, "sess_1_item")[0] == []
+    batch = next(iter(BatchLoader(res["train"], 8, shuffle=False, pipeline=pipe)))
+    assert "sess_1_item" in batch.sparse.keys and batch.group_ids is not None
+
+
+def test_scoring_raw_rows_with_empty_history(tmp_path: Path) -> None:
+    res = preprocess_behaviour(tiny(tmp_path), tmp_path / "out", attr_cols=["category:cate"], time_col="time")
+    pipe = FeaturePipeline.load(Path(res["train"]) / "pipeline")
+    raw = tmp_path / "score.csv"  # the columns a store holds, histories '|'-delimited (predict's input)
+    raw.write_text("user,item,cate,hist_item,hist_cate\nA,a2,x,a1|zz,x|x\nNEW,a1,x,,\n")
+    cols = next(iter_transformed(pipe, raw))
+    assert cols["hist_item"][1].tolist() == [2, 0] and cols["hist_item"][0][1] == 1  # unseen zz -> rare
+    b = pipe.to_batch(cols)
+    _, mask = b.sparse.to_padded("hist_item", 50)
+    assert mask.sum(1).tolist() == [2, 0] and cols["user"][1] == 1
+
+
+def test_bad_input_messages(tmp_path: Path) -> None:
+    p = tiny(tmp_path, TINY + "D,,x,60\nA,a6,x\n")
+    with pytest.raises(DataError, match=r"2 of 11 rows are malformed.*line 11: column 'item' is empty"):
+        preprocess_behaviour(p, tmp_path / "o1", time_col="time")
+    preprocess_behaviour(p, tmp_path / "o2", time_col="time", max_bad_fraction=0.5)
+    rep = json.loads((tmp_path / "o2" / "report.json").read_text())
+    assert rep["bad_rows"] == 2 and rep["first_bad_lines"][0]["line"] == 11
+    with pytest.raises(DataError, match=r"columns \['when'\] are not in the CSV header"):
+        preprocess_behaviour(tiny(tmp_path), tmp_path / "o3", time_col="when")
+    with pytest.raises(DataError, match="--type-col"):
+        preprocess_behaviour(tiny(tmp_path), tmp_path / "o4", behaviour_types="pv")
+    with pytest.raises(DataError, match="behaviour type in"):
+        preprocess_behaviour(tiny(tmp_path), tmp_path / "o5", type_col="category", behaviour_types="pv")
+    with pytest.raises(DataError, match="fewer than 4 behaviours"):
+        preprocess_behaviour(tiny(tmp_path, "user,item\nA,1\nA,2\nA,3\nB,4\n"), tmp_path / "o6")
+    with pytest.raises(DataError, match="feature name"):
+        preprocess_behaviour(tiny(tmp_path), tmp_path / "o7", attr_cols=["category:hist_x"])
+
+
+def test_type_filter_and_iso_times(tmp_path: Path) -> None:
+    text = ("u,i,kind,ts\n" + "\n".join(f"1,{i},{'buy' if i % 2 else 'pv'},2017-11-25 10:{i:02d}:00"
+                                         for i in range(10)) + "\n2,0,buy,2017-11-25 10:00:00\n")
+    res = preprocess_behaviour(tiny(tmp_path, text), tmp_path / "out", user_col="u", item_col="i",
+                               time_col="ts", type_col="kind", behaviour_types="buy")
+    rep = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert rep["behaviour_types"] == {"pv": 5, "buy": 6} and rep["rows_filtered_out"] == 5
+    assert rep["behaviours"] == 6 and rep["single_behaviour_users"] == 1
+    assert rows_of(Store(res["test"]))[0] == (1, 1, "RARE", (1, 3, 5, "RARE"))  # train saw 1, 3, 5 (and 0)
+    days = "u,i,d\n" + "".join(f"1,{i},2017-11-{20 + (9 - i) % 10:02d}\n" for i in range(8)) + "2,9,2017-11-01\n"
+    preprocess_behaviour(tiny(tmp_path, days, "days.csv"), tmp_path / "o2", user_col="u", item_col="i", time_col="d")
+    assert json.loads((tmp_path / "o2" / "report.json").read_text())["out_of_order_rows"] == 7  # dates descend
+
+
+@pytest.mark.skipif(not (S3REC / "Beauty.txt.gz").is_file(), reason="S3-Rec Beauty not available")
+def test_beauty_slice(tmp_path: Path) -> None:
+    with gzip.open(S3REC / "Beauty.txt.gz", "rt") as f:
+        lines = f.readlines()[:300]
+    src = tmp_path / "beauty.txt"
+    src.write_text("".join(lines))
+    res = preprocess_behaviour(src, tmp_path / "out", format="s3rec",
+                               item_attributes=S3REC / "Beauty_item2attributes.json.gz")
+    n_pos = sum(len(x.split()) - 2 for x in lines)
+    assert sum(Store(p).num_rows for p in res.values()) == 2 * n_pos
+    assert Store(res["valid"]).num_rows == Store(res["test"]).num_rows == 2 * 300
