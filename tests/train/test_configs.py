@@ -11,6 +11,7 @@ import pytest
 import torch
 import yaml
 
+from ctrkit.data.behaviour import preprocess_behaviour
 from ctrkit.data.criteo import preprocess_criteo
 from ctrkit.data.loader import BatchLoader
 from ctrkit.data.store import Store
@@ -22,6 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 CONFIGS = sorted(p for p in (REPO / "configs").glob("*/*.yaml") if not p.parent.name.startswith("_"))
 BASES = sorted((REPO / "configs" / "_base").glob("*.yaml"))
 DATASETS = ("criteo", "movielens")
+BEHAVIOUR_DATASETS = ("beauty", "taobao")  # behaviour stores: configs of the behaviour models
 ZOO = {p.stem for p in (REPO / "src" / "ctrkit" / "models").glob("*.py") if not p.stem.startswith("_")} - {
     "__init__", "registry", "base"}  # base.py: the model contract, not a model
 # the user-behaviour models read histories that only behaviour stores (beauty, taobao) have; dsin needs sessions
@@ -66,7 +68,33 @@ def stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                                min_freq=2, embedding_dim=16, progress=False)
     ml = preprocess_table(_tiny_movielens(tmp / "ml.csv"), REPO / "examples" / "movielens_100k.yaml",
                           tmp / "movielens", split="0.8,0.1,0.1", seed=0, embedding_dim=16)
-    return {"criteo": criteo["train"], "movielens": ml["train"]}
+    beauty = preprocess_behaviour(_tiny_sequences(tmp / "beauty.txt"), tmp / "beauty", format="s3rec",
+                                  aux_negatives=True, embedding_dim=16)
+    taobao = preprocess_behaviour(_tiny_taobao(tmp / "taobao.csv"), tmp / "taobao", header=False,
+                                  names="user,item,category,type,time", attr_cols=["category:cate"], time_col="time",
+                                  aux_negatives=True, sessions=5, session_len=10, embedding_dim=16)
+    return {"criteo": criteo["train"], "movielens": ml["train"], "beauty": beauty["train"], "taobao": taobao["train"]}
+
+
+def _tiny_sequences(path: Path, users: int = 40, seed: int = 0) -> Path:
+    """S3-Rec sequence lines ``user item item ...`` (4 to 12 items each)."""
+    rng = np.random.default_rng(seed)
+    lines = [" ".join(map(str, [u, *rng.integers(1, 60, int(rng.integers(4, 13)))])) for u in range(1, users + 1)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _tiny_taobao(path: Path, users: int = 30, seed: int = 0) -> Path:
+    """UserBehavior rows ``user,item,category,type,time`` (no header), minutes to hours apart."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for u in range(1, users + 1):
+        t = 1511544000 + np.cumsum(rng.choice([60, 600, 7200], int(rng.integers(5, 25))))
+        for ts in t:
+            item = int(rng.integers(1, 80))
+            rows.append(f"{u},{item},{item % 7},pv,{ts}")
+    path.write_text("\n".join(rows) + "\n")
+    return path
 
 
 def test_every_dataset_has_a_config_per_model() -> None:
@@ -75,6 +103,10 @@ def test_every_dataset_has_a_config_per_model() -> None:
     for ds in DATASETS:
         have = {p.stem for p in CONFIGS if p.parent.name == ds}
         want = names - BEHAVIOUR
+        assert have == want, f"configs/{ds}: missing {sorted(want - have)}, extra {sorted(have - want)}"
+    for ds in BEHAVIOUR_DATASETS:  # dsin needs timestamps (sessions): taobao only
+        have = {p.stem for p in CONFIGS if p.parent.name == ds}
+        want = BEHAVIOUR - ({"dsin"} if ds == "beauty" else set())
         assert have == want, f"configs/{ds}: missing {sorted(want - have)}, extra {sorted(have - want)}"
 
 
@@ -97,7 +129,7 @@ def test_config_builds_its_model_and_scores_a_batch(path: Path, stores: dict[str
     assert torch.isfinite(logits).all()
 
 
-@pytest.mark.parametrize("dataset", DATASETS)
+@pytest.mark.parametrize("dataset", DATASETS + BEHAVIOUR_DATASETS)
 def test_zoo_configs_of_a_dataset_share_data_and_base(dataset: str) -> None:
     """Side-by-side numbers need the same batches and budget: the data block, epochs, dense optimizer
     and early stopping are equal across a dataset's zoo configs (the lead's criteo/dlrm.yaml excepted)."""
@@ -109,7 +141,7 @@ def test_zoo_configs_of_a_dataset_share_data_and_base(dataset: str) -> None:
     assert len(base) == 1, base
 
 
-@pytest.mark.parametrize("dataset", DATASETS)
+@pytest.mark.parametrize("dataset", DATASETS + BEHAVIOUR_DATASETS)
 def test_zoo_configs_inherit_their_dataset_base_and_keep_only_what_differs(dataset: str) -> None:
     """Each model file lists configs/_base/<dataset>.yaml and repeats none of its values."""
     base_file = REPO / "configs" / "_base" / f"{dataset}.yaml"

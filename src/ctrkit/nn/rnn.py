@@ -167,10 +167,9 @@ class AuxiliaryNet(nn.Module):
         w_h, w_e = first.weight[:, :hs], first.weight[:, hs:]
         from_h = F.linear(h, w_h, first.bias)  # (..., W1) shared by both behaviours
 
-        def score(e: Tensor) -> Tensor:
-            return self.out(rest(from_h + F.linear(e, w_e))).squeeze(-1)
-
-        return score(pos), score(neg)
+        both = torch.cat([from_h + F.linear(pos, w_e), from_h + F.linear(neg, w_e)])  # (2·..., W1): one pass
+        s = self.out(rest(both)).squeeze(-1)
+        return s[: len(pos)], s[len(pos):]
 
 
 def dien_auxiliary_loss(h: Tensor, pos: Tensor, neg: Tensor, mask: Tensor, net: nn.Module | None = None) -> Tensor:
@@ -194,15 +193,16 @@ def dien_auxiliary_loss(h: Tensor, pos: Tensor, neg: Tensor, mask: Tensor, net: 
             "pass net=AuxiliaryNet(H + D)"
         )
     mask = mask.to(torch.bool)
-    pairs = (mask[:, :-1] & mask[:, 1:]).to(h.dtype)  # (B, T−1) real (t, t+1)
-    states, e_pos, e_neg = h[:, :-1], pos[:, 1:], neg[:, 1:]  # (B, T−1, ·)
+    pairs = mask[:, :-1] & mask[:, 1:]  # (B, T−1) real (t, t+1)
+    # only the N real pairs are scored (padding would be computed and masked away otherwise)
+    states, e_pos, e_neg = h[:, :-1][pairs], pos[:, 1:][pairs], neg[:, 1:][pairs]  # (N, ·)
     if net is None:
-        s_pos, s_neg = (states * e_pos).sum(dim=2), (states * e_neg).sum(dim=2)  # (B, T−1)
+        s_pos, s_neg = (states * e_pos).sum(dim=1), (states * e_neg).sum(dim=1)  # (N,)
     elif isinstance(net, AuxiliaryNet):
         s_pos, s_neg = net.pair_logits(states, e_pos, e_neg)
     else:
-        s_pos, s_neg = net(torch.cat([states, e_pos], dim=2)), net(torch.cat([states, e_neg], dim=2))
-        s_pos, s_neg = s_pos.reshape(pairs.shape), s_neg.reshape(pairs.shape)
+        s_pos, s_neg = net(torch.cat([states, e_pos], dim=1)), net(torch.cat([states, e_neg], dim=1))
+        s_pos, s_neg = s_pos.reshape(-1), s_neg.reshape(-1)
     # −log σ(s) = softplus(−s), −log(1 − σ(s)) = softplus(s)
-    per_pair = F.softplus(-s_pos) + F.softplus(s_neg)  # (B, T−1)
-    return (per_pair * pairs).sum() / pairs.sum().clamp_min(1.0)
+    per_pair = F.softplus(-s_pos) + F.softplus(s_neg)  # (N,)
+    return per_pair.sum() / max(len(per_pair), 1)
