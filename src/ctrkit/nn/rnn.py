@@ -54,7 +54,7 @@ class AttentionGRU(nn.Module):
                 f"AttentionGRU: input_size and hidden_size must be >= 1, got {input_size}, {hidden_size}"
             )
         self.input_size, self.hidden_size, self.gru_type = input_size, hidden_size, gru_type
-        self.fused = fused and gru_type in ("GRU", "AIGRU")
+        self.fused = bool(fused)  # GRU / AIGRU: torch's GRU kernel; AGRU / AUGRU: _AttentionGRUFunction
         self.gru = nn.GRU(input_size, hidden_size, batch_first=True)
         self.out_features = hidden_size
 
@@ -81,9 +81,15 @@ class AttentionGRU(nn.Module):
                 x = x * att.unsqueeze(2)  # (B, T, I)
         if t == 0:
             return x.new_zeros(b, 0, self.hidden_size), x.new_zeros(b, self.hidden_size)
+        attended = self.gru_type in ("AGRU", "AUGRU")
+        if self.fused and attended:
+            g = self.gru
+            gi = F.linear(x, g.weight_ih_l0, g.bias_ih_l0)  # (B, T, 3H)
+            return _AttentionGRUFunction.apply(gi, g.weight_hh_l0, g.bias_hh_l0, att, mask,
+                                               self.gru_type == "AUGRU")
         if self.fused:
             return self._fused(x, mask)
-        return self._loop(x, mask, att if self.gru_type in ("AGRU", "AUGRU") else None)
+        return self._loop(x, mask, att if attended else None)
 
     def _fused(self, x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
         out, _ = self.gru(x)  # (B, T, H): exact up to each row's last real step
@@ -120,6 +126,88 @@ class AttentionGRU(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.input_size}, {self.hidden_size}, gru_type={self.gru_type}, fused={self.fused}"
+
+
+class _AttentionGRUFunction(torch.autograd.Function):
+    """AGRU / AUGRU over all T steps with a hand-written backward (BPTT) instead of autograd's per-step
+    graph: the recurrence is ~10 small ops a step, and recording / replaying them cost more than the math
+    (DIEN's training step on Taobao shapes, B=256, T=50, H=32). Same formulas as :meth:`AttentionGRU._loop`
+    (tested against it, values and gradients, and by gradcheck). Inputs: gi = x W_ih^T + b_ih (B, T, 3H),
+    W_hh (3H, H), b_hh (3H,), att (B, T), mask (B, T) bool; ``update_gate`` True for AUGRU (ũ = a (1 − z)),
+    False for AGRU (u = a). Backward, per step from the last, with dh the gradient reaching h_t::
+
+        dh' = m dh,  du = dh' ⊙ (h̃ − h),  dh̃ = dh' ⊙ u
+        AUGRU: dz = −a du, da = Σ du ⊙ (1 − z);   AGRU: dz = 0, da = Σ du
+        dp_n = dh̃ ⊙ (1 − h̃²),  dp_r = dp_n ⊙ g_n ⊙ r (1 − r),  dp_z = dz ⊙ z (1 − z)
+        dgi_t = [dp_r, dp_z, dp_n],  dgh_t = [dp_r, dp_z, dp_n ⊙ r]
+        dh_{t-1} = (1 − m) dh + dh' ⊙ (1 − u) + dgh_t W_hh
+    and dW_hh = Σ_t dgh_tᵀ h_{t−1}, db_hh = Σ_t dgh_t in one GEMM after the loop.
+    """
+
+    @staticmethod
+    def forward(ctx, gi: Tensor, w_hh: Tensor, b_hh: Tensor, att: Tensor, mask: Tensor,  # type: ignore[override]
+                update_gate: bool) -> tuple[Tensor, Tensor]:
+        b, t, h3 = gi.shape
+        hs = h3 // 3
+        w_t = w_hh.t()
+        h = gi.new_zeros(b, hs)
+        out = gi.new_empty(b, t, hs)
+        rzn = gi.new_empty(b, t, h3)  # r, z, h̃ of every step
+        g_n = gi.new_empty(b, t, hs)  # W_hn h + b_hn of every step
+        keep = mask.unsqueeze(2)  # (B, T, 1)
+        a = att.unsqueeze(2)  # (B, T, 1)
+        for step in range(t):
+            gh = torch.addmm(b_hh, h, w_t)  # (B, 3H)
+            gi_t = gi[:, step]
+            rz = torch.sigmoid(gi_t[:, : 2 * hs] + gh[:, : 2 * hs])  # (B, 2H)
+            n = torch.tanh(torch.addcmul(gi_t[:, 2 * hs :], rz[:, :hs], gh[:, 2 * hs :]))  # (B, H)
+            u = a[:, step] * (1.0 - rz[:, hs:]) if update_gate else a[:, step]
+            h = torch.where(keep[:, step], torch.addcmul(h, u, n - h), h)
+            out[:, step] = h
+            rzn[:, step, : 2 * hs] = rz
+            rzn[:, step, 2 * hs :] = n
+            g_n[:, step] = gh[:, 2 * hs :]
+        ctx.save_for_backward(w_hh, att, mask, out, rzn, g_n)
+        ctx.update_gate = update_gate
+        return out, h
+
+    @staticmethod
+    def backward(ctx, d_out: Tensor | None, d_final: Tensor | None):  # type: ignore[override]
+        w_hh, att, mask, out, rzn, g_n = ctx.saved_tensors
+        b, t, hs = out.shape
+        d_out = d_out if d_out is not None else out.new_zeros(out.shape)
+        dh = d_final.clone() if d_final is not None else out.new_zeros(b, hs)  # final = the state after step T-1
+        prev = torch.cat([out.new_zeros(b, 1, hs), out[:, :-1]], 1)  # (B, T, H) h_{t-1}
+        m_all = mask.unsqueeze(2).to(out.dtype)  # (B, T, 1)
+        a_all = att.unsqueeze(2)
+        d_gi = out.new_empty(b, t, 3 * hs)
+        d_gh = out.new_empty(b, t, 3 * hs)
+        d_att = out.new_empty(b, t)
+        for step in range(t - 1, -1, -1):
+            dh = dh + d_out[:, step]
+            m, a = m_all[:, step], a_all[:, step]
+            r, z, n = rzn[:, step, :hs], rzn[:, step, hs : 2 * hs], rzn[:, step, 2 * hs :]
+            dh_new = dh * m
+            du = dh_new * (n - prev[:, step])
+            if ctx.update_gate:
+                one_z = 1.0 - z
+                u = a * one_z
+                dz = -du * a
+                d_att[:, step] = (du * one_z).sum(1)
+                d_gi[:, step, hs : 2 * hs] = dz * z * one_z
+            else:
+                u = a
+                d_att[:, step] = du.sum(1)
+                d_gi[:, step, hs : 2 * hs] = 0.0
+            dp_n = dh_new * u * (1.0 - n * n)
+            d_gi[:, step, :hs] = dp_n * g_n[:, step] * r * (1.0 - r)
+            d_gi[:, step, 2 * hs :] = dp_n
+            d_gh[:, step, : 2 * hs] = d_gi[:, step, : 2 * hs]
+            d_gh[:, step, 2 * hs :] = dp_n * r
+            dh = dh * (1.0 - m) + dh_new * (1.0 - u) + d_gh[:, step] @ w_hh
+        d_w = d_gh.reshape(-1, 3 * hs).t() @ prev.reshape(-1, hs)  # (3H, H)
+        d_b = d_gh.sum((0, 1))
+        return d_gi, d_w, d_b, d_att, None, None
 
 
 class AuxiliaryNet(nn.Module):
