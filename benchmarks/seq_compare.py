@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", nargs="*", help="ctrkit models (default: every configs/<dataset>/*.yaml)")
     ap.add_argument("--peers", nargs="*", default=list(PEERS), help=f"models also trained with DeepCTR ({list(PEERS)})")
     ap.add_argument("--seeds", nargs="*", type=int, default=[0, 1, 2])
-    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads, both sides")
     ap.add_argument("--peer-python", default=str(PEER_PYTHON))
     ap.add_argument("--out", default=None, help="work directory (stores are reused; default /tmp/ctrkit-seq-<dataset>)")
