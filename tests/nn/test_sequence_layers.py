@@ -123,6 +123,8 @@ def test_mba_l2_against_a_loop() -> None:
     for j in range(10):
         expect = 0.2 * weight[j] / max(float(counts[j]), 1.0) if j in present else torch.zeros(3, dtype=torch.float64)
         torch.testing.assert_close(weight.grad[j], expect.detach())
+    by_lookup = mba_l2(lambda i: weight.index_select(0, i), ids, counts, 0.1)  # a table's lookup, any backend
+    torch.testing.assert_close(by_lookup, 0.1 * ref)
     plain = mba_l2(weight, ids, None, 1.0)
     torch.testing.assert_close(plain, sum(weight[j].pow(2).sum() for j in present))
     assert mba_l2(weight, torch.zeros(2, 2, dtype=torch.long), counts, 1.0).item() == 0.0  # all padding

@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 from torch import nn
@@ -27,6 +28,7 @@ from ctrkit.batch import Batch, KeyedJagged
 from ctrkit.models.registry import ConfigError
 from ctrkit.nn.embedding import make_embeddings
 from ctrkit.nn.inputs import ZOO_INIT_STD
+from ctrkit.nn.sequence import mba_l2
 from ctrkit.schema import Schema, SequenceFeature
 
 _SESSION = re.compile(r"^sess_(\d+)_(.+)$")
@@ -191,8 +193,5 @@ class IdFrequency(nn.Module):
         ``embedding.lookup`` (any backend)."""
         total = torch.zeros((), device=kj.values.device)
         for t in self.table_keys:
-            ids = torch.unique(self._ids(kj, t))
-            ids = ids[ids != 0]
-            rows = embedding.lookup(t, ids)  # (n, D)
-            total = total + (rows.pow(2).sum(1) / self.counts(t)[ids].clamp(min=1)).sum()
-        return lam * total
+            total = total + mba_l2(partial(embedding.lookup, t), self._ids(kj, t), self.counts(t), lam)
+        return total

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from ctrkit.errors import LayerConfigError
 from ctrkit.nn.activation import ActivationSpec
 from ctrkit.nn.mlp import MLP
+from ctrkit.nn.sequence import check_mask
 
 __all__ = ["GRU_TYPES", "AttentionGRU", "AuxiliaryNet", "dien_auxiliary_loss"]
 
@@ -67,11 +68,7 @@ class AttentionGRU(nn.Module):
                 f"AttentionGRU: x must be (B, T, {self.input_size}), got shape {list(x.shape)}"
             )
         b, t, _ = x.shape
-        if mask is None:
-            mask = torch.ones(b, t, dtype=torch.bool, device=x.device)
-        elif mask.shape != (b, t):
-            raise LayerConfigError(f"AttentionGRU: mask must have shape (B, T) = ({b}, {t}), got {list(mask.shape)}")
-        mask = mask.to(torch.bool)
+        mask = check_mask("AttentionGRU", mask, [b, t], x.device)
         if self.gru_type != "GRU":
             if att is None or att.shape != (b, t):
                 got = None if att is None else list(att.shape)

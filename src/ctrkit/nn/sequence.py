@@ -8,7 +8,7 @@ Masks are (B, T) with True (or 1) at a real behaviour and False at padding; a ro
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +18,7 @@ from ctrkit.errors import LayerConfigError
 from ctrkit.nn.activation import ActivationSpec, make_activation
 from ctrkit.nn.mlp import MLP
 
-__all__ = ["Dice", "TargetAttention", "masked_mean", "masked_sum", "mba_l2"]
+__all__ = ["Dice", "TargetAttention", "check_mask", "masked_mean", "masked_softmax", "masked_sum", "mba_l2"]
 
 
 class Dice(nn.Module):
@@ -70,12 +70,24 @@ class Dice(nn.Module):
         return f"num_features={self.num_features}, eps={self.eps}, momentum={self.momentum}"
 
 
-def _check_mask(layer: str, mask: Tensor | None, b: int, t: int, device: torch.device) -> Tensor:
+def check_mask(layer: str, mask: Tensor | None, shape: list[int], device: torch.device) -> Tensor:
+    """``mask`` as bool, checked to have ``shape`` (a LayerConfigError naming ``layer`` otherwise); None: all
+    real. TorchScript-able (the session layers are scripted)."""
     if mask is None:
-        return torch.ones(b, t, dtype=torch.bool, device=device)
-    if mask.dim() != 2 or mask.shape[0] != b or mask.shape[1] != t:
-        raise LayerConfigError(f"{layer}: mask must have shape (B, T) = ({b}, {t}), got {list(mask.shape)}")
+        return torch.ones(shape, dtype=torch.bool, device=device)
+    if list(mask.shape) != list(shape):
+        raise LayerConfigError(f"{layer}: mask must have shape {list(shape)}, got {list(mask.shape)}")
     return mask.to(torch.bool)
+
+
+def masked_softmax(scores: Tensor, mask: Tensor | None) -> Tensor:
+    """softmax over the last dim restricted to ``mask`` (True = real); masked entries get weight 0 and a row
+    with no real entry gets all-zero weights (forward and backward stay finite)."""
+    if mask is None:
+        return torch.softmax(scores, dim=-1)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    scores = scores.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)  # empty row: uniform, zeroed below
+    return torch.softmax(scores, dim=-1) * mask
 
 
 def masked_sum(x: Tensor, mask: Tensor) -> Tensor:
@@ -83,7 +95,7 @@ def masked_sum(x: Tensor, mask: Tensor) -> Tensor:
     (their values must be finite)."""
     if x.dim() != 3:
         raise LayerConfigError(f"masked_sum: x must be (B, T, D), got shape {list(x.shape)}")
-    m = _check_mask("masked_sum", mask, x.shape[0], x.shape[1], x.device).to(x.dtype)  # (B, T)
+    m = check_mask("masked_sum", mask, x.shape[:2], x.device).to(x.dtype)  # (B, T)
     return torch.bmm(m.unsqueeze(1), x).squeeze(1)  # (B, 1, T) @ (B, T, D) -> (B, D)
 
 
@@ -94,24 +106,28 @@ def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
     return total / count
 
 
-def mba_l2(weight: Tensor, ids: Tensor, counts: Tensor | None, lam: float) -> Tensor:
+def mba_l2(weight: Tensor | Callable[[Tensor], Tensor], ids: Tensor, counts: Tensor | None, lam: float) -> Tensor:
     """DIN's mini-batch-aware L2 (paper eq. 4) on an embedding table ``weight`` (R, D):
 
         lam · Σ_{j ∈ unique(ids), j ≠ 0} ||w_j||² / n_j
 
     ``ids`` (any shape, int64) are the batch's ids of this table (0 = padding, skipped), ``counts`` (R,) the
     occurrences n_j of each id in the training data (a count of 0 counts as 1; None: every n_j = 1).
-    Returns a scalar with the graph to ``weight`` (only the rows present get a gradient).
+    ``weight`` may also be a lookup ``ids -> rows (n, D)`` (an embedding collection's ``lookup`` of one
+    table, whatever its backend). Returns a scalar with the graph to the table (only the rows present get
+    a gradient).
     """
-    if weight.dim() != 2:
-        raise LayerConfigError(f"mba_l2: weight must be (R, D), got shape {list(weight.shape)}")
-    if counts is not None and (counts.dim() != 1 or counts.shape[0] != weight.shape[0]):
-        raise LayerConfigError(
-            f"mba_l2: counts must be (R,) = ({weight.shape[0]},), got shape {list(counts.shape)}"
-        )
+    if isinstance(weight, Tensor):
+        if weight.dim() != 2:
+            raise LayerConfigError(f"mba_l2: weight must be (R, D), got shape {list(weight.shape)}")
+        if counts is not None and (counts.dim() != 1 or counts.shape[0] != weight.shape[0]):
+            raise LayerConfigError(
+                f"mba_l2: counts must be (R,) = ({weight.shape[0]},), got shape {list(counts.shape)}"
+            )
     present = torch.unique(ids.reshape(-1))  # (U,) sorted
     present = present[present != 0]
-    sq = weight.index_select(0, present).pow(2).sum(dim=1)  # (U,) ||w_j||²
+    rows = weight.index_select(0, present) if isinstance(weight, Tensor) else weight(present)  # (U, D)
+    sq = rows.pow(2).sum(dim=1)  # (U,) ||w_j||²
     if counts is not None:
         sq = sq / counts.index_select(0, present).to(sq.dtype).clamp_min(1.0)
     return lam * sq.sum()
@@ -177,7 +193,7 @@ class TargetAttention(nn.Module):
                 f"TargetAttention: need q (B, {self.dim}) and k (B, T, {self.dim}), got q {list(q.shape)}, "
                 f"k {list(k.shape)}"
             )
-        return _check_mask("TargetAttention", mask, k.shape[0], k.shape[1], k.device)
+        return check_mask("TargetAttention", mask, k.shape[:2], k.device)
 
     def logits(self, q: Tensor, k: Tensor, mask: Tensor | None = None) -> Tensor:
         """The unit's raw scores a_t (B, T); 0 at padding."""
@@ -204,11 +220,7 @@ class TargetAttention(nn.Module):
         a = self.logits(q, k, mask)  # (B, T), 0 at padding
         if not self.normalize:
             return a
-        real = _check_mask("TargetAttention", mask, k.shape[0], k.shape[1], k.device)
-        # a finite fill instead of -inf: an all-padding row gets a uniform softmax, zeroed by the mask
-        # below, so neither its weights nor its gradients are NaN
-        filled = a.masked_fill(~real, torch.finfo(a.dtype).min)
-        return torch.softmax(filled, dim=1) * real.to(a.dtype)
+        return masked_softmax(a, check_mask("TargetAttention", mask, k.shape[:2], k.device))
 
     def forward(self, q: Tensor, k: Tensor, mask: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
         w = self.scores(q, k, mask)  # (B, T)

@@ -15,32 +15,16 @@ from torch import Tensor, nn
 
 from ctrkit.errors import LayerConfigError
 from ctrkit.nn.attention import TransformerEncoderLayer
+from ctrkit.nn.sequence import check_mask, masked_mean, masked_softmax
 
 __all__ = ["BiLSTM", "BiasEncoding", "SessionActivation", "SessionInterestExtractor"]
 
 _MERGE_MODES = ("ave", "sum", "concat", "mul", "fw", "bw")
 
 
-def _masked_softmax(scores: Tensor, mask: Tensor | None) -> Tensor:
-    """softmax over the last dim restricted to ``mask`` (True = real); masked entries get weight 0 and
-    a row with no real entry gets all-zero weights (forward and backward stay finite)."""
-    if mask is None:
-        return torch.softmax(scores, dim=-1)
-    scores = scores.masked_fill(~mask, float("-inf"))
-    scores = scores.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)  # empty row: uniform, zeroed below
-    return torch.softmax(scores, dim=-1) * mask
-
-
 def _gather_steps(x: Tensor, order: Tensor) -> Tensor:
     """x (B, K, D) with its steps permuted per row: out[b, j] = x[b, order[b, j]]."""
     return x.gather(1, order.unsqueeze(2).expand(-1, -1, x.shape[2]))
-
-
-def _check_mask(layer: str, mask: Tensor, shape: list[int]) -> None:
-    if list(mask.shape) != shape:
-        raise LayerConfigError(
-            f"{layer}: mask must have shape {shape} (the input's leading dims), got {list(mask.shape)}"
-        )
 
 
 class BiasEncoding(nn.Module):
@@ -124,12 +108,9 @@ class SessionInterestExtractor(nn.Module):
                 f"SessionInterestExtractor: input must have shape (B, K, T, dim={self.dim}), got {list(x.shape)}"
             )
         b, k, t, d = x.shape
-        _check_mask("SessionInterestExtractor", mask, [b, k, t])
-        flat_mask = mask.reshape(b * k, t).to(torch.bool)  # (B*K, T)
+        flat_mask = check_mask("SessionInterestExtractor", mask, [b, k, t], x.device).reshape(b * k, t)  # (B*K, T)
         h = self.encoder(x.reshape(b * k, t, d), flat_mask)  # (B*K, T, D)
-        w = flat_mask.to(h.dtype).unsqueeze(2)  # (B*K, T, 1)
-        mean = (h * w).sum(dim=1) / w.sum(dim=1).clamp_min(1.0)  # (B*K, D), 0 for an empty session
-        return mean.view(b, k, d)  # (B, K, D)
+        return masked_mean(h, flat_mask).view(b, k, d)  # (B, K, D), 0 for an empty session
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}"
@@ -210,10 +191,7 @@ class BiLSTM(nn.Module):
                 f"BiLSTM: input must have shape (B, K, input_size={self.input_size}), got {list(x.shape)}"
             )
         b, k, _ = x.shape
-        if mask is None:
-            mask = torch.ones(b, k, dtype=torch.bool, device=x.device)
-        _check_mask("BiLSTM", mask, [b, k])
-        mask = mask.to(torch.bool)
+        mask = check_mask("BiLSTM", mask, [b, k], x.device)
         # order_fw[b] = the real positions of row b in order, then its padded ones; order_bw reverses the real part
         order_fw = torch.argsort((~mask).to(torch.int32), dim=1, stable=True)  # (B, K)
         steps = torch.arange(k, device=x.device).unsqueeze(0)  # (1, K)
@@ -294,11 +272,10 @@ class SessionActivation(nn.Module):
                 f"got {list(keys.shape)}"
             )
         if mask is not None:
-            _check_mask("SessionActivation", mask, [keys.shape[0], keys.shape[1]])
-            mask = mask.to(torch.bool)
+            mask = check_mask("SessionActivation", mask, keys.shape[:2], keys.device)
         projected = query @ self.weight.T  # (B, D_k) = W x
         logits = (keys @ projected.unsqueeze(2)).squeeze(2)  # (B, K) = I_k W x
-        return _masked_softmax(logits, mask)  # (B, K)
+        return masked_softmax(logits, mask)  # (B, K)
 
     def forward(self, query: Tensor, keys: Tensor, mask: Tensor | None = None) -> Tensor:
         weights = self.scores(query, keys, mask)  # (B, K)
