@@ -43,6 +43,11 @@ class NotFittedError(CtrkitError, RuntimeError):
     """A model whose pre-fitted part (GBDT+LR's trees) is used before it was fitted."""
 
 
+class RetrievalError(CtrkitError, ValueError):
+    """A vector index that cannot be built, searched, saved or loaded as asked (bad k, vectors of another
+    dimension, an index from another checkpoint, an existing path); the message names the option and the fix."""
+
+
 class SchemaError(CtrkitError, ValueError):
     """A schema that cannot be used; the message names the feature and the fix."""
 

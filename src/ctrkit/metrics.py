@@ -40,6 +40,12 @@ log = logging.getLogger(__name__)
 
 METRICS = ("auc", "logloss", "gauc", "accuracy", "calibration")
 MAXIMISE = {"auc": True, "gauc": True, "accuracy": True, "logloss": False, "calibration": False}
+RANKING_PREFIXES = ("hr@", "recall@", "hitrate@", "ndcg@", "mrr")  # retrieval metrics: higher is better
+
+
+def higher_is_better(metric: str) -> bool:
+    """Whether early stopping maximises ``metric`` (AUC, GAUC, accuracy, HR@K, NDCG@K, MRR) or minimises it."""
+    return MAXIMISE.get(metric, metric.startswith(RANKING_PREFIXES))
 
 ArrayLike = Any  # np.ndarray | torch.Tensor | Sequence[float]
 

@@ -74,6 +74,35 @@ def vocab_payload(store: Store) -> dict[str, np.ndarray] | None:
     return {p.name: np.frombuffer(p.read_bytes(), dtype=np.uint8).copy() for p in sorted(vdir.iterdir())}
 
 
+RETRIEVAL_METRICS = ["hr@10", "hr@50", "ndcg@10", "mrr"]
+RANKING_DEFAULTS = (["auc", "logloss"], "auc")  # TrainConfig's metrics / early-stopping metric defaults
+
+
+def retrieval_config(cfg: Config) -> Config:
+    """``cfg`` with retrieval metrics where it kept the ranking defaults (metrics [auc, logloss], early stopping on
+    auc): full-ranking HR@10 / HR@50 / NDCG@10 / MRR, early stopping (and best.pt) on NDCG@10."""
+    t = cfg.train
+    metrics = list(RETRIEVAL_METRICS) if t.metrics == RANKING_DEFAULTS[0] else list(t.metrics)
+    es = t.early_stopping
+    if es.metric == RANKING_DEFAULTS[1]:
+        es = replace(es, metric="ndcg@10")
+    if es.metric not in metrics:
+        metrics.append(es.metric)
+    return replace(cfg, train=replace(t, metrics=metrics, early_stopping=es))
+
+
+def retrieval_task(cfg: Config, catalogue: Any, train_store: Store | None) -> Any:
+    """The :class:`~ctrkit.train.tasks.RetrievalTask` of ``cfg.train.retrieval`` over ``catalogue``, excluding the
+    items each user has in ``train_store`` (none excluded but the rows' own histories without it)."""
+    from ctrkit.retrieval.catalogue import SeenItems
+    from ctrkit.train.tasks import RetrievalTask
+
+    r = cfg.train.retrieval
+    seen = SeenItems.from_store(train_store) if train_store is not None else None
+    return RetrievalTask(catalogue, seen=seen, loss=r.loss, log_q=r.log_q, num_negatives=r.num_negatives,
+                         sampling=r.sampling, alpha=r.alpha, metrics=cfg.train.metrics, precision=cfg.train.precision)
+
+
 def train_from_config(cfg: Config, *, resume: str | None = None, progress: bool | None = None) -> dict[str, Any]:
     """Train ``cfg.model`` on ``cfg.data.train``; evaluate on valid during training and on test at the
     end. Returns the trainer's summary plus ``test`` metrics, ``run_dir`` and ``seconds``."""
@@ -91,6 +120,16 @@ def train_from_config(cfg: Config, *, resume: str | None = None, progress: bool 
     store = train.store
     seed_everything(cfg.train.seed)
     model = create_model(cfg.model.name, store.schema, **cfg.model.params)
+    task, extra = None, {"preprocessing": store.preprocessing}
+    if model.task_kind == "retrieval":  # ranked against every item of the training store's catalogue
+        from ctrkit.retrieval.catalogue import ItemCatalogue
+
+        cfg = retrieval_config(cfg)
+        catalogue = ItemCatalogue.from_store(store)
+        task = retrieval_task(cfg, catalogue, store)
+        extra["catalogue"] = catalogue.to_payload()
+        log.info("retrieval: %d items in the catalogue; loss %s; metrics %s", len(catalogue),
+                 cfg.train.retrieval.loss, cfg.train.metrics)
     valid = _loader(cfg.data.valid, cfg, train=False, what="valid", pipeline=train.pipeline)
     test = _loader(cfg.data.test, cfg, train=False, what="test", pipeline=train.pipeline)
     for what, loader in (("data.valid", valid), ("data.test", test)):  # same ids as the training store
@@ -105,7 +144,7 @@ def train_from_config(cfg: Config, *, resume: str | None = None, progress: bool 
     trainer = Trainer(
         model, train, cfg.train, valid_loader=valid, run_dir=run_dir, resume_from=resume, run_config=cfg,
         schema=store.schema, model_params=dict(cfg.model.params), vocab=vocab_payload(store),
-        pipeline=train.pipeline.to_payload(), extra={"preprocessing": store.preprocessing},
+        pipeline=train.pipeline.to_payload(), extra=extra, task=task,
     )
     summary = trainer.fit()
     best = run_dir / "best.pt"

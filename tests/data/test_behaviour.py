@@ -1,5 +1,6 @@
 """Behaviour-log builder: hand-written samples of tiny logs, a naive per-user reference on a Taobao slice,
-negatives, DIEN's aux negatives, DSIN's sessions, S3-Rec input, and stores that the pipeline and loader read."""
+negatives, DIEN's aux negatives, DSIN's sessions, S3-Rec input, stores that the pipeline and loader read, and
+the retrieval options (positives-only samples, YouTubeDNN's example age)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 from ctrkit.batch import Batch
 from ctrkit.cli import main
 from ctrkit.data.behaviour import preprocess_behaviour, read_behaviour_log
-from ctrkit.data.behaviour_samples import build_samples, draw_negatives, sort_log, user_keys
+from ctrkit.data.behaviour_samples import build_samples, draw_negatives, example_ages, sort_log, user_keys
 from ctrkit.data.loader import BatchLoader
 from ctrkit.data.pipeline import FeaturePipeline
 from ctrkit.data.raw_rows import iter_transformed
@@ -346,3 +347,171 @@ def test_beauty_slice(tmp_path: Path) -> None:
     n_pos = sum(len(x.split()) - 2 for x in lines)
     assert sum(Store(p).num_rows for p in res.values()) == 2 * n_pos
     assert Store(res["valid"]).num_rows == Store(res["test"]).num_rows == 2 * 300
+
+
+# ---- retrieval samples: positives only, example age -------------------------------------------------------
+# A: 6 behaviours; C: 5, out of time order in the file; train targets: a2@25 a3@30 a4@40 (A), c3@35 c1@100 (C)
+TIMED = """user,item,category,time
+A,a1,x,10
+A,a2,x,25
+C,c1,z,100
+A,a3,y,30
+C,c2,z,15
+A,a4,x,40
+C,c3,x,35
+A,a5,y,50
+C,c4,x,200
+A,a6,y,60
+C,c5,x,300
+"""
+
+
+def _random_log(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    u = rng.integers(0, 30, 600)
+    it = rng.integers(0, 40, 600)
+    t = rng.random(600)
+    order, _ = sort_log(u, t)
+    return u[order], it[order], t[order]
+
+
+def _triples(s: Any, split: int, label_one: bool = True) -> list[tuple[int, int, tuple[int, ...]]]:
+    """(user, item, history) of the rows of ``split`` (label-1 rows only with ``label_one``), in row order."""
+    off = np.concatenate([[0], np.cumsum(s.hist[1])])
+    rows = np.flatnonzero((s.split == split) & ((s.label == 1) | (not label_one)))
+    return [(int(s.user[r]), int(s.item[r]), tuple(s.hist[0][off[r]:off[r + 1]].tolist())) for r in rows]
+
+
+def test_positives_only_are_the_label_one_rows_of_uniform() -> None:
+    u, it, t = _random_log()
+    uni = build_samples(u, it, t, n_items=40, max_len=5, seed=3)
+    pos = build_samples(u, it, t, n_items=40, max_len=5, seed=3, negatives="none")
+    assert (pos.label == 1).all() and len(pos) == pos.stats["positives"] == len(uni) // 2
+    assert sum(pos.stats["samples"].values()) == len(pos) and pos.neg_hist is None
+    for split in (0, 1, 2):
+        got, want = _triples(pos, split, False), _triples(uni, split)
+        assert sorted(got) == sorted(want)
+        if split:  # valid / test: user order, as in uniform
+            assert got == want
+    assert pos.stats["samples"] == {k: v // 2 for k, v in uni.stats["samples"].items()}
+    again = build_samples(u, it, t, n_items=40, max_len=5, seed=3, negatives="none")
+    other = build_samples(u, it, t, n_items=40, max_len=5, seed=4, negatives="none")
+    assert np.array_equal(pos.item, again.item) and not np.array_equal(pos.item, other.item)  # seeded shuffle
+    # no negative is drawn, so a user who saw every item is fine
+    full = build_samples(np.zeros(3, np.int64), np.array([0, 1, 0]), None, n_items=2, negatives="none")
+    assert full.item.tolist() == [1, 0] and full.stats["samples"] == {"train": 0, "valid": 1, "test": 1}
+
+
+def test_positives_only_stores_match_uniform(tmp_path: Path) -> None:
+    p = tiny(tmp_path, TIMED)
+    kw: dict[str, Any] = {"attr_cols": ["category:cate"], "time_col": "time", "seed": 1}
+    uni = preprocess_behaviour(p, tmp_path / "uni", **kw)
+    pos = preprocess_behaviour(p, tmp_path / "pos", negatives="none", **kw)
+    names = ("user", "label", "item", "hist_item", "hist_cate", "cate")
+    # vocabularies come from the train rows only; uniform's also hold its sampled negatives, so keys that
+    # only a negative brought in are rare in positives-only stores
+    pipe = FeaturePipeline.load(Path(pos["train"]) / "pipeline")
+    known = {t: set(v.keys.tolist()) for t, v in pipe.vocabs_.items()}
+    tables = {"user": "user", "item": "item", "hist_item": "item", "hist_cate": "cate", "cate": "cate"}
+
+    def norm(name: str, v: Any) -> Any:
+        if isinstance(v, tuple):
+            return tuple(norm(name, x) for x in v)
+        return v if v in known[tables[name]] or v in (None, "RARE") else "RARE"
+
+    for split in ("train", "valid", "test"):
+        got = rows_of(Store(pos[split]), names)
+        want = [tuple(c if n == "label" else norm(n, c) for n, c in zip(names, r))
+                for r in rows_of(Store(uni[split]), names) if r[1] == 1]
+        assert all(r[1] == 1 for r in got) and sorted(got, key=repr) == sorted(want, key=repr)
+        if split != "train":
+            assert got == want  # user order
+    train_keys = {k for r in rows_of(Store(pos["train"])) for k in (r[2], *r[3])}
+    assert known["item"] == train_keys == {"a1", "a2", "a3", "a4", "c2", "c3", "c1"}
+    rep = json.loads((tmp_path / "pos" / "report.json").read_text())
+    assert rep["samples"] == {"train": 5, "valid": 2, "test": 2} and rep["positives"] == 9
+    assert rep["cold_positives"] == {"valid": 2, "test": 2}  # a5, c4 / a6, c5: rare (no sampled negatives)
+    assert Store(pos["test"]).stats["label_rate"] == 1.0
+
+
+def test_aux_negatives_need_sampled_negatives(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="--aux-negatives does not go with --negatives none"):
+        preprocess_behaviour(tiny(tmp_path), tmp_path / "out", negatives="none", aux_negatives=True)
+    assert not (tmp_path / "out").exists()
+    u, it, t = _random_log()
+    with pytest.raises(DataError, match="ranking"):
+        build_samples(u, it, t, n_items=40, negatives="none", aux_negatives=True)
+
+
+def test_example_age_by_hand(tmp_path: Path) -> None:
+    p = tiny(tmp_path, TIMED)
+    res = preprocess_behaviour(p, tmp_path / "out", time_col="time", negatives="none", example_age=True)
+    time_of = {(r.split(",")[0], r.split(",")[1]): float(r.split(",")[3]) for r in TIMED.splitlines()[1:]}
+    tr = Store(res["train"])
+    targets = [time_of[(us, i)] for us, i in zip(decode(tr, "user"), decode(tr, "item"))]
+    t0, t1 = min(targets), max(targets)
+    assert (t0, t1) == (25.0, 100.0)
+    want = [(t1 - x) / (t1 - t0) for x in targets]  # a direct per-row computation
+    age = tr["example_age"]
+    assert age.dtype == np.float32 and np.allclose(age, want, atol=1e-6)
+    assert age.min() == 0.0 and age.max() == 1.0
+    assert age[np.argmax(targets)] == 0 and age[np.argmin(targets)] == 1  # the latest / earliest train target
+    for split in ("valid", "test"):  # scored at the end of training: 0
+        assert np.array_equal(Store(res[split])["example_age"], np.zeros(2, np.float32))
+    rep = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert rep["example_age"] == {"t_start": 25.0, "t_end": 100.0, "unit": "fraction of the training window"}
+    # a dense user feature, read as is (not logged or standardised)
+    pipe = FeaturePipeline.load(tr.path / "pipeline")
+    dense = [(e["name"], e["transform"], e["group"]) for e in pipe.spec.dense]
+    assert dense == [("example_age", "none", "user")]
+    assert [(d.name, d.group) for d in tr.schema.dense] == [("example_age", "user")]
+    cols = {n: (np.asarray(c[0]), np.diff(c[1])) if isinstance(c, tuple) else np.asarray(c)
+            for n, c in ((n, tr[n]) for n in tr.columns())}
+    assert np.allclose(pipe.to_batch(cols).dense[:, 0].numpy(), want, atol=1e-6)
+    raw = tmp_path / "score.csv"  # serving: example_age 0, passed through unchanged
+    raw.write_text("user,item,hist_item,example_age\nA,a2,a1,0\nA,a3,a1|a2,0.5\n")
+    assert next(iter_transformed(pipe, raw))["example_age"].tolist() == [0.0, 0.5]
+
+
+def test_example_age_with_negatives_and_edge_cases(tmp_path: Path) -> None:
+    u, it, t = _random_log(1)
+    pos = build_samples(u, it, t, n_items=40, negatives="none", example_age=True)
+    uni = build_samples(u, it, t, n_items=40, negatives="uniform", example_age=True)
+    tr = pos.split == 0
+    assert 0 <= pos.example_age.min() and pos.example_age.max() <= 1 and (pos.example_age[~tr] == 0).all()
+    # a label-0 twin carries its positive's age: uniform's train ages are positives-only's, each twice
+    assert np.allclose(np.sort(uni.example_age[uni.split == 0]), np.sort(np.repeat(pos.example_age[tr], 2)))
+    assert uni.stats["example_age"] == pos.stats["example_age"]
+    age, info = example_ages(np.array([5.0, 5.0, 9.0]), np.array([0, 0, 1], np.int8))  # T_end == T_start
+    assert age.tolist() == [0.0, 0.0, 0.0] and (info["t_start"], info["t_end"]) == (5.0, 5.0)
+    with pytest.raises(DataError, match="timestamps"):
+        build_samples(u, it, None, n_items=40, example_age=True)
+
+
+def test_example_age_needs_times(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="--example-age needs timestamps: give --time-col"):
+        preprocess_behaviour(tiny(tmp_path), tmp_path / "o1", example_age=True)
+    seq = tmp_path / "seq.txt"
+    seq.write_text("1 10 11 12 13\n2 11 14 12\n")
+    with pytest.raises(DataError, match="s3rec format has none"):
+        preprocess_behaviour(seq, tmp_path / "o2", format="s3rec", example_age=True)
+    assert main(["preprocess", "behaviour", str(seq), "--format", "s3rec", "--out", str(tmp_path / "o3"),
+                 "--example-age"]) == 2
+
+
+def test_cli_positives_only_with_example_age(tmp_path: Path) -> None:
+    p = tiny(tmp_path, TIMED)
+    out = tmp_path / "out"
+    assert main(["preprocess", "behaviour", "--input", str(p), "--out", str(out), "--attr-cols",
+                 "category:cate", "--time-col", "time", "--negatives", "none", "--example-age", "--seed",
+                 "2"]) == 0
+    tr, te = Store(out / "train"), Store(out / "test")
+    assert tr.num_rows == 5 and te.num_rows == 2 and (tr["label"] == 1).all()
+    assert np.allclose(np.sort(tr["example_age"]), [0, 60 / 75, 65 / 75, 70 / 75, 1])  # T_start 25, T_end 100
+    opts = tr.preprocessing["options"]
+    assert opts["negatives"] == "none" and opts["example_age"] is True
+    assert main(["preprocess", "behaviour", str(p), "--out", str(tmp_path / "o2"), "--negatives", "none",
+                 "--aux-negatives"]) == 2
+    assert main(["preprocess", "behaviour", str(p), "--out", str(tmp_path / "o3"), "--negatives",
+                 "none"]) == 0
+    assert "example_age" not in Store(tmp_path / "o3" / "train").columns()  # file order without --time-col

@@ -147,3 +147,16 @@ def test_unseen_base_keeps_distinct_unseen_keys_apart():
     ints = Vocabulary.build("g", "int", np.array([5, 6]), np.array([1, 1]))
     got = ints.lookup(pa.array(["5", "7", "abc", ""]), unseen_base=1 << 62)
     assert got[0] == 2 and got[1] >= 1 << 62 and got[2] == RARE_ID and got[3] == 0
+
+
+def test_chunked_keys_encode_as_one_array():
+    """pyarrow may return a ChunkedArray for many strings; the vocabulary sees one array (one dictionary)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from ctrkit.data.vocab import _one_chunk
+
+    chunked = pa.chunked_array([["a", "b"], ["b", "c", "a"]])
+    enc = pc.dictionary_encode(_one_chunk(chunked))
+    assert enc.dictionary.to_pylist() == ["a", "b", "c"] and enc.indices.to_pylist() == [0, 1, 1, 2, 0]
+    assert _one_chunk(pa.array([1, 2])).to_pylist() == [1, 2]

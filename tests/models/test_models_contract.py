@@ -15,11 +15,15 @@ import torch
 from conftest import contract_schema, make_batch, planted_data
 from sklearn.metrics import roc_auc_score
 from test_behaviour_models import CONTRACT_VARIANTS as BEHAVIOUR_VARIANTS
-from test_behaviour_models import SCHEMAS
+from test_behaviour_models import SCHEMAS as BEHAVIOUR_SCHEMAS
 from test_behaviour_models import UNPOOLED as BEHAVIOUR_UNPOOLED
 from test_dlrm import CONTRACT_VARIANTS as DLRM_VARIANTS
 from test_models_a import CONTRACT_VARIANTS as A_VARIANTS
 from test_models_b import CONTRACT_VARIANTS as B_VARIANTS
+from test_retrieval_models import CONTRACT_VARIANTS as RETRIEVAL_VARIANTS
+from test_retrieval_models import SCHEMAS as RETRIEVAL_SCHEMAS
+from test_retrieval_models import UNPOOLED as RETRIEVAL_UNPOOLED
+from test_retrieval_models import learns_next_item
 
 from ctrkit.models.base import CTRModel, ModelOutput, logits_of
 from ctrkit.models.registry import ConfigError, create_model, get_model_class, list_models
@@ -36,12 +40,13 @@ def merge(*parts: dict[str, list[dict]]) -> dict[str, list[dict]]:
     return out
 
 
-VARIANTS = merge(DLRM_VARIANTS, A_VARIANTS, B_VARIANTS, BEHAVIOUR_VARIANTS)
+VARIANTS = merge(DLRM_VARIANTS, A_VARIANTS, B_VARIANTS, BEHAVIOUR_VARIANTS, RETRIEVAL_VARIANTS)
+SCHEMAS = {**BEHAVIOUR_SCHEMAS, **RETRIEVAL_SCHEMAS}
 
 # What each model does with an unpooled (pooling "none") history: "ignores" it (the default: the zoo's
 # field models read only pooled features, schema.pooled_keys), "uses" it (attention over the
 # sequence) or "rejects" it with a ConfigError naming the feature.
-UNPOOLED: dict[str, str] = {**BEHAVIOUR_UNPOOLED}
+UNPOOLED: dict[str, str] = {**BEHAVIOUR_UNPOOLED, **RETRIEVAL_UNPOOLED}
 
 
 def schema_for(name: str) -> Schema:
@@ -194,6 +199,10 @@ def test_unknown_option_rejected(name):
 @pytest.mark.slow
 @pytest.mark.parametrize("name, params", cases())
 def test_learns_planted_signal(name, params):
+    if get_model_class(name).task_kind == "retrieval":  # its task is next-item retrieval, not click labels
+        before, after = learns_next_item(name, params)
+        assert before["hr@5"] < 0.4 and after["hr@5"] > 0.9, f"{name} {params}: {before} -> {after}"
+        return
     data, schema = data_for(name), schema_for(name)
     model = build(name, params, data=data)
     task = CTRTask().bind(model)

@@ -24,10 +24,12 @@ CONFIGS = sorted(p for p in (REPO / "configs").glob("*/*.yaml") if not p.parent.
 BASES = sorted((REPO / "configs" / "_base").glob("*.yaml"))
 DATASETS = ("criteo", "movielens")
 BEHAVIOUR_DATASETS = ("beauty", "taobao")  # behaviour stores: configs of the behaviour models
+RETRIEVAL_DATASETS = ("beauty_retrieval", "ml100k_retrieval")  # positive-only behaviour stores: retrieval models
 ZOO = {p.stem for p in (REPO / "src" / "ctrkit" / "models").glob("*.py") if not p.stem.startswith("_")} - {
     "__init__", "registry", "base"}  # base.py: the model contract, not a model
 # the user-behaviour models read histories that only behaviour stores (beauty, taobao) have; dsin needs sessions
 BEHAVIOUR = {"dnn", "din", "dien", "bst", "dsin"}
+RETRIEVAL = {"two_tower", "youtube_dnn", "sasrec"}  # trained on positive-only behaviour stores
 
 
 def _tiny_criteo(path: Path, n: int = 300, seed: int = 0) -> Path:
@@ -73,7 +75,13 @@ def stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     taobao = preprocess_behaviour(_tiny_taobao(tmp / "taobao.csv"), tmp / "taobao", header=False,
                                   names="user,item,category,type,time", attr_cols=["category:cate"], time_col="time",
                                   aux_negatives=True, sessions=5, session_len=10, embedding_dim=16)
-    return {"criteo": criteo["train"], "movielens": ml["train"], "beauty": beauty["train"], "taobao": taobao["train"]}
+    beauty_r = preprocess_behaviour(_tiny_sequences(tmp / "beauty.txt"), tmp / "beauty_r", format="s3rec",
+                                    negatives="none", embedding_dim=16)
+    ml_r = preprocess_behaviour(_tiny_taobao(tmp / "taobao.csv"), tmp / "ml_r", header=False,
+                                names="user,item,category,type,time", attr_cols=["category:cate"], time_col="time",
+                                negatives="none", example_age=True, embedding_dim=16)
+    return {"criteo": criteo["train"], "movielens": ml["train"], "beauty": beauty["train"], "taobao": taobao["train"],
+            "beauty_retrieval": beauty_r["train"], "ml100k_retrieval": ml_r["train"]}
 
 
 def _tiny_sequences(path: Path, users: int = 40, seed: int = 0) -> Path:
@@ -102,12 +110,15 @@ def test_every_dataset_has_a_config_per_model() -> None:
     assert ZOO <= names  # every model file registered itself
     for ds in DATASETS:
         have = {p.stem for p in CONFIGS if p.parent.name == ds}
-        want = names - BEHAVIOUR
+        want = names - BEHAVIOUR - RETRIEVAL
         assert have == want, f"configs/{ds}: missing {sorted(want - have)}, extra {sorted(have - want)}"
     for ds in BEHAVIOUR_DATASETS:  # dsin needs timestamps (sessions): taobao only
         have = {p.stem for p in CONFIGS if p.parent.name == ds}
         want = BEHAVIOUR - ({"dsin"} if ds == "beauty" else set())
         assert have == want, f"configs/{ds}: missing {sorted(want - have)}, extra {sorted(have - want)}"
+    for ds in RETRIEVAL_DATASETS:
+        have = {p.stem for p in CONFIGS if p.parent.name == ds}
+        assert have == RETRIEVAL, f"configs/{ds}: missing {sorted(RETRIEVAL - have)}, extra {sorted(have - RETRIEVAL)}"
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[f"{p.parent.name}/{p.stem}" for p in CONFIGS])
@@ -129,7 +140,7 @@ def test_config_builds_its_model_and_scores_a_batch(path: Path, stores: dict[str
     assert torch.isfinite(logits).all()
 
 
-@pytest.mark.parametrize("dataset", DATASETS + BEHAVIOUR_DATASETS)
+@pytest.mark.parametrize("dataset", DATASETS + BEHAVIOUR_DATASETS + RETRIEVAL_DATASETS)
 def test_zoo_configs_of_a_dataset_share_data_and_base(dataset: str) -> None:
     """Side-by-side numbers need the same batches and budget: the data block, epochs, dense optimizer
     and early stopping are equal across a dataset's zoo configs (the lead's criteo/dlrm.yaml excepted)."""
@@ -141,7 +152,7 @@ def test_zoo_configs_of_a_dataset_share_data_and_base(dataset: str) -> None:
     assert len(base) == 1, base
 
 
-@pytest.mark.parametrize("dataset", DATASETS + BEHAVIOUR_DATASETS)
+@pytest.mark.parametrize("dataset", DATASETS + BEHAVIOUR_DATASETS + RETRIEVAL_DATASETS)
 def test_zoo_configs_inherit_their_dataset_base_and_keep_only_what_differs(dataset: str) -> None:
     """Each model file lists configs/_base/<dataset>.yaml and repeats none of its values."""
     base_file = REPO / "configs" / "_base" / f"{dataset}.yaml"

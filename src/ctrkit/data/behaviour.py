@@ -16,23 +16,30 @@ Input, one of:
   missing ``cate`` (id 0).
 
 Samples follow :mod:`ctrkit.data.behaviour_samples` (histories, negatives, leave-last-out split, DIEN's
-auxiliary negatives, DSIN's sessions). The rows become stores ``out/{train,valid,test}`` through a table
+auxiliary negatives, DSIN's sessions, YouTubeDNN's example age). ``--negatives uniform`` (DIN) or
+``popularity`` (DIEN) write two rows per positive, label 1 and a sampled label 0; ``--negatives none`` writes
+the label-1 rows only (retrieval models: two-tower, YouTubeDNN, SASRec, which draw negatives in training).
+The rows become stores ``out/{train,valid,test}`` through a table
 :class:`~ctrkit.data.pipeline.FeaturePipeline` fitted on the TRAIN rows only (targets, histories and sampled
-negatives of train), so an item or user first seen in valid / test maps to id 1 (rare). Store columns:
-label, group (the user, for GAUC), sparse ``user`` / ``item`` / one per attribute, sequences
-``hist_item`` / ``hist_<attr>`` (sharing the item / attribute tables, pooling none), with aux negatives
-``neg_hist_*``, with sessions ``sess_<k>_*``. Train rows are shuffled (seeded); valid / test keep user order,
-each positive followed by its negative.
+negatives of train), so an item or user first seen in valid / test maps to id 1 (rare). Store columns: label,
+group (the user, for GAUC), sparse ``user`` / ``item`` / one per attribute, sequences ``hist_item`` /
+``hist_<attr>`` (sharing the item / attribute tables, pooling none), with aux negatives ``neg_hist_*``, with
+sessions ``sess_<k>_*``, with ``--example-age`` the dense user feature ``example_age`` (transform none:
+neither logged nor standardised; in [0, 1] on train, 0 on valid / test; needs ``--time-col``). Train rows are
+shuffled (seeded); valid / test keep user order, each positive followed by its negative (if any).
 
 Report (logged, in every store's ``stats.behaviour`` and in ``out/report.json``): ``rows_read``, ``bad_rows``
 and ``first_bad_lines`` (CSV / Parquet), ``behaviour_types`` (rows per type) and ``rows_filtered_out``,
 ``empty_lines`` / ``users_without_behaviours`` / ``items_without_attributes`` (s3rec), ``attribute_conflicts``
 (per attribute: distinct (item, value) pairs beyond one per item), ``users``, ``behaviours``, ``items``,
 ``single_behaviour_users`` (no sample), ``out_of_order_rows`` (sorted), ``duplicate_user_item_rows`` (rows
-repeating a (user, item) pair; kept), ``positives``, ``samples`` {train, valid, test} (rows, two per
-positive), ``mean_history_len``, ``vocab_sizes``, ``unseen_in_train`` (valid / test rows whose user / item
-is id 1), ``cold_positives`` (valid / test positives whose item is in no train positive or history: it may
-still have an id, from train's sampled negatives, which draw from every item of the log) and ``seconds``.
+repeating a (user, item) pair; kept), ``positives``, ``samples`` {train, valid, test} (rows: two per
+positive, one with ``--negatives none``), ``mean_history_len``, ``example_age`` (with ``--example-age``:
+``t_start`` / ``t_end``, the first / last target time of the train rows in the time column's units, and the
+``unit`` of the feature), ``vocab_sizes``, ``unseen_in_train`` (valid / test rows whose user / item is id 1),
+``cold_positives`` (valid / test positives whose item is in no train positive or history: it may still have
+an id, from train's sampled negatives, which draw from every item of the log; with ``--negatives none`` it is
+id 1) and ``seconds``.
 """
 
 from __future__ import annotations
@@ -196,7 +203,7 @@ def _s3rec_attributes(path: Path, item_keys: pa.Array) -> tuple[pa.Array, np.nda
 
 # ---- samples -> stores -------------------------------------------------------------------------------------
 def behaviour_spec(attrs: list[str], *, max_len: int, aux_negatives: bool, sessions: int,
-                   session_len: int) -> dict[str, Any]:
+                   session_len: int, example_age: bool = False) -> dict[str, Any]:
     """The table spec of the sample rows (every column named like its feature)."""
     feats = ["item", *attrs]
     sequence = [{"name": f"hist_{f}", "shares": f, "max_len": max_len, "pooling": "none", "group": "user"}
@@ -206,10 +213,14 @@ def behaviour_spec(attrs: list[str], *, max_len: int, aux_negatives: bool, sessi
                       "group": "user"} for f in feats]
     sequence += [{"name": f"sess_{k}_{f}", "shares": f, "max_len": session_len, "pooling": "none",
                   "group": "user"} for k in range(sessions) for f in feats]
-    return {"label": "label", "group_id": "user",
-            "sparse": [{"name": "user", "group": "user"}, {"name": "item", "group": "item", "table": "item"},
-                       *({"name": a, "group": "item", "table": a} for a in attrs)],
-            "sequence": sequence}
+    spec: dict[str, Any] = {
+        "label": "label", "group_id": "user",
+        "sparse": [{"name": "user", "group": "user"}, {"name": "item", "group": "item", "table": "item"},
+                   *({"name": a, "group": "item", "table": a} for a in attrs)],
+        "sequence": sequence}
+    if example_age:  # already in [0, 1]: neither logged nor standardised
+        spec["dense"] = [{"name": "example_age", "group": "user", "transform": "none"}]
+    return spec
 
 
 def _keys(keys: pa.Array, codes: np.ndarray) -> pa.Array:
@@ -234,6 +245,8 @@ def sample_columns(blog: BehaviourLog, s: Samples) -> dict[str, Any]:
             cols[f"neg_hist_{f}"] = (of(f, s.neg_hist[0]), s.neg_hist[1])
         for k, (v, ln) in enumerate(s.sessions):
             cols[f"sess_{k}_{f}"] = (of(f, v), ln)
+    if s.example_age is not None:
+        cols["example_age"] = s.example_age
     return cols
 
 
@@ -245,8 +258,9 @@ def preprocess_behaviour(input: str | Path, out: str | Path, *, format: str | No
                          item_attributes: str | Path | None = None, max_len: int = 50,
                          negatives: str = "uniform", seed: int = 0, aux_negatives: bool = False,
                          sessions: int = 0, session_len: int = 10, session_gap: float = 1800.0,
-                         min_session_len: int = 1, min_freq: int = 1, embedding_dim: int | str = "auto",
-                         max_bad_fraction: float = 0.001, overwrite: bool = False) -> dict[str, Path]:
+                         min_session_len: int = 1, example_age: bool = False, min_freq: int = 1,
+                         embedding_dim: int | str = "auto", max_bad_fraction: float = 0.001,
+                         overwrite: bool = False) -> dict[str, Path]:
     """Behaviour log -> stores ``out/{train,valid,test}`` + ``out/report.json``; returns {split: path}."""
     t0 = _time.perf_counter()
     out = Path(out)
@@ -255,13 +269,21 @@ def preprocess_behaviour(input: str | Path, out: str | Path, *, format: str | No
             raise StoreError(f"output {out / s} already exists; choose another --out or pass --overwrite")
     if negatives not in NEGATIVES:
         raise DataError(f"--negatives {negatives!r} is not one of {NEGATIVES}")
+    if negatives == "none" and aux_negatives:
+        raise DataError("--aux-negatives does not go with --negatives none: DIEN's auxiliary negatives are "
+                        "for ranking samples (a positive and a sampled negative); use --negatives uniform or "
+                        "popularity for DIEN, or drop --aux-negatives for positives-only (retrieval) samples")
+    if example_age and (time_col is None or format == "s3rec"):
+        raise DataError("--example-age needs timestamps: give --time-col with a CSV / Parquet log (the s3rec "
+                        "format has none), or drop --example-age")
     blog = read_behaviour_log(input, format=format, user_col=user_col, item_col=item_col, attr_cols=attr_cols,
                               time_col=time_col, type_col=type_col, behaviour_types=behaviour_types,
                               header=header, names=names, delimiter=delimiter, item_attributes=item_attributes,
                               max_bad_fraction=max_bad_fraction)
-    samples = build_samples(blog.user, blog.item, blog.time, n_items=len(blog.item_keys), max_len=max_len, negatives=negatives, seed=seed,
-                            aux_negatives=aux_negatives, sessions=sessions, session_len=session_len,
-                            session_gap=session_gap, min_session_len=min_session_len, user_names=blog.user_keys)
+    samples = build_samples(blog.user, blog.item, blog.time, n_items=len(blog.item_keys), max_len=max_len,
+                            negatives=negatives, seed=seed, aux_negatives=aux_negatives, sessions=sessions,
+                            session_len=session_len, session_gap=session_gap, min_session_len=min_session_len,
+                            example_age=example_age, user_names=blog.user_keys)
     report = {"input": str(input), **blog.stats, **samples.stats}
     if samples.stats["samples"]["train"] == 0:
         raise DataError(f"{input}: no training samples: every user has fewer than 4 behaviours (a user's last "
@@ -271,9 +293,9 @@ def preprocess_behaviour(input: str | Path, out: str | Path, *, format: str | No
                "item_attributes": str(item_attributes) if item_attributes else None, "max_len": max_len,
                "negatives": negatives, "seed": seed, "aux_negatives": aux_negatives, "sessions": sessions,
                "session_len": session_len, "session_gap": session_gap, "min_session_len": min_session_len,
-               "min_freq": min_freq, "embedding_dim": embedding_dim}
+               "example_age": example_age, "min_freq": min_freq, "embedding_dim": embedding_dim}
     spec = behaviour_spec(list(blog.attrs), max_len=max_len, aux_negatives=aux_negatives, sessions=sessions,
-                          session_len=session_len)
+                          session_len=session_len, example_age=example_age)
     pipe = FeaturePipeline.table(spec, min_freq=min_freq, embedding_dim=embedding_dim)
 
     parts = {name: samples.part(code) for code, name in enumerate(SPLITS)}
@@ -338,13 +360,18 @@ def add_preprocess_behaviour_args(p: argparse.ArgumentParser) -> argparse.Argume
     p.add_argument("--names", default=None, help="column names, comma-separated (with --no-header)")
     p.add_argument("--delimiter", default=",", help="CSV field delimiter")
     p.add_argument("--max-len", type=int, default=50, help="history length kept (the most recent)")
-    p.add_argument("--negatives", choices=NEGATIVES, default="uniform", help="uniform (DIN) or popularity (DIEN)")
+    p.add_argument("--negatives", choices=NEGATIVES, default="uniform",
+                   help="uniform (DIN) or popularity (DIEN): a sampled label-0 row per positive; none: "
+                        "positives only (retrieval: two-tower, YouTubeDNN, SASRec)")
     p.add_argument("--seed", type=int, default=0, help="seed of the negatives and the train shuffle")
     p.add_argument("--aux-negatives", action="store_true", help="DIEN: neg_hist_* (one negative per step)")
     p.add_argument("--sessions", type=int, default=0, help="DSIN: keep this many sessions (sess_<k>_*)")
     p.add_argument("--session-len", type=int, default=10, help="behaviours kept per session (the last ones)")
     p.add_argument("--session-gap", type=float, default=1800.0, help="seconds of inactivity that start a session")
     p.add_argument("--min-session-len", type=int, default=1, help="drop sessions with fewer behaviours")
+    p.add_argument("--example-age", action="store_true",
+                   help="YouTubeDNN: dense example_age = (T_end - t) / (T_end - T_start) on train, 0 on "
+                        "valid / test (needs --time-col)")
     p.add_argument("--min-freq", type=int, default=1, help="keys seen fewer times in train map to id 1")
     p.add_argument("--embedding-dim", default="auto", help="embedding dim of every table, or 'auto'")
     p.add_argument("--max-bad-fraction", type=float, default=0.001, help="fail above this fraction of bad rows")
@@ -362,6 +389,7 @@ def run_preprocess_behaviour(args: argparse.Namespace) -> dict[str, Path]:
         behaviour_types=args.behaviour_types, header=args.header, names=args.names, delimiter=args.delimiter,
         item_attributes=args.item_attributes, max_len=args.max_len, negatives=args.negatives, seed=args.seed,
         aux_negatives=args.aux_negatives, sessions=args.sessions, session_len=args.session_len,
-        session_gap=args.session_gap, min_session_len=args.min_session_len, min_freq=args.min_freq,
+        session_gap=args.session_gap, min_session_len=args.min_session_len, example_age=args.example_age,
+        min_freq=args.min_freq,
         embedding_dim=args.embedding_dim, max_bad_fraction=args.max_bad_fraction, overwrite=args.overwrite,
     )

@@ -8,17 +8,25 @@ Protocol (issue 9, point 1), for a log sorted by (user, time) with user u's beha
 ``p = 0..c_u - 1``:
 
 * every behaviour with ``p >= 1`` is a positive; it gives two rows sharing one history: label 1 with the
-  real item, then label 0 with a sampled negative item; history = the user's behaviours at ``p' < p``,
-  the most recent ``max_len`` kept, oldest first;
+  real item, then label 0 with a sampled negative item (with ``negatives="none"`` only the label-1 row);
+  history = the user's behaviours at ``p' < p``, the most recent ``max_len`` kept, oldest first;
 * negatives: ``uniform`` over the items of the log, or ``popularity`` (probability proportional to an
   item's number of rows in the log: a uniformly drawn row's item), never an item the user interacted with
   (vectorised rejection: draw, look the (user, item) key up in the sorted array of the user's keys,
-  redraw the hits);
+  redraw the hits); or ``none``: positives only, for retrieval models (two-tower, YouTubeDNN, SASRec) that
+  draw their negatives in training (in-batch or sampled softmax). The modes share the histories and the
+  split: ``none`` gives exactly the label-1 rows of the others (in another train order);
 * leave-last-out by user: ``p = c_u - 1`` -> test, ``p = c_u - 2`` -> valid, the rest -> train (a user
-  with 2 behaviours has a test pair only, with 3 a valid and a test pair); rows come out in store order:
-  train shuffled (seeded), then valid and test in user order, each positive before its negative;
+  with 2 behaviours has a test sample only, with 3 a valid and a test sample); rows come out in store
+  order: train shuffled (seeded), then valid and test in user order, each positive before its negative;
 * aux negatives (DIEN): one sampled negative per history step of every positive (drawn per sample, shared
-  by its label-0 twin, which has the same history);
+  by its label-0 twin, which has the same history); not with ``negatives="none"``;
+* example age (YouTubeDNN, needs times): how long before the end of the training window a row was logged,
+  as a fraction of the window: ``(T_end - t) / (T_end - T_start)`` for a train row whose target behaviour has
+  time ``t``, with ``T_start`` / ``T_end`` the earliest / latest target time over the train rows (so in
+  [0, 1]: 0 for the latest train target, 1 for the earliest; all 0 when ``T_end == T_start``). Valid and
+  test rows get 0: they are scored at the end of training, as at serving. A label-0 twin has the age of its
+  positive;
 * sessions (DSIN, needs times): the user's timeline is cut where the gap to the previous behaviour is
   ``>= session_gap``; a sample sees the sessions of its whole past (not only the last ``max_len``
   behaviours), the last one cut at the target. Sessions shorter than ``min_session_len`` (after the cut)
@@ -38,7 +46,7 @@ from ctrkit.data.rows import DataError
 
 log = logging.getLogger(__name__)
 
-NEGATIVES = ("uniform", "popularity")
+NEGATIVES = ("uniform", "popularity", "none")
 MAX_ROUNDS = 1000  # rejection rounds before the sampler gives up (users who saw nearly every item)
 
 Jagged = tuple[np.ndarray, np.ndarray]  # (values [nnz], lengths [m])
@@ -46,8 +54,9 @@ Jagged = tuple[np.ndarray, np.ndarray]  # (values [nnz], lengths [m])
 
 @dataclass
 class Samples:
-    """Sample rows in code space, two per positive (label 1 and its label-0 twin, same history), ordered by
-    split: train (rows shuffled), then valid and test (user order, each positive before its negative)."""
+    """Sample rows in code space, two per positive (label 1 and its label-0 twin, same history; one, label 1,
+    with ``negatives="none"``), ordered by split: train (rows shuffled), then valid and test (user order,
+    each positive before its negative)."""
 
     label: np.ndarray  # (m,) float32
     user: np.ndarray  # (m,) user codes
@@ -56,6 +65,7 @@ class Samples:
     hist: Jagged  # item codes of the history, oldest first, <= max_len per row
     neg_hist: Jagged | None  # one sampled negative per history step (same lengths as hist)
     sessions: list[Jagged] = field(default_factory=list)  # S slots of item codes, slot 0 the oldest session
+    example_age: np.ndarray | None = None  # (m,) float32 in [0, 1]: 0 in valid / test (module docstring)
     stats: dict[str, Any] = field(default_factory=dict)
 
     def __len__(self) -> int:
@@ -71,7 +81,7 @@ class Samples:
 
         return Samples(self.label[a:b], self.user[a:b], self.item[a:b], self.split[a:b], cut(self.hist),
                        None if self.neg_hist is None else cut(self.neg_hist), [cut(x) for x in self.sessions],
-                       self.stats)
+                       None if self.example_age is None else self.example_age[a:b], self.stats)
 
 
 def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -138,17 +148,23 @@ def check_sampleable(seen: np.ndarray, n_items: int, user_names: Any = None) -> 
 def build_samples(user: np.ndarray, item: np.ndarray, time: np.ndarray | None, *, n_items: int,
                   max_len: int = 50, negatives: str = "uniform", seed: int = 0, aux_negatives: bool = False,
                   sessions: int = 0, session_len: int = 10, session_gap: float = 1800.0,
-                  min_session_len: int = 1, user_names: Any = None) -> Samples:
+                  min_session_len: int = 1, example_age: bool = False, user_names: Any = None) -> Samples:
     """Sample rows of a log sorted by (user, time) (:func:`sort_log`): ``user``, ``item`` [n] codes,
     ``time`` [n] seconds or None. See the module docstring for the protocol; ``user_names`` [U] (raw keys by
     code) only name users in errors."""
     if negatives not in NEGATIVES:
         raise DataError(f"negatives={negatives!r} is not one of {NEGATIVES}")
+    if negatives == "none" and aux_negatives:
+        raise DataError("aux_negatives needs sampled negatives: DIEN's auxiliary negatives are for ranking "
+                        "samples (label 1 + a sampled label 0); use --negatives uniform or popularity with "
+                        "--aux-negatives, or drop --aux-negatives for positives-only (retrieval) samples")
     if max_len < 1 or session_len < 1 or sessions < 0 or min_session_len < 1:
         raise DataError("max_len, session_len and min_session_len must be >= 1 and sessions >= 0 "
                         f"(got {max_len}, {session_len}, {min_session_len}, {sessions})")
     if sessions and time is None:
         raise DataError("DSIN sessions need timestamps: give --time-col (the s3rec format has none)")
+    if example_age and time is None:
+        raise DataError("example_age needs timestamps: give --time-col (the s3rec format has none)")
     user, item = np.asarray(user, np.int64), np.asarray(item, np.int64)
     n = len(user)
     new = np.ones(n, bool)  # (n,) first row of a user
@@ -163,19 +179,22 @@ def build_samples(user: np.ndarray, item: np.ndarray, time: np.ndarray | None, *
     h = np.minimum(pos[k], max_len)  # (S,) history lengths
 
     seen = user_keys(user, item, n_items)
-    check_sampleable(seen, n_items, user_names)
+    per = 1 if negatives == "none" else 2  # rows per positive
     pool = item if negatives == "popularity" else None
-    neg = draw_negatives(user[k], seen, n_items, np.random.default_rng([seed, 1]), pool, user_names=user_names)
+    if per == 2:  # "none" draws nothing: the existing modes' random streams are untouched
+        check_sampleable(seen, n_items, user_names)
+        neg = draw_negatives(user[k], seen, n_items, np.random.default_rng([seed, 1]), pool,
+                             user_names=user_names)
 
-    # rows: two per positive, in store order (train shuffled, then valid, test); everything below is per row
-    r_split = np.repeat(split_s, 2)
+    # rows: `per` per positive, in store order (train shuffled, then valid, test); everything below is per row
+    r_split = np.repeat(split_s, per)
     train = np.flatnonzero(r_split == 0)
     order = np.concatenate([train[np.random.default_rng([seed, 3]).permutation(len(train))],
                             np.flatnonzero(r_split == 1), np.flatnonzero(r_split == 2)])
-    sample = order // 2  # (m,) the positive each row belongs to
-    label = (order % 2 == 0).astype(np.float32)  # even rows of a pair: the positive
+    sample = order // per  # (m,) the positive each row belongs to
+    label = (order % per == 0).astype(np.float32)  # a positive's first row: label 1 (its only one if per = 1)
     ks, hs = k[sample], h[sample]
-    target = np.where(label == 1, item[ks], neg[sample])
+    target = item[ks] if per == 1 else np.where(label == 1, item[ks], neg[sample])
     out = Samples(label, user[ks], target, r_split[order], (item[ranges(ks - hs, hs)], hs), None)
     if aux_negatives:  # drawn per positive and history step, shared by the positive's label-0 twin
         aux = draw_negatives(np.repeat(user[k], h), seen, n_items, np.random.default_rng([seed, 2]), pool,
@@ -191,7 +210,24 @@ def build_samples(user: np.ndarray, item: np.ndarray, time: np.ndarray | None, *
                  "samples": {s: int(c) for s, c in zip(("train", "valid", "test"), per_split)},
                  "duplicate_user_item_rows": int(n - len(seen)),
                  "mean_history_len": float(h.mean()) if len(h) else 0.0}
+    if example_age:
+        out.example_age, out.stats["example_age"] = example_ages(np.asarray(time, np.float64)[ks], out.split)
     return out
+
+
+def example_ages(t: np.ndarray, split: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
+    """YouTubeDNN's example age of rows whose target behaviours have times ``t`` [m] and splits ``split`` [m]
+    -> (ages [m] float32, {t_start, t_end, unit}): ``(T_end - t) / (T_end - T_start)`` on train rows, with
+    ``T_start`` / ``T_end`` the min / max of ``t`` over them (all 0 when equal), 0 on valid / test rows."""
+    train = split == 0
+    age = np.zeros(len(t), np.float32)
+    info: dict[str, Any] = {"t_start": None, "t_end": None, "unit": "fraction of the training window"}
+    if train.any():
+        t_start, t_end = float(t[train].min()), float(t[train].max())
+        info.update(t_start=t_start, t_end=t_end)
+        if t_end > t_start:
+            age[train] = (t_end - t[train]) / (t_end - t_start)
+    return age, info
 
 
 def session_slots(new: np.ndarray, time: np.ndarray, k: np.ndarray, *, sessions: int, session_len: int,

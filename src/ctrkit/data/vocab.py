@@ -120,6 +120,12 @@ def _sorted_insert(a: np.ndarray, a_val: np.ndarray, b: np.ndarray, b_val: np.nd
     return keys, vals
 
 
+
+def _one_chunk(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """``pa.array`` of many strings may come back chunked (over 2 GiB of text, or millions of values in some
+    pyarrow versions); dictionary encoding then yields one dictionary per chunk, so make it one array."""
+    return arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
+
 class _SortedIndex:
     """key -> payload map over numpy arrays: a big sorted run plus a small sorted delta, merged when the
     delta grows past 1/16 of the big run, so inserting n keys costs O(n log n) amortised."""
@@ -179,7 +185,7 @@ class VocabBuilder:
         keys, miss = _as_key_array(values, self.kind)
         if missing is not None:
             miss = missing if miss is None else (miss | missing)
-        arr = pa.array(keys, mask=miss) if miss is not None else pa.array(keys)
+        arr = _one_chunk(pa.array(keys, mask=miss) if miss is not None else pa.array(keys))
         enc = pc.dictionary_encode(arr)
         uniq = enc.dictionary.to_numpy(zero_copy_only=False)  # (m,) first-appearance order
         if self.kind == "str":
@@ -300,7 +306,7 @@ class Vocabulary:
         if missing is not None:
             miss = missing if miss is None else (miss | missing)
         if len(keys) > 4 * max(len(self.keys), 1):  # many rows: look up the distinct values only
-            enc = pc.dictionary_encode(pa.array(keys))
+            enc = pc.dictionary_encode(_one_chunk(pa.array(keys)))
             uniq = enc.dictionary.to_numpy(zero_copy_only=False)
             out = self._lookup_unique(uniq.astype(str) if self.kind == "str" else uniq)[enc.indices.to_numpy()]
         else:

@@ -19,7 +19,10 @@ probed with ``hasattr``:
   :mod:`ctrkit.models.registry`.
 
 A retrieval model (two towers) satisfies the :class:`RetrievalModel` protocol: ``encode_query`` and
-``encode_item`` map a batch to ``(B, D)`` vectors scored by a dot product.
+``encode_item`` map a batch to ``(B, D)`` vectors scored by a dot product. ctrkit's own retrieval models
+derive from :class:`TwoTowerModel` (a ``CTRModel`` whose ``task_kind`` is "retrieval"), so the same
+Trainer, checkpoints and contract test serve them; ``forward(batch)`` is then the logit of the row's own
+(query, item) pair, ``<q, v> / temperature``.
 """
 
 from __future__ import annotations
@@ -129,6 +132,7 @@ class CTRModel(nn.Module):
     needs_prefit: ClassVar[bool] = False  # True: call prefit(train batches) before training
     exportable: ClassVar[bool] = True  # False: forward leaves torch (e.g. LightGBM inside)
     option_defaults: ClassVar[Mapping[str, Any]] = MappingProxyType({})  # option-group defaults that differ for this model
+    task_kind: ClassVar[str] = "ctr"  # the task that trains it: "ctr" (CTRTask) or "retrieval" (RetrievalTask)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -168,3 +172,32 @@ class RetrievalModel(Protocol):
     def encode_item(self, batch: Batch) -> torch.Tensor:
         """Item vectors (B, D) of the batch's item features."""
         ...
+
+
+class TwoTowerModel(CTRModel):
+    """Base of ctrkit's retrieval models: a query tower and an item tower into one D-dim space.
+
+    Subclasses set ``item_features`` (the single-valued sparse features that describe an item, the item
+    id ``item_id_feature`` first: what an item catalogue supplies to :meth:`encode_item`) and
+    ``temperature`` (τ), and implement :meth:`encode_query` / :meth:`encode_item`; ``encode_item`` reads
+    only ``item_features`` from a batch, so a batch of catalogue items (no user side) works. Scores::
+
+        s(q, i) = <encode_query(q), encode_item(i)> / τ        forward(batch) = s of each row's own pair (B,)
+    """
+
+    task_kind: ClassVar[str] = "retrieval"
+    item_features: list[str]
+    item_id_feature: str
+    temperature: float
+
+    def encode_query(self, batch: Batch) -> torch.Tensor:
+        """Query vectors (B, D)."""
+        raise NotImplementedError
+
+    def encode_item(self, batch: Batch) -> torch.Tensor:
+        """Item vectors (B, D) from the batch's ``item_features`` only."""
+        raise NotImplementedError
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        q, v = self.encode_query(batch), self.encode_item(batch)  # (B, D) each
+        return (q * v).sum(-1) / self.temperature  # (B,)

@@ -80,6 +80,21 @@ class EarlyStoppingConfig:
 
 
 @dataclass
+class RetrievalConfig:
+    """How a retrieval model (two_tower, youtube_dnn, sasrec) is trained: see ``ctrkit.train.tasks.RetrievalTask``.
+
+    ``loss``: in_batch | sampled | full softmax; ``log_q``: the log-Q (sampling-bias) correction; ``num_negatives``
+    / ``sampling`` / ``alpha``: the sampled softmax's k negatives per batch, uniform or ∝ count^alpha (热门打压).
+    """
+
+    loss: Literal["in_batch", "sampled", "full"] = "in_batch"
+    log_q: bool = True
+    num_negatives: int = 100
+    sampling: Literal["uniform", "frequency"] = "uniform"
+    alpha: float = 0.75
+
+
+@dataclass
 class TrainConfig:
     """Optimisation, evaluation cadence, checkpoints and reproducibility of one training run."""
 
@@ -101,7 +116,10 @@ class TrainConfig:
     eval_every: int | None = None  # steps between evaluations; None: at the end of every epoch
     checkpoint_every: int | None = None  # steps between last.pt saves (besides every evaluation)
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
+    # ranking models: auc, logloss, gauc, accuracy, calibration; retrieval models: hr@K, ndcg@K, mrr (full ranking;
+    # a retrieval run that keeps the ranking defaults here and in early_stopping gets RETRIEVAL_METRICS / ndcg@10)
     metrics: list[str] = field(default_factory=lambda: ["auc", "logloss"])
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
     seed: int = 42
     log_every: int = 50
     precision: Literal["fp32", "bf16"] = "fp32"
@@ -154,6 +172,8 @@ def _check_values(cfg: Config) -> None:
         (t.checkpoint_every is None or t.checkpoint_every >= 1, "train.checkpoint_every must be >= 1"),
         (t.log_every >= 1, "train.log_every must be >= 1"),
         (t.early_stopping.patience >= 0, "train.early_stopping.patience must be >= 0"),
+        (t.retrieval.num_negatives >= 1, "train.retrieval.num_negatives must be >= 1"),
+        (t.retrieval.alpha >= 0, "train.retrieval.alpha must be >= 0"),
     ]
     for ok, msg in checks:
         if not ok:

@@ -15,6 +15,16 @@ model itself, or a DDP / torchrec wrapper around it).
 
 evaluated with :class:`~ctrkit.metrics.MetricSet` on ``sigmoid(logits)`` (AUC, LogLoss, GAUC with
 the batches' group ids, ...).
+
+:class:`RetrievalTask`, two-tower retrieval (a :class:`~ctrkit.models.base.TwoTowerModel`), each row a
+(query, positive item) pair::
+
+    q, v  = model.encode_query(batch), model.encode_item(batch)            (B, D) each
+    loss  = in-batch softmax (log-Q corrected) | sampled softmax (k negatives, uniform or ∝ count^α)
+            | full softmax over the catalogue          (ctrkit.retrieval.losses; weights honoured)
+
+evaluated by full ranking: every row's query against every catalogue item, the user's training items
+excluded (:mod:`ctrkit.retrieval.catalogue`), HR@K / NDCG@K / MRR.
 """
 
 from __future__ import annotations
@@ -23,15 +33,21 @@ from collections.abc import Iterable, Sequence
 from contextlib import nullcontext
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from ctrkit.batch import Batch
 from ctrkit.errors import ConfigError, TrainingError
 from ctrkit.metrics import MetricSet
-from ctrkit.models.base import CTRModel, ModelOutput, ParamGroup
+from ctrkit.models.base import CTRModel, ModelOutput, ParamGroup, TwoTowerModel
+from ctrkit.retrieval.catalogue import (ItemCatalogue, SeenItems, check_ranking_metrics, exclusion_pairs,
+                                        ranking_metrics, target_ranks)
+from ctrkit.retrieval.losses import full_softmax_loss, in_batch_softmax_loss, sampled_softmax_loss
 
 PRECISIONS = ("fp32", "bf16")
+RETRIEVAL_LOSSES = ("in_batch", "sampled", "full")
+SAMPLINGS = ("uniform", "frequency")
 
 
 class Task:
@@ -119,3 +135,136 @@ class CTRTask(Task):
         if len(ms) == 0:
             raise TrainingError("evaluation data is empty: the loader yielded no rows")
         return ms.compute()
+
+
+class RetrievalTask(Task):
+    """Two-tower retrieval over ``catalogue`` (see the module docstring).
+
+    ``loss``: "in_batch" (``log_q``: subtract log of each item's share of the training targets), "sampled"
+    (``num_negatives`` per batch drawn by ``sampling``: "uniform" or "frequency" ∝ count^``alpha``; ``log_q``
+    subtracts the proposal's log probability; accidental hits removed) or "full". ``seen``: the training
+    items excluded from every user's ranking (None: nothing excluded but each row's own history).
+    ``eval_chunk``: catalogue items scored at a time.
+    """
+
+    def __init__(self, catalogue: ItemCatalogue, *, seen: SeenItems | None = None, loss: str = "in_batch",
+                 log_q: bool = True, num_negatives: int = 100, sampling: str = "uniform", alpha: float = 0.75,
+                 metrics: Sequence[str] = ("hr@10", "hr@50", "ndcg@10", "mrr"), precision: str = "fp32",
+                 eval_chunk: int = 65536) -> None:
+        for what, value, valid in (("loss", loss, RETRIEVAL_LOSSES), ("sampling", sampling, SAMPLINGS),
+                                   ("precision", precision, PRECISIONS)):
+            if value not in valid:
+                raise ConfigError(f"RetrievalTask: {what} {value!r} is not one of {valid}")
+        if num_negatives < 1 or alpha < 0:
+            raise ConfigError(f"RetrievalTask: num_negatives must be >= 1 and alpha >= 0, got {num_negatives}, "
+                              f"{alpha}")
+        check_ranking_metrics(list(metrics))
+        self.catalogue, self.seen = catalogue, seen
+        self.loss_kind, self.log_q, self.num_negatives = loss, log_q, int(num_negatives)
+        self.metric_names = list(metrics)
+        self.precision, self.eval_chunk = precision, int(eval_chunk)
+        counts = torch.as_tensor(catalogue.counts, dtype=torch.float64)
+        self._log_share = (counts / counts.sum().clamp_min(1)).clamp_min(1e-12).log()  # (N,) in-batch log Q
+        proposal = torch.ones_like(counts) if sampling == "uniform" else counts.pow(alpha)
+        self._proposal = proposal / proposal.sum()  # (N,) sampled-softmax proposal
+        self._model: TwoTowerModel | None = None
+
+    def bind(self, model: CTRModel) -> RetrievalTask:
+        if not isinstance(model, TwoTowerModel):
+            raise ConfigError(f"RetrievalTask trains a retrieval model (a TwoTowerModel: two_tower, youtube_dnn, "
+                              f"sasrec); got {type(model).__name__}")
+        missing = [f for f in model.item_features if f not in self.catalogue.features]
+        if missing:
+            raise ConfigError(f"the item catalogue lacks the item features {missing} that "
+                              f"{model.model_name or type(model).__name__} reads; it has {list(self.catalogue.features)}")
+        self._model = model
+        return self
+
+    def _autocast(self, batch: Batch) -> Any:
+        if self.precision == "bf16":
+            return torch.autocast(device_type=batch.labels.device.type, dtype=torch.bfloat16)
+        return nullcontext()
+
+    def _targets(self, model: TwoTowerModel, batch: Batch) -> torch.Tensor:
+        """Catalogue rows (B,) of the rows' items (-1: not in the catalogue)."""
+        return self.catalogue.rows_of(batch.sparse[model.item_id_feature][0])
+
+    def loss(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        m = self._model
+        if m is None:
+            raise TrainingError("RetrievalTask.loss: call task.bind(model) first")
+        rows = self._targets(m, batch)  # (B,)
+        weights = batch.weights
+        if bool((rows < 0).any()):  # rare / unseen targets (id 1) are no item: left out of the loss
+            weights = (rows >= 0).float() * (1.0 if weights is None else weights)
+        with self._autocast(batch):
+            q = m.encode_query(batch)  # (B, D)
+            if self.loss_kind == "in_batch":
+                v = m.encode_item(batch)  # (B, D)
+            elif self.loss_kind == "sampled":
+                neg = torch.multinomial(self._proposal, self.num_negatives, replacement=True)  # (K,)
+                both = torch.cat([rows.clamp(min=0).cpu(), neg])
+                v_all = m.encode_item(self.catalogue.batch(both, q.device))  # (B + K, D)
+                v, v_neg = v_all[:len(batch)], v_all[len(batch):]
+            else:
+                v_all = m.encode_item(self.catalogue.batch(None, q.device))  # (N, D)
+        t = m.temperature
+        if self.loss_kind == "in_batch":
+            log_q = self._log_share.to(q.device)[rows.clamp(min=0)] if self.log_q else None
+            loss = in_batch_softmax_loss(q, v, rows, temperature=t, log_q=log_q, weights=weights)
+        elif self.loss_kind == "sampled":
+            lq = self._proposal.log().to(q.device)
+            loss = sampled_softmax_loss(
+                q, v, rows, v_neg, neg.to(q.device), temperature=t,
+                log_q_pos=lq[rows.clamp(min=0)] if self.log_q else None,
+                log_q_neg=lq[neg.to(q.device)] if self.log_q else None, weights=weights)
+        else:
+            loss = full_softmax_loss(q, v_all, rows.clamp(min=0), temperature=t, weights=weights)
+        return loss, {}
+
+    @torch.no_grad()
+    def item_vectors(self, model: TwoTowerModel, device: torch.device | str = "cpu") -> torch.Tensor:
+        """Every catalogue item's vector (N, D), encoded ``eval_chunk`` items at a time."""
+        parts = []
+        for a in range(0, len(self.catalogue), self.eval_chunk):
+            b = self.catalogue.batch(slice(a, a + self.eval_chunk), device)
+            with self._autocast(b):
+                parts.append(model.encode_item(b).float())
+        return torch.cat(parts)
+
+    def exclusions(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(row, catalogue row) pairs to mask: the user's training items and the row's own item history."""
+        m = self._model
+        assert m is not None
+        f = m.fields
+        hist = f.histories[f.history_items.index(m.item_id_feature)] if m.item_id_feature in f.history_items else None
+        return exclusion_pairs(self.catalogue, self.seen, batch, hist)
+
+    @torch.no_grad()
+    def ranks(self, model: nn.Module, loader: Iterable[Batch]) -> np.ndarray:
+        """0-based full-ranking rank of every row's item (inf: a miss that cannot be ranked)."""
+        m = self._model
+        if m is None:
+            raise TrainingError("RetrievalTask.evaluate: call task.bind(model) first")
+        was_training = m.training
+        m.eval()
+        out = []
+        try:
+            vectors = None
+            for batch in loader:
+                if vectors is None:
+                    vectors = self.item_vectors(m, batch.labels.device)  # (N, D)
+                with self._autocast(batch):
+                    q = m.encode_query(batch).float()  # (B, D)
+                scores = q @ vectors.t()  # (B, N)
+                out.append(target_ranks(scores, self._targets(m, batch), self.exclusions(batch)).cpu().numpy())
+        finally:
+            m.train(was_training)
+        return np.concatenate(out) if out else np.zeros(0)
+
+    def evaluate(self, model: nn.Module, loader: Iterable[Batch]) -> dict[str, float]:
+        """Full-ranking metrics of the rows of ``loader`` (one query and its true item per row)."""
+        r = self.ranks(model, loader)
+        if len(r) == 0:
+            raise TrainingError("evaluation data is empty: the loader yielded no rows")
+        return ranking_metrics(r, self.metric_names)

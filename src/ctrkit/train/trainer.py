@@ -54,7 +54,7 @@ from tqdm.auto import tqdm
 
 from ctrkit.batch import Batch
 from ctrkit.errors import ConfigError, TrainingError
-from ctrkit.metrics import MAXIMISE
+from ctrkit.metrics import higher_is_better
 from ctrkit.models.base import CTRModel
 from ctrkit.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from ctrkit.train.config import TrainConfig, config_to_dict
@@ -156,7 +156,7 @@ class Trainer:
                               f"{task.metric_names}")
         self.task = task.bind(self.model)
         self.metric_names = list(task.metric_names)
-        self._maximise = MAXIMISE.get(es.metric, False) if es.mode == "auto" else es.mode == "max"
+        self._maximise = higher_is_better(es.metric) if es.mode == "auto" else es.mode == "max"
 
         seed_everything(config.seed)
         self.optimizer: OptimizerSet = build_optimizers(self.model, config)

@@ -1,0 +1,1 @@
+"""Retrieval: two-tower training support, item catalogues, faiss recall."""
