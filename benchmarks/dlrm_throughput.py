@@ -7,6 +7,11 @@ Optimizers as the peer's fastest path: Adam (lr 1e-3) on dense parameters, row-w
 (lr 0.02) on the embedding tables.
 
     python benchmarks/dlrm_throughput.py [--reps 3] [--skip-peer] [--interaction dot|dcn] [--no-keep-freed-memory]
+                                         [--device cpu|cuda]
+
+``--device cuda`` trains ctrkit's model on the GPU (batches moved there beforehand, untimed; the clock stops
+after a device synchronisation); the peer stays on the CPU, so on CUDA pass --skip-peer. With --skip-peer the
+data is made by ``shared/bench/make_data.py`` alone (no peer install).
 
 Prints a table and ends with one JSON line:
 {"ctrkit_samples_per_s": ..., "torchrec_samples_per_s": ..., "ratio": ...}
@@ -35,8 +40,12 @@ DATA = PEERS / "data" / "synth.npz"
 BATCH, EMB_DIM, THREADS = 4096, 16, 2
 
 
-def ensure_peers_and_data() -> None:
+def ensure_peers_and_data(data_only: bool = False) -> None:
     env = {**os.environ, "PEERS_HOME": str(PEERS)}
+    if data_only:
+        if not DATA.is_file():
+            subprocess.run([sys.executable, str(BENCH / "make_data.py")], check=True, env=env)
+        return
     subprocess.run(["bash", str(BENCH / "install.sh")], check=True, env=env)
     if not DATA.is_file():
         subprocess.run([str(PEERS / "venv-deepctr/bin/python"), str(BENCH / "make_data.py")], check=True,
@@ -54,7 +63,8 @@ def run_peer(mode: str, model: str) -> dict:
     return json.loads(m.group(1))
 
 
-def run_ctrkit(interaction: str, precision: str, seed: int = 0, keep_memory: bool = True) -> dict:
+def run_ctrkit(interaction: str, precision: str, seed: int = 0, keep_memory: bool = True,
+               device: str = "cpu") -> dict:
     from ctrkit.batch import Batch, KeyedJagged
     from ctrkit.models.registry import create_model
     from ctrkit.schema import DenseFeature, Schema, SparseFeature
@@ -74,7 +84,7 @@ def run_ctrkit(interaction: str, precision: str, seed: int = 0, keep_memory: boo
     params = {"dense_arch": (512, 256), "over_arch": (512, 256), "interaction": interaction}
     if interaction == "dcn":
         params.update(dcn_type="low_rank", dcn_layers=3, dcn_rank=16)
-    model = create_model("dlrm", schema, **params)
+    model = create_model("dlrm", schema, **params).to(device)
     cfg = TrainConfig(lr=1e-3, dense_optimizer="adam", sparse_optimizer="rowwise_adagrad", embedding_lr=0.02,
                       precision=precision)
     opt = build_optimizers(model, cfg)
@@ -84,9 +94,10 @@ def run_ctrkit(interaction: str, precision: str, seed: int = 0, keep_memory: boo
     batches = []
     for s in range(0, len(Y), BATCH):
         idx = perm[s:s + BATCH]
-        batches.append(Batch(dense=D[idx], sparse=KeyedJagged.from_dense(keys, S[idx]), labels=Y[idx]))
+        batches.append(Batch(dense=D[idx], sparse=KeyedJagged.from_dense(keys, S[idx]), labels=Y[idx]).to(device))
     bce = torch.nn.functional.binary_cross_entropy_with_logits
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
+    dev_type = torch.device(device).type
+    autocast = torch.autocast(dev_type, dtype=torch.bfloat16, enabled=precision == "bf16")
     model.train()
     losses = []
     t0 = time.perf_counter()
@@ -98,11 +109,13 @@ def run_ctrkit(interaction: str, precision: str, seed: int = 0, keep_memory: boo
         loss.backward()
         opt.step()
         losses.append(loss.detach())
+    if dev_type == "cuda":
+        torch.cuda.synchronize()
     dt = time.perf_counter() - t0
     losses = [float(x) for x in losses]
     return {"library": "ctrkit", "model": f"DLRM-{interaction}", "samples": len(Y), "train_seconds": round(dt, 3),
             "samples_per_s": round(len(Y) / dt, 1), "first_loss": round(losses[0], 4),
-            "last_loss": round(losses[-1], 4), "precision": precision}
+            "last_loss": round(losses[-1], 4), "precision": precision, "device": device}
 
 
 def main() -> None:
@@ -113,8 +126,11 @@ def main() -> None:
     ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
     ap.add_argument("--no-keep-freed-memory", action="store_true",
                     help="leave glibc's allocator at its defaults (Trainer: train.keep_freed_memory=false)")
+    ap.add_argument("--device", default="cpu", help="ctrkit's device (cpu, cuda); the peer runs on the CPU")
     args = ap.parse_args()
-    ensure_peers_and_data()
+    ensure_peers_and_data(data_only=args.skip_peer)
+    where = torch.cuda.get_device_name() if args.device.startswith("cuda") else torch.backends.cpu.get_cpu_capability()
+    print(f"device {args.device} ({where}); cpu capability {torch.backends.cpu.get_cpu_capability()}", flush=True)
     peer_model = "DLRM" if args.interaction == "dot" else "DLRM_DCN"
     ours, peer = [], []
     for r in range(args.reps):  # interleaved, so both see the same machine state
@@ -122,13 +138,15 @@ def main() -> None:
             peer.append(run_peer("dmp_fused", peer_model))
             print(f"rep {r}: torchrec {peer[-1]['samples_per_s']:.0f} samples/s, last loss {peer[-1]['last_loss']}",
                   flush=True)
-        ours.append(run_ctrkit(args.interaction, args.precision, seed=r, keep_memory=not args.no_keep_freed_memory))
+        ours.append(run_ctrkit(args.interaction, args.precision, seed=r, keep_memory=not args.no_keep_freed_memory,
+                               device=args.device))
         print(f"rep {r}: ctrkit   {ours[-1]['samples_per_s']:.0f} samples/s, last loss {ours[-1]['last_loss']}",
               flush=True)
     c = statistics.median(x["samples_per_s"] for x in ours)
     t = statistics.median(x["samples_per_s"] for x in peer) if peer else None
     out = {"workload": "200k rows, 13 dense + 26 sparse, D=16, dense 512-256-16, over 512-256-1, B=4096, 2 threads",
-           "interaction": args.interaction, "precision": args.precision, "reps": args.reps,
+           "interaction": args.interaction, "precision": args.precision, "reps": args.reps, "device": args.device,
+           "device_name": where,
            "keep_freed_memory": not args.no_keep_freed_memory,
            "ctrkit_samples_per_s": round(c, 1), "torchrec_samples_per_s": round(t, 1) if t else None,
            "ratio": round(c / t, 3) if t else None,

@@ -1,4 +1,4 @@
-"""Command line: ``ctrkit preprocess | synth | train | evaluate | predict | models | demo``.
+"""Command line: ``ctrkit preprocess | synth | train | evaluate | predict | recall | models | demo``.
 
 Every sub-command lives in the module that does the work; this file only wires arguments to it.
 Errors of ctrkit's own kinds (bad config, bad data, bad store) are printed as one line and exit 2.
@@ -82,8 +82,16 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
     d.set_defaults(func=runner.run_demo)
 
 
+def _add_recall(sub: argparse._SubParsersAction) -> None:
+    from ctrkit.retrieval import recall
+
+    p = sub.add_parser("recall", help="top-K candidates per user from a retrieval checkpoint (faiss index)")
+    recall.add_recall_args(p)
+    p.set_defaults(func=recall.run_recall)
+
+
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
-    _add_preprocess, _add_synth, _add_run_commands, _add_models,
+    _add_preprocess, _add_synth, _add_run_commands, _add_recall, _add_models,
 ]
 
 

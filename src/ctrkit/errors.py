@@ -45,7 +45,8 @@ class NotFittedError(CtrkitError, RuntimeError):
 
 class RetrievalError(CtrkitError, ValueError):
     """A vector index that cannot be built, searched, saved or loaded as asked (bad k, vectors of another
-    dimension, an index from another checkpoint, an existing path); the message names the option and the fix."""
+    dimension, an index from another checkpoint, an existing path); the message names the option and the
+    fix. Also raised by the item catalogue (``ctrkit.retrieval.catalogue``)."""
 
 
 class SchemaError(CtrkitError, ValueError):

@@ -41,7 +41,7 @@ def test_catalogue_from_store(stores):
     pos = np.asarray(s["label"]) > 0
     item, cate = np.asarray(s["item"]), np.asarray(s["cate"])
     pairs = dict(zip(item.tolist(), cate.tolist()))
-    hv, ho = s["hist_item"]
+    hv = s["hist_item"][0]
     pairs.update({k: v for k, v in zip(np.asarray(hv).tolist(), np.asarray(s["hist_cate"][0]).tolist())
                   if k not in pairs})
     assert set(cat.ids.tolist()) == {k for k in pairs if k >= 2}

@@ -113,7 +113,7 @@ class RetrievalEmbedding(nn.Module):
         return schema.embedding_dim(q.shares)
 
     def item_ids(self, kj: KeyedJagged, key: str) -> torch.Tensor:
-        values, lengths, _ = kj[key]
+        values = kj[key][0]
         if values.numel() != kj.stride:
             raise ConfigError(f"item feature {key!r} must hold exactly one id per row; got {values.numel()} ids "
                               f"for {kj.stride} rows")

@@ -15,8 +15,14 @@ from __future__ import annotations
 import torch
 
 from ctrkit.batch import Batch
-from ctrkit.models._retrieval import (SIMILARITIES, RetrievalEmbedding, check_choice, check_positive,
-                                      retrieval_fields, similarity_vectors)
+from ctrkit.models._retrieval import (
+    SIMILARITIES,
+    RetrievalEmbedding,
+    check_choice,
+    check_positive,
+    retrieval_fields,
+    similarity_vectors,
+)
 from ctrkit.models._towers import layer_options
 from ctrkit.models.base import TwoTowerModel
 from ctrkit.models.registry import register_model

@@ -41,8 +41,14 @@ from ctrkit.batch import Batch
 from ctrkit.errors import ConfigError, TrainingError
 from ctrkit.metrics import MetricSet
 from ctrkit.models.base import CTRModel, ModelOutput, ParamGroup, TwoTowerModel
-from ctrkit.retrieval.catalogue import (ItemCatalogue, SeenItems, check_ranking_metrics, exclusion_pairs,
-                                        ranking_metrics, target_ranks)
+from ctrkit.retrieval.catalogue import (
+    ItemCatalogue,
+    SeenItems,
+    check_ranking_metrics,
+    exclusion_pairs,
+    ranking_metrics,
+    target_ranks,
+)
 from ctrkit.retrieval.losses import full_softmax_loss, in_batch_softmax_loss, sampled_softmax_loss
 
 PRECISIONS = ("fp32", "bf16")

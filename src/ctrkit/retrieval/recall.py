@@ -1,0 +1,193 @@
+"""``ctrkit recall``: top-K candidates per query row from a retrieval checkpoint and a faiss index.
+
+    item vectors = model.encode_item(the checkpoint's catalogue)        (N, D)  -> VectorIndex (flat / ivf / hnsw)
+    query vectors = model.encode_query(rows of --data)                  (Q, D)  -> top-K, seen items excluded
+
+Seen items: the row's own history and, when the checkpoint's training store is still on disk, every item the
+row's user has there (the same exclusion as evaluation). Cold start, per row, said in the ``source`` column:
+
+* ``model``: the user is known (its user id features are ids >= 2) -> the model's query vector;
+* ``cold_start_features``: an unknown user (every user id feature is 0 / 1, the shared rare row) who has a
+  history or other features -> the model's query vector built from them, the user id being the rare id;
+* ``popular``: an unknown user with an empty history, or any row of a model that reads no user feature and
+  has no history to read -> the most popular training items, seen ones excluded.
+
+An index saved with ``--index-path`` carries the checkpoint's checksum; reusing it with another checkpoint or
+a model of another dimension is refused. Output CSV: ``row, user, rank, item, score, source`` (raw user and
+item keys through the checkpoint's vocabularies; K rows per query row).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ctrkit.data.loader import BatchLoader
+from ctrkit.data.pipeline_io import pipeline_from_checkpoint
+from ctrkit.data.store import Store, file_checksum
+from ctrkit.data.vocab_agree import GROUP_VOCAB
+from ctrkit.errors import JobError, RetrievalError
+from ctrkit.models.base import TwoTowerModel
+from ctrkit.retrieval.catalogue import ItemCatalogue, SeenItems, history_of
+from ctrkit.retrieval.index import INDEX_KINDS, VectorIndex
+
+log = logging.getLogger(__name__)
+SOURCES = ("model", "cold_start_features", "popular")
+
+
+def item_vectors(model: TwoTowerModel, catalogue: ItemCatalogue, chunk: int = 65536) -> np.ndarray:
+    """Every catalogue item's vector (N, D) float32, in catalogue order."""
+    model.eval()
+    with torch.no_grad():
+        return torch.cat([model.encode_item(catalogue.batch(slice(a, a + chunk)))
+                          for a in range(0, len(catalogue), chunk)]).float().numpy()
+
+
+def raw_keys(vocab: Any, ids: np.ndarray) -> np.ndarray:
+    """Raw keys (as text) of ``ids`` through a fitted vocabulary; "" for 0 (missing), "<unknown>" for 1 or an id
+    the vocabulary does not hold (hashed vocabularies give the first key of a bucket)."""
+    ids = np.asarray(ids, np.int64)
+    order = np.argsort(vocab.ids, kind="stable")
+    sid, skeys = vocab.ids[order], vocab.keys[order].astype(str)
+    pos = np.searchsorted(sid, ids).clip(max=max(len(sid) - 1, 0))
+    hit = (sid[pos] == ids) if len(sid) else np.zeros(len(ids), bool)
+    out = np.where(hit, skeys[pos] if len(sid) else "", "<unknown>").astype(object)
+    out[ids == 0] = ""
+    return out
+
+
+def row_sources(model: TwoTowerModel, schema: Any, batch: Any) -> np.ndarray:
+    """(B,) index into SOURCES of each row (see the module docstring)."""
+    f = model.fields
+    B = len(batch)
+    user_keys = [s.name for s in schema.sparse if s.group == "user" and s.name in f.query_pooled]
+    known = np.zeros(B, bool)
+    for k in user_keys:  # a user id (or user attribute) the vocabulary knows: id >= 2
+        values, lengths, _ = batch.sparse[k]
+        row = torch.repeat_interleave(torch.arange(B), lengths)
+        top = torch.zeros(B, dtype=torch.int64).scatter_reduce(0, row, values, "amax")
+        known |= (top >= 2).numpy()
+    has_hist = np.zeros(B, bool)
+    for h in f.histories:
+        has_hist |= (batch.sparse[h][1] > 0).numpy()
+    other = bool(f.dense) or any(k not in user_keys for k in f.query_pooled)  # context / user attributes
+    return np.where(known, 0, np.where(has_hist | other, 1, 2))
+
+
+def recall(checkpoint: str | Path, data: str | Path | None, out: str | Path, *, k: int = 50,
+           index_kind: str = "flat_ip", index_path: str | Path | None = None, nprobe: int | None = None,
+           ef_search: int | None = None, batch_size: int = 4096, overwrite: bool = False) -> dict[str, Any]:
+    """Write ``out`` (see the module docstring); returns counts per source and the index used."""
+    from ctrkit.train.checkpoint import load_checkpoint, load_model
+    from ctrkit.train.config import Config
+
+    if index_kind not in INDEX_KINDS:
+        raise JobError(f"--index {index_kind!r} is not one of {INDEX_KINDS}")
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise JobError(f"--output {out} already exists; choose another path or pass --overwrite")
+    ckpt = load_checkpoint(checkpoint)
+    model, schema, cfg = load_model(checkpoint, ckpt=ckpt)
+    if not isinstance(model, TwoTowerModel):
+        raise JobError(f"{checkpoint} holds a {ckpt['model']['name']!r} ranking model; `ctrkit recall` needs a "
+                       "retrieval model (two_tower, youtube_dnn, sasrec)")
+    catalogue = ItemCatalogue.from_payload(ckpt["extra"]["catalogue"])
+    if k > len(catalogue):
+        raise JobError(f"--k {k} is larger than the {len(catalogue)} items of the catalogue; lower --k")
+    train_store = cfg.data.train if isinstance(cfg, Config) else None
+    path = data or (cfg.data.test if isinstance(cfg, Config) else None)
+    if not path:
+        raise JobError("no query rows: pass --data STORE (the checkpoint's config names no test store)")
+    seen = None
+    if train_store and Path(train_store).is_dir():
+        seen = SeenItems.from_store(Store(train_store))
+    else:
+        log.warning("training store %s is not on disk: only each row's own history is excluded", train_store)
+    vectors = item_vectors(model, catalogue)
+    fingerprint = file_checksum(Path(checkpoint), full=True)
+    if index_path is not None and Path(index_path).exists() and not overwrite:
+        index = VectorIndex.load(index_path, expect_dim=vectors.shape[1], expect_fingerprint=fingerprint)
+        log.info("loaded the %s index at %s", index.meta["kind"], index_path)
+    else:
+        index = VectorIndex.build(vectors, catalogue.ids, kind=index_kind, fingerprint=fingerprint)
+        if index_path is not None:
+            index.save(index_path, overwrite=overwrite)
+    index.set_search_params(nprobe=nprobe, ef_search=ef_search)
+    pipeline = pipeline_from_checkpoint(ckpt)
+    vocabs = pipeline.vocabs_ or {}
+    item_table, user_table = schema.table_of(catalogue.item_feature), GROUP_VOCAB  # the group column: the user
+    popular = catalogue.ids[np.argsort(-catalogue.counts, kind="stable")]  # (N,) most popular first
+    hist = history_of(schema, catalogue.item_feature)
+    loader = BatchLoader(Store(path), batch_size, shuffle=False, prefetch=0, pipeline=pipeline)
+    counts = dict.fromkeys(SOURCES, 0)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    n = 0
+    try:
+        with open(tmp, "w", newline="") as fh, torch.no_grad():
+            w = csv.writer(fh)
+            w.writerow(["row", "user", "rank", "item", "score", "source"])
+            for batch in loader:
+                B = len(batch)
+                rows, items = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+                if seen is not None and batch.group_ids is not None:
+                    r, i = seen.pairs(batch.group_ids.numpy())
+                    rows.append(r)
+                    items.append(i)
+                if hist is not None:
+                    values, lengths, _ = batch.sparse[hist]
+                    rows.append(np.repeat(np.arange(B), lengths.numpy()))
+                    items.append(values.numpy())
+                exclude = (np.concatenate(rows), np.concatenate(items))
+                scores, ids = index.search(model.encode_query(batch).float().numpy(), k, exclude)
+                source = row_sources(model, schema, batch)
+                for j in np.flatnonzero(source == 2):  # popular fallback (a few rows: per-row lookup is fine)
+                    mine = set(exclude[1][exclude[0] == j].tolist())
+                    pick = [x for x in popular[: k + len(mine)] if x not in mine][:k]
+                    ids[j] = np.pad(pick, (0, k - len(pick)), constant_values=-1)
+                    scores[j] = np.nan
+                users = (raw_keys(vocabs[user_table], batch.group_ids.numpy())
+                         if user_table in vocabs and batch.group_ids is not None else np.full(B, ""))
+                items_raw = raw_keys(vocabs[item_table], ids.reshape(-1)) if item_table in vocabs else ids.reshape(-1)
+                for c in range(3):
+                    counts[SOURCES[c]] += int((source == c).sum())
+                row = np.repeat(np.arange(n, n + B), k)
+                w.writerows(zip(row, np.repeat(users, k), np.tile(np.arange(1, k + 1), B), items_raw,
+                                (f"{s:.6f}" for s in scores.reshape(-1)), np.repeat(np.array(SOURCES)[source], k)))
+                n += B
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    log.info("recall: %d query rows x %d candidates -> %s (%s; index %s)", n, k, out, counts, index.meta["kind"])
+    if counts["cold_start_features"] or counts["popular"]:
+        log.warning("%d rows of unknown users were served from their features, %d from the popular items (column "
+                    "'source')", counts["cold_start_features"], counts["popular"])
+    return {"rows": n, "sources": counts, "index": index.meta["kind"], "output": str(out)}
+
+
+def add_recall_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", required=True, help="a retrieval model's checkpoint (best.pt)")
+    p.add_argument("--data", help="store of query rows (default: the checkpoint's test store)")
+    p.add_argument("--k", type=int, default=50, help="candidates per query row")
+    p.add_argument("--output", required=True, help="CSV: row, user, rank, item, score, source")
+    p.add_argument("--index", choices=INDEX_KINDS, default="flat_ip", help="exact (flat_*) or approximate")
+    p.add_argument("--index-path", help="save the index here (or reuse it, when built from this checkpoint)")
+    p.add_argument("--nprobe", type=int, help="ivf: lists scanned per query")
+    p.add_argument("--ef-search", type=int, help="hnsw: candidates kept in the graph walk")
+    p.add_argument("--batch-size", type=int, default=4096)
+    p.add_argument("--overwrite", action="store_true", help="replace --output / --index-path if they exist")
+
+
+def run_recall(args: argparse.Namespace) -> int:
+    if args.k < 1:
+        raise JobError(f"--k must be >= 1, got {args.k}")
+    recall(args.checkpoint, args.data, args.output, k=args.k, index_kind=args.index, index_path=args.index_path,
+           nprobe=args.nprobe, ef_search=args.ef_search, batch_size=args.batch_size, overwrite=args.overwrite)
+    return 0

@@ -1,0 +1,116 @@
+"""``ctrkit recall``: exact-index candidates equal a brute-force top-K, seen items excluded; cold-start sources;
+clear errors for K, reused indexes of another checkpoint and ranking checkpoints."""
+
+from __future__ import annotations
+
+import csv
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from test_catalogue import write_log
+
+from ctrkit.cli import main
+from ctrkit.data.behaviour import preprocess_behaviour
+from ctrkit.data.loader import BatchLoader
+from ctrkit.data.store import Store
+from ctrkit.errors import JobError, RetrievalError
+from ctrkit.retrieval.catalogue import ItemCatalogue, SeenItems
+from ctrkit.retrieval.recall import raw_keys, recall, row_sources
+from ctrkit.runner import train_from_config
+from ctrkit.train.checkpoint import load_checkpoint, load_model
+from ctrkit.train.config import load_config
+
+pytest.importorskip("faiss")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    d = tmp_path_factory.mktemp("recall")
+    write_log(d / "log.csv", n_users=80, n_items=40, per_user=8)
+    out = preprocess_behaviour(d / "log.csv", d / "st", attr_cols=["cat:cate"], time_col="time", negatives="none",
+                               embedding_dim=8)
+    cfg = load_config(None, [f"data.train={out['train']}", f"data.valid={out['valid']}", f"data.test={out['test']}",
+                             "model.name=two_tower", "model.params.out_dim=8", "model.params.tower_hidden=[16]",
+                             "train.epochs=1", "data.batch_size=32", f"run.dir={d}/runs", "run.name=tt",
+                             "train.progress=false"])
+    train_from_config(cfg, progress=False)
+    return d, out, d / "runs" / "tt" / "best.pt"
+
+
+def _read(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_exact_recall_equals_brute_force(trained, tmp_path):
+    d, out, ckpt_path = trained
+    assert main(["recall", "--checkpoint", str(ckpt_path), "--k", "7", "--output", str(tmp_path / "c.csv")]) == 0
+    rows = _read(tmp_path / "c.csv")
+    ckpt = load_checkpoint(ckpt_path)
+    model, schema, _ = load_model(ckpt_path, ckpt=ckpt)
+    cat = ItemCatalogue.from_payload(ckpt["extra"]["catalogue"])
+    seen = SeenItems.from_store(Store(out["train"]))
+    batch = next(iter(BatchLoader(Store(out["test"]), 10_000, shuffle=False, prefetch=0)))
+    with torch.no_grad():
+        scores = model.encode_query(batch) @ model.encode_item(cat.batch()).t()  # (Q, N) brute force
+    r, i = seen.pairs(batch.group_ids.numpy())
+    hv, hl, _ = batch.sparse["hist_item"]
+    r = np.concatenate([r, np.repeat(np.arange(len(batch)), hl.numpy())])
+    i = np.concatenate([i, hv.numpy()])
+    c = cat.rows_of(torch.from_numpy(i))
+    scores[torch.from_numpy(r)[c >= 0], c[c >= 0]] = float("-inf")
+    top = scores.topk(7, dim=1)
+    pipe_items = {int(x): x for x in cat.ids}
+    assert len(rows) == 7 * len(batch)
+    from ctrkit.data.pipeline_io import pipeline_from_checkpoint
+
+    item_keys = raw_keys(pipeline_from_checkpoint(ckpt).vocabs_["item"], cat.ids[top.indices.numpy()].reshape(-1))
+    got_items = [row["item"] for row in rows]
+    got_scores = np.array([float(row["score"]) for row in rows])
+    np.testing.assert_allclose(got_scores, top.values.numpy().reshape(-1), atol=1e-5)
+    ties = np.isclose(np.diff(top.values.numpy(), axis=1), 0, atol=1e-6).any()
+    if not ties:
+        assert got_items == list(item_keys)
+    assert {row["source"] for row in rows} == {"model"} and pipe_items
+
+
+def test_row_sources_cold_start(trained):
+    d, out, ckpt_path = trained
+    model, schema, _ = load_model(ckpt_path)
+    batch = next(iter(BatchLoader(Store(out["test"]), 4, shuffle=False, prefetch=0)))
+    assert row_sources(model, schema, batch).tolist() == [0, 0, 0, 0]
+    kj = batch.sparse
+    per_key = {}
+    for k in kj.keys:
+        v, ln, _ = kj[k]
+        if k == "user":
+            v = torch.tensor([1, 1, 5, 0])  # unknown, unknown, known, missing
+        if k.startswith("hist_"):  # rows 1 and 3: no history
+            keep = torch.repeat_interleave(torch.arange(4), ln)
+            m = (keep != 1) & (keep != 3)
+            v, ln = v[m], ln * torch.tensor([1, 0, 1, 0])
+        per_key[k] = (v, ln)
+    from ctrkit.batch import Batch, KeyedJagged
+
+    b = Batch(batch.dense, KeyedJagged.from_per_key(per_key), batch.labels, group_ids=batch.group_ids)
+    assert row_sources(model, schema, b).tolist() == [1, 2, 0, 2]
+
+
+def test_recall_errors(trained, tmp_path):
+    d, out, ckpt_path = trained
+    with pytest.raises(JobError, match="larger than the .* items"):
+        recall(ckpt_path, None, tmp_path / "a.csv", k=10_000)
+    recall(ckpt_path, None, tmp_path / "a.csv", k=3, index_kind="hnsw", index_path=tmp_path / "idx")
+    with pytest.raises(JobError, match="already exists"):
+        recall(ckpt_path, None, tmp_path / "a.csv", k=3)
+    other = tmp_path / "other.pt"  # another checkpoint (its bytes differ): the saved index is refused
+    ck = torch.load(ckpt_path, weights_only=True)
+    ck["model_state"] = {k: v + 1 if v.is_floating_point() else v for k, v in ck["model_state"].items()}
+    torch.save(ck, other)
+    with pytest.raises(RetrievalError, match="rebuild it"):
+        recall(other, None, tmp_path / "b.csv", k=3, index_path=tmp_path / "idx")
+    shutil.copy(ckpt_path, tmp_path / "same.pt")  # the same bytes: reused
+    recall(tmp_path / "same.pt", None, tmp_path / "c.csv", k=3, index_path=tmp_path / "idx")
+    assert len(_read(tmp_path / "c.csv")) == 3 * Store(out["test"]).num_rows
