@@ -45,11 +45,11 @@ def _read(path):
 
 
 def test_exact_recall_equals_brute_force(trained, tmp_path):
-    d, out, ckpt_path = trained
+    _, out, ckpt_path = trained
     assert main(["recall", "--checkpoint", str(ckpt_path), "--k", "7", "--output", str(tmp_path / "c.csv")]) == 0
     rows = _read(tmp_path / "c.csv")
     ckpt = load_checkpoint(ckpt_path)
-    model, schema, _ = load_model(ckpt_path, ckpt=ckpt)
+    model, _, _ = load_model(ckpt_path, ckpt=ckpt)
     cat = ItemCatalogue.from_payload(ckpt["extra"]["catalogue"])
     seen = SeenItems.from_store(Store(out["train"]))
     batch = next(iter(BatchLoader(Store(out["test"]), 10_000, shuffle=False, prefetch=0)))
@@ -77,7 +77,7 @@ def test_exact_recall_equals_brute_force(trained, tmp_path):
 
 
 def test_row_sources_cold_start(trained):
-    d, out, ckpt_path = trained
+    _, out, ckpt_path = trained
     model, schema, _ = load_model(ckpt_path)
     batch = next(iter(BatchLoader(Store(out["test"]), 4, shuffle=False, prefetch=0)))
     assert row_sources(model, schema, batch).tolist() == [0, 0, 0, 0]
@@ -99,7 +99,7 @@ def test_row_sources_cold_start(trained):
 
 
 def test_recall_errors(trained, tmp_path):
-    d, out, ckpt_path = trained
+    _, out, ckpt_path = trained
     with pytest.raises(JobError, match="larger than the .* items"):
         recall(ckpt_path, None, tmp_path / "a.csv", k=10_000)
     recall(ckpt_path, None, tmp_path / "a.csv", k=3, index_kind="hnsw", index_path=tmp_path / "idx")

@@ -33,7 +33,7 @@ from ctrkit.data.loader import BatchLoader
 from ctrkit.data.pipeline_io import pipeline_from_checkpoint
 from ctrkit.data.store import Store, file_checksum
 from ctrkit.data.vocab_agree import GROUP_VOCAB
-from ctrkit.errors import JobError, RetrievalError
+from ctrkit.errors import JobError
 from ctrkit.models.base import TwoTowerModel
 from ctrkit.retrieval.catalogue import ItemCatalogue, SeenItems, history_of
 from ctrkit.retrieval.index import INDEX_KINDS, VectorIndex
