@@ -201,6 +201,22 @@ def evaluate_store(model: torch.nn.Module, store: Store, pipeline: FeaturePipeli
     return CTRTask(metrics).evaluate(model, _eval_loader(store, batch_size, pipeline))
 
 
+def evaluate_retrieval(model: torch.nn.Module, ckpt: dict[str, Any], cfg: Any, store: Store,
+                       pipeline: FeaturePipeline | None, batch_size: int = 8192) -> dict[str, float]:
+    """Full-ranking metrics of a retrieval checkpoint on ``store``: its catalogue, the training items of its
+    training store excluded when that store is still on disk (else only each row's own history, with a warning)."""
+    from ctrkit.retrieval.catalogue import ItemCatalogue
+
+    if not isinstance(cfg, Config):
+        raise JobError("the checkpoint's config cannot be read; retrain with this ctrkit version")
+    train = cfg.data.train
+    train_store = Store(train) if train and Path(train).is_dir() else None
+    if train_store is None:
+        log.warning("training store %s is not on disk: only each row's own history is excluded from its ranking", train)
+    task = retrieval_task(retrieval_config(cfg), ItemCatalogue.from_payload(ckpt["extra"]["catalogue"]), train_store)
+    return task.bind(model).evaluate(model, _eval_loader(store, batch_size, pipeline))
+
+
 def predict_file(model: torch.nn.Module, pipeline: FeaturePipeline, path: str | Path,
                  batch_size: int = 8192) -> Iterator[np.ndarray]:
     """Click probabilities of the raw rows of ``path`` (the format the pipeline was fitted on), in input
@@ -239,7 +255,10 @@ def run_evaluate(args: argparse.Namespace) -> int:
     store = Store(path)
     check_same_vocabulary(_checkpoint_vocabularies(args.checkpoint, ckpt), store,
                           "--data" if args.data else "the checkpoint's data.test")
-    metrics = evaluate_store(model, store, pipeline_from_checkpoint(ckpt), args.batch_size)
+    if model.task_kind == "retrieval":  # full ranking over the checkpoint's catalogue
+        metrics = evaluate_retrieval(model, ckpt, cfg, store, pipeline_from_checkpoint(ckpt), args.batch_size)
+    else:
+        metrics = evaluate_store(model, store, pipeline_from_checkpoint(ckpt), args.batch_size)
     sys.stdout.write(f"{path}: {_fmt(metrics)}\n")
     return 0
 

@@ -35,8 +35,18 @@ def trained(tmp_path_factory):
                              "model.name=two_tower", "model.params.out_dim=8", "model.params.tower_hidden=[16]",
                              "train.epochs=1", "data.batch_size=32", f"run.dir={d}/runs", "run.name=tt",
                              "train.progress=false"])
-    train_from_config(cfg, progress=False)
-    return d, out, d / "runs" / "tt" / "best.pt"
+    summary = train_from_config(cfg, progress=False)
+    return d, out, d / "runs" / "tt" / "best.pt", summary
+
+
+def test_evaluate_cli_ranks_like_training(trained, capsys):
+    """`ctrkit evaluate` on a retrieval checkpoint: the full-ranking metrics training reported for test."""
+    _, _out, ckpt_path, summary = trained
+    assert main(["evaluate", "--checkpoint", str(ckpt_path)]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    got = dict(kv.split("=") for kv in line.split(": ", 1)[1].split())
+    for k, v in summary["test"].items():
+        assert float(got[k]) == pytest.approx(v, abs=1e-5)
 
 
 def _read(path):
@@ -45,7 +55,7 @@ def _read(path):
 
 
 def test_exact_recall_equals_brute_force(trained, tmp_path):
-    _, out, ckpt_path = trained
+    _, out, ckpt_path, _summary = trained
     assert main(["recall", "--checkpoint", str(ckpt_path), "--k", "7", "--output", str(tmp_path / "c.csv")]) == 0
     rows = _read(tmp_path / "c.csv")
     ckpt = load_checkpoint(ckpt_path)
@@ -77,7 +87,7 @@ def test_exact_recall_equals_brute_force(trained, tmp_path):
 
 
 def test_row_sources_cold_start(trained):
-    _, out, ckpt_path = trained
+    _, out, ckpt_path, _summary = trained
     model, schema, _ = load_model(ckpt_path)
     batch = next(iter(BatchLoader(Store(out["test"]), 4, shuffle=False, prefetch=0)))
     assert row_sources(model, schema, batch).tolist() == [0, 0, 0, 0]
@@ -99,7 +109,7 @@ def test_row_sources_cold_start(trained):
 
 
 def test_recall_errors(trained, tmp_path):
-    _, out, ckpt_path = trained
+    _, out, ckpt_path, _summary = trained
     with pytest.raises(JobError, match="larger than the .* items"):
         recall(ckpt_path, None, tmp_path / "a.csv", k=10_000)
     recall(ckpt_path, None, tmp_path / "a.csv", k=3, index_kind="hnsw", index_path=tmp_path / "idx")
