@@ -52,6 +52,20 @@ def test_plain_logits_loss_is_weighted_bce_and_logs_nothing():
     assert logs == {}
 
 
+def test_watch_time_weighted_loss_weights_positives_only():
+    """YouTubeDNN ranking (seed 002, 加权交叉熵): positives weighted by watch time, negatives by 1, by a loop."""
+    torch.manual_seed(0)
+    model, b = Linear(), batch(seed=3)
+    loss, _ = CTRTask(sample_weight="positives").bind(model).loss(model, b)
+    p = torch.sigmoid(model(b)).tolist()
+    total = 0.0
+    for pi, y, w in zip(p, b.labels.tolist(), b.weights.tolist()):
+        total += -w * torch.log(torch.tensor(pi)).item() if y == 1 else -torch.log(torch.tensor(1 - pi)).item()
+    assert float(loss) == pytest.approx(total / len(p), rel=1e-5)
+    with pytest.raises(ConfigError, match="sample_weight"):
+        CTRTask(sample_weight="negatives")
+
+
 def test_aux_losses_and_penalties_are_added_and_logged_by_name():
     torch.manual_seed(0)
     model, b = Linear(aux=True, penalty=True), batch()

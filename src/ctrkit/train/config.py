@@ -120,6 +120,9 @@ class TrainConfig:
     # a retrieval run that keeps the ranking defaults here and in early_stopping gets RETRIEVAL_METRICS / ndcg@10)
     metrics: list[str] = field(default_factory=lambda: ["auc", "logloss"])
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+    # the store's weight column applies to every row ("all") or to positives only, negatives weighing 1
+    # ("positives": YouTubeDNN's watch-time-weighted logistic loss for ranking)
+    sample_weight: Literal["all", "positives"] = "all"
     seed: int = 42
     log_every: int = 50
     precision: Literal["fp32", "bf16"] = "fp32"

@@ -52,6 +52,7 @@ from ctrkit.retrieval.catalogue import (
 from ctrkit.retrieval.losses import full_softmax_loss, in_batch_softmax_loss, sampled_softmax_loss
 
 PRECISIONS = ("fp32", "bf16")
+SAMPLE_WEIGHTS = ("all", "positives")
 RETRIEVAL_LOSSES = ("in_batch", "sampled", "full")
 SAMPLINGS = ("uniform", "frequency")
 
@@ -79,11 +80,20 @@ class CTRTask(Task):
     losses + its parameter groups' penalties; metrics from :class:`~ctrkit.metrics.MetricSet`.
 
     ``precision="bf16"`` runs the model's forward under autocast; the loss stays float32.
+
+    ``sample_weight="positives"``: the batch's weights apply to positive rows only, negatives weigh 1 -- the
+    YouTubeDNN ranking model's weighted logistic regression (seed 002, 精排 / 加权交叉熵: positives weighted
+    by watch time), ``mean_i [(y_i w_i + 1 - y_i) · BCE_i]``; its odds e^{logit} then estimate the expected
+    watch time. "all" (default): ``mean_i [w_i · BCE_i]``.
     """
 
-    def __init__(self, metrics: Sequence[str] = ("auc", "logloss"), *, precision: str = "fp32") -> None:
+    def __init__(self, metrics: Sequence[str] = ("auc", "logloss"), *, precision: str = "fp32",
+                 sample_weight: str = "all") -> None:
         if precision not in PRECISIONS:
             raise ConfigError(f"CTRTask: precision {precision!r} is not one of {PRECISIONS}")
+        if sample_weight not in SAMPLE_WEIGHTS:
+            raise ConfigError(f"CTRTask: sample_weight {sample_weight!r} is not one of {SAMPLE_WEIGHTS}")
+        self.sample_weight = sample_weight
         MetricSet(metrics)  # unknown metric names fail here, not at the first evaluation
         self.metric_names = list(metrics)
         self.precision = precision
@@ -108,7 +118,10 @@ class CTRTask(Task):
             out = model(batch)  # (B,) or ModelOutput
         aux = out.aux_losses if isinstance(out, ModelOutput) else None
         logits = out.logits if aux is not None else out
-        bce = nn.functional.binary_cross_entropy_with_logits(logits.float(), batch.labels, weight=batch.weights)
+        w = batch.weights
+        if w is not None and self.sample_weight == "positives":
+            w = batch.labels * w + (1.0 - batch.labels)
+        bce = nn.functional.binary_cross_entropy_with_logits(logits.float(), batch.labels, weight=w)
         if not aux and not self._penalised:
             return bce, {}
         loss = bce

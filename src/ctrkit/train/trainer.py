@@ -148,7 +148,7 @@ class Trainer:
             names = list(metrics if metrics is not None else config.metrics)
             if es.patience > 0 and es.metric not in names:
                 names.append(es.metric)
-            task = CTRTask(names, precision=config.precision)
+            task = CTRTask(names, precision=config.precision, sample_weight=config.sample_weight)
         elif metrics is not None:
             raise ConfigError("give the Trainer metrics= or task= (whose metric_names are evaluated), not both")
         elif es.patience > 0 and es.metric not in task.metric_names:
