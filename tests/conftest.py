@@ -108,6 +108,19 @@ def make_batch(data: dict[str, np.ndarray], rows: np.ndarray | slice, schema: Sc
     )
 
 
+class ListLoader(list):
+    """A list of batches as the Trainer's loader (fixed order, nothing to resume)."""
+
+    def set_epoch(self, epoch: int) -> None:
+        pass
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
 @pytest.fixture
 def schema() -> Schema:
     return contract_schema()

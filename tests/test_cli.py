@@ -160,21 +160,11 @@ def test_empty_training_store_is_a_clear_error(trained, tmp_path, caplog):
 
 
 def test_nan_dense_values_stop_dlrm_training_with_the_step(trained):
-    from conftest import contract_schema, make_batch, planted_data
+    from conftest import ListLoader, contract_schema, make_batch, planted_data
 
     from ctrkit.models.registry import create_model
     from ctrkit.train.config import TrainConfig
     from ctrkit.train.trainer import Trainer, TrainingError
-
-    class ListLoader(list):
-        def set_epoch(self, epoch):
-            pass
-
-        def state_dict(self):
-            return {}
-
-        def load_state_dict(self, state):
-            pass
 
     data = planted_data(256)
     data["dense"][2 * 64 + 1, 0] = float("nan")  # third batch

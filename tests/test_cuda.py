@@ -8,7 +8,7 @@ import copy
 import numpy as np
 import pytest
 import torch
-from conftest import behaviour_schema, contract_schema, make_batch, planted_data
+from conftest import ListLoader, behaviour_schema, contract_schema, make_batch, planted_data
 
 from ctrkit.models.base import logits_of
 from ctrkit.models.registry import create_model
@@ -47,32 +47,10 @@ def test_forward_and_backward_match_cpu(name, schema_of, params):
         torch.testing.assert_close(h.cpu(), g, rtol=1e-3, atol=1e-4, msg=f"{name}: gradient of {n}")
 
 
-class _Rows:
-    """A list of batches as the Trainer's loader (no shuffling)."""
-
-    def __init__(self, batches):
-        self.batches = batches
-
-    def __iter__(self):
-        return iter(self.batches)
-
-    def __len__(self):
-        return len(self.batches)
-
-    def set_epoch(self, epoch):
-        pass
-
-    def state_dict(self):
-        return {}
-
-    def load_state_dict(self, state):
-        pass
-
-
 def test_trainer_on_cuda_ranking_and_retrieval(tmp_path):
     schema = behaviour_schema()
     data = planted_data(512, seed=5, schema=schema)
-    batches = _Rows([make_batch(data, slice(s, s + 128), schema) for s in range(0, 384, 128)])
+    batches = ListLoader(make_batch(data, slice(s, s + 128), schema) for s in range(0, 384, 128))
     valid = [make_batch(data, slice(384, 512), schema)]
     cfg = TrainConfig(epochs=2, device="cuda", progress=False, sparse_optimizer="sparse_adam")
     torch.manual_seed(0)
