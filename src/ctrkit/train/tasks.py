@@ -163,7 +163,9 @@ class RetrievalTask(Task):
     (``num_negatives`` per batch drawn by ``sampling``: "uniform" or "frequency" ∝ count^``alpha``; ``log_q``
     subtracts the proposal's log probability; accidental hits removed) or "full". ``seen``: the training
     items excluded from every user's ranking (None: nothing excluded but each row's own history).
-    ``eval_chunk``: catalogue items scored at a time.
+    ``eval_chunk``: catalogue items scored at a time. The towers are called on the model ``bind`` was given
+    (``encode_query`` / ``encode_item`` are not ``forward``, so a DDP wrapper passed as ``module`` is bypassed:
+    distributed retrieval training needs the towers wrapped, not done yet).
     """
 
     def __init__(self, catalogue: ItemCatalogue, *, seen: SeenItems | None = None, loss: str = "in_batch",
@@ -212,33 +214,36 @@ class RetrievalTask(Task):
         m = self._model
         if m is None:
             raise TrainingError("RetrievalTask.loss: call task.bind(model) first")
-        rows = self._targets(m, batch)  # (B,)
-        weights = batch.weights
-        if bool((rows < 0).any()):  # rare / unseen targets (id 1) are no item: left out of the loss
-            weights = (rows >= 0).float() * (1.0 if weights is None else weights)
+        rows = self._targets(m, batch)  # (B,) catalogue rows of the positives
+        keep = rows >= 0  # a rare / unseen target (id 1) is no item: left out of the loss
         with self._autocast(batch):
             q = m.encode_query(batch)  # (B, D)
             if self.loss_kind == "in_batch":
                 v = m.encode_item(batch)  # (B, D)
             elif self.loss_kind == "sampled":
                 neg = torch.multinomial(self._proposal, self.num_negatives, replacement=True)  # (K,)
-                both = torch.cat([rows.clamp(min=0).cpu(), neg])
-                v_all = m.encode_item(self.catalogue.batch(both, q.device))  # (B + K, D)
-                v, v_neg = v_all[:len(batch)], v_all[len(batch):]
+                v_all = m.encode_item(self.catalogue.batch(torch.cat([rows.clamp(min=0).cpu(), neg]), q.device))
+                v, v_neg = v_all[:len(batch)], v_all[len(batch):]  # (B, D), (K, D)
             else:
                 v_all = m.encode_item(self.catalogue.batch(None, q.device))  # (N, D)
+        weights = batch.weights
+        if not bool(keep.all()):
+            q, rows = q[keep], rows[keep]
+            v = v[keep] if self.loss_kind != "full" else None
+            weights = weights[keep] if weights is not None else None
+            if not len(rows):
+                return q.sum() * 0.0, {}
         t = m.temperature
         if self.loss_kind == "in_batch":
-            log_q = self._log_share.to(q.device)[rows.clamp(min=0)] if self.log_q else None
+            log_q = self._log_share.to(q.device)[rows] if self.log_q else None
             loss = in_batch_softmax_loss(q, v, rows, temperature=t, log_q=log_q, weights=weights)
         elif self.loss_kind == "sampled":
-            lq = self._proposal.log().to(q.device)
-            loss = sampled_softmax_loss(
-                q, v, rows, v_neg, neg.to(q.device), temperature=t,
-                log_q_pos=lq[rows.clamp(min=0)] if self.log_q else None,
-                log_q_neg=lq[neg.to(q.device)] if self.log_q else None, weights=weights)
+            lq, neg = self._proposal.log().to(q.device), neg.to(q.device)
+            loss = sampled_softmax_loss(q, v, rows, v_neg, neg, temperature=t,
+                                        log_q_pos=lq[rows] if self.log_q else None,
+                                        log_q_neg=lq[neg] if self.log_q else None, weights=weights)
         else:
-            loss = full_softmax_loss(q, v_all, rows.clamp(min=0), temperature=t, weights=weights)
+            loss = full_softmax_loss(q, v_all, rows, temperature=t, weights=weights)
         return loss, {}
 
     @torch.no_grad()
