@@ -148,6 +148,10 @@ def print_table(name: str, t: dict) -> None:
                   f"{s['qps'] / exact:>9.1f}{s['recall']:>11.4f}{r['memory_bytes'] / 2**20:>11.0f}")
     if t["ivf"]["nlist"]:
         print(f"(ivf nlist={t['ivf']['nlist']})")
+    if max(t["load_average_before"], t["load_average_after"]) > faiss.omp_get_max_threads() + 0.5:
+        print("WARNING: other work shared the cores (load average above the thread count): queries/s are "
+              "low, the flat index's (BLAS on all threads) most of all, so 'x exact' is overstated; rerun "
+              "when quiet")
 
 
 def main() -> None:

@@ -105,9 +105,9 @@ def baselines(stores: dict[str, str]) -> dict[str, dict[str, dict[str, float]]]:
             r, c = exclusion_pairs(cat, seen, b, hist)  # the user's history: masked, and the kNN query
             target = cat.rows_of(b.sparse[cat.item_feature][0])
             ranks["most_popular"].append(target_ranks(pop.expand(len(b), N), target, (r, c)).numpy())
-            H = torch.zeros(len(b), N)
-            H[r, c] = 1.0
-            ranks["item_knn"].append(target_ranks(H @ sim, target, (r, c)).numpy())
+            H = torch.sparse_coo_tensor(torch.stack([r, c]), torch.ones(len(r)), (len(b), N)).coalesce()
+            H = torch.sparse_coo_tensor(H.indices(), torch.ones_like(H.values()), H.shape)  # each item once
+            ranks["item_knn"].append(target_ranks(torch.sparse.mm(H, sim), target, (r, c)).numpy())
         for name, parts in ranks.items():
             out[name][split] = ranking_metrics(np.concatenate(parts), METRICS)
     return out
@@ -147,6 +147,8 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=40, help="epoch cap (early stopping on valid NDCG@10)")
     p.add_argument("--patience", type=int, default=5, help="evaluations without a better valid NDCG@10 before stopping")
     p.add_argument("--no-ablation", dest="ablation", action="store_false", help="skip the log-Q ablation")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="config overrides for every run (e.g. train.retrieval.loss=full), for selection on valid")
     p.add_argument("--out", default="bench_out/retrieval")
     a = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -158,10 +160,10 @@ def main() -> None:
         print(f"{name}: test " + " ".join(f"{k} {v:.4f}" for k, v in r["test"].items()), flush=True)
     jobs = [{"dataset": "beauty" if a.dataset == "beauty" else "ml100k", "model": m, "name": m, "seed": s,
              "stores": stores, "device": a.device, "threads": a.threads, "epochs": a.epochs, "out": str(out),
-             "patience": a.patience}
+             "patience": a.patience, "overrides": list(a.set)}
             for m in a.models for s in a.seeds]
     if a.ablation:
-        jobs += [{**j, "name": "two_tower (no log-Q)", "overrides": ["train.retrieval.log_q=false"]}
+        jobs += [{**j, "name": "two_tower (no log-Q)", "overrides": [*a.set, "train.retrieval.log_q=false"]}
                  for j in jobs if j["model"] == "two_tower"]
     runs = []
     # spawned workers: a forked child inherits the parent's initialised OpenMP / CUDA state, which can hang it
