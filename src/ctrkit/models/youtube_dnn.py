@@ -17,6 +17,8 @@ Sequences named ``search_*`` are the search history; without them the tower read
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from ctrkit.batch import Batch
@@ -47,7 +49,9 @@ class YouTubeDNN(TwoTowerModel):
         self.fields = retrieval_fields(schema, "youtube_dnn")
         self.item_features, self.item_id_feature = [self.fields.item_id], self.fields.item_id
         self.temperature = float(temperature)
-        self.embedding = RetrievalEmbedding(schema, self.fields, init_std=ZOO_INIT_STD)
+        # item attributes enter through the histories only: no pooled attribute table of its own
+        self.embedding = RetrievalEmbedding(schema, replace(self.fields, item_features=[self.fields.item_id]),
+                                            init_std=ZOO_INIT_STD)
         e = self.embedding
         q_in = e.history_dim + sum(e.search_dims) + e.query_dim + schema.num_dense
         with layer_options("youtube_dnn", "tower_hidden / dropout"):
