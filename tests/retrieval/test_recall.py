@@ -124,3 +124,25 @@ def test_recall_errors(trained, tmp_path):
     shutil.copy(ckpt_path, tmp_path / "same.pt")  # the same bytes: reused
     recall(tmp_path / "same.pt", None, tmp_path / "c.csv", k=3, index_path=tmp_path / "idx")
     assert len(_read(tmp_path / "c.csv")) == 3 * Store(out["test"]).num_rows
+
+
+def test_popular_fallback_rows(trained, tmp_path, monkeypatch):
+    """Rows served from the popular items: the most frequent training items minus the user's seen ones."""
+    import ctrkit.retrieval.recall as rc
+
+    _, out, ckpt_path, _ = trained
+    monkeypatch.setattr(rc, "row_sources", lambda model, schema, batch: np.array([2, 1] + [0] * (len(batch) - 2)))
+    rc.recall(ckpt_path, None, tmp_path / "p.csv", k=4)
+    rows = _read(tmp_path / "p.csv")
+    assert [r["source"] for r in rows[:8]] == ["popular"] * 4 + ["cold_start_features"] * 4
+    ckpt = load_checkpoint(ckpt_path)
+    cat = ItemCatalogue.from_payload(ckpt["extra"]["catalogue"])
+    from ctrkit.data.pipeline_io import pipeline_from_checkpoint
+
+    batch = next(iter(BatchLoader(Store(out["test"]), 1, shuffle=False, prefetch=0)))
+    _, seen_items = SeenItems.from_store(Store(out["train"])).pairs(batch.group_ids.numpy())
+    seen = set(seen_items.tolist()) | set(batch.sparse["hist_item"][0].tolist())
+    popular = [int(i) for i in cat.ids[np.argsort(-cat.counts, kind="stable")] if int(i) not in seen][:4]
+    keys = raw_keys(pipeline_from_checkpoint(ckpt).vocabs_["item"], np.array(popular))
+    assert [r["item"] for r in rows[:4]] == list(keys)
+    assert all(r["score"] == "nan" for r in rows[:4])
