@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,12 +41,14 @@ log = logging.getLogger(__name__)
 
 METRICS = ("auc", "logloss", "gauc", "accuracy", "calibration")
 MAXIMISE = {"auc": True, "gauc": True, "accuracy": True, "logloss": False, "calibration": False}
-RANKING_PREFIXES = ("hr@", "recall@", "hitrate@", "ndcg@", "mrr")  # retrieval metrics: higher is better
+# full-ranking retrieval metrics (ctrkit.retrieval.catalogue.ranking_metrics): hr@K (= hitrate@K, = recall@K with
+# one true item), ndcg@K, mrr; all higher-is-better
+RANKING_METRIC = re.compile(r"^(hr|hitrate|recall|ndcg)@([1-9][0-9]*)$|^mrr$")
 
 
 def higher_is_better(metric: str) -> bool:
     """Whether early stopping maximises ``metric`` (AUC, GAUC, accuracy, HR@K, NDCG@K, MRR) or minimises it."""
-    return MAXIMISE.get(metric, metric.startswith(RANKING_PREFIXES))
+    return MAXIMISE.get(metric, RANKING_METRIC.match(metric) is not None)
 
 ArrayLike = Any  # np.ndarray | torch.Tensor | Sequence[float]
 

@@ -91,14 +91,12 @@ def retrieval_config(cfg: Config) -> Config:
     return replace(cfg, train=replace(t, metrics=metrics, early_stopping=es))
 
 
-def retrieval_task(cfg: Config, catalogue: Any, train_store: Store | None) -> Any:
+def retrieval_task(cfg: Config, catalogue: Any, seen: Any) -> Any:
     """The :class:`~ctrkit.train.tasks.RetrievalTask` of ``cfg.train.retrieval`` over ``catalogue``, excluding the
-    items each user has in ``train_store`` (none excluded but the rows' own histories without it)."""
-    from ctrkit.retrieval.catalogue import SeenItems
+    items ``seen`` (:class:`~ctrkit.retrieval.catalogue.SeenItems`; None: only the rows' own histories)."""
     from ctrkit.train.tasks import RetrievalTask
 
     r = cfg.train.retrieval
-    seen = SeenItems.from_store(train_store) if train_store is not None else None
     return RetrievalTask(catalogue, seen=seen, loss=r.loss, log_q=r.log_q, num_negatives=r.num_negatives,
                          sampling=r.sampling, alpha=r.alpha, metrics=cfg.train.metrics, precision=cfg.train.precision)
 
@@ -122,11 +120,11 @@ def train_from_config(cfg: Config, *, resume: str | None = None, progress: bool 
     model = create_model(cfg.model.name, store.schema, **cfg.model.params)
     task, extra = None, {"preprocessing": store.preprocessing}
     if model.task_kind == "retrieval":  # ranked against every item of the training store's catalogue
-        from ctrkit.retrieval.catalogue import ItemCatalogue
+        from ctrkit.retrieval.catalogue import ItemCatalogue, SeenItems
 
         cfg = retrieval_config(cfg)
         catalogue = ItemCatalogue.from_store(store)
-        task = retrieval_task(cfg, catalogue, store)
+        task = retrieval_task(cfg, catalogue, SeenItems.from_store(store))
         extra["catalogue"] = catalogue.to_payload()
         log.info("retrieval: %d items in the catalogue; loss %s; metrics %s", len(catalogue),
                  cfg.train.retrieval.loss, cfg.train.metrics)
@@ -205,15 +203,12 @@ def evaluate_retrieval(model: torch.nn.Module, ckpt: dict[str, Any], cfg: Any, s
                        pipeline: FeaturePipeline | None, batch_size: int = 8192) -> dict[str, float]:
     """Full-ranking metrics of a retrieval checkpoint on ``store``: its catalogue, the training items of its
     training store excluded when that store is still on disk (else only each row's own history, with a warning)."""
-    from ctrkit.retrieval.catalogue import ItemCatalogue
+    from ctrkit.retrieval.catalogue import ItemCatalogue, SeenItems
 
     if not isinstance(cfg, Config):
         raise JobError("the checkpoint's config cannot be read; retrain with this ctrkit version")
-    train = cfg.data.train
-    train_store = Store(train) if train and Path(train).is_dir() else None
-    if train_store is None:
-        log.warning("training store %s is not on disk: only each row's own history is excluded from its ranking", train)
-    task = retrieval_task(retrieval_config(cfg), ItemCatalogue.from_payload(ckpt["extra"]["catalogue"]), train_store)
+    task = retrieval_task(retrieval_config(cfg), ItemCatalogue.from_payload(ckpt["extra"]["catalogue"]),
+                          SeenItems.from_training_store(cfg.data.train))
     return task.bind(model).evaluate(model, _eval_loader(store, batch_size, pipeline))
 
 

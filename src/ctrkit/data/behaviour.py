@@ -390,6 +390,6 @@ def run_preprocess_behaviour(args: argparse.Namespace) -> dict[str, Path]:
         item_attributes=args.item_attributes, max_len=args.max_len, negatives=args.negatives, seed=args.seed,
         aux_negatives=args.aux_negatives, sessions=args.sessions, session_len=args.session_len,
         session_gap=args.session_gap, min_session_len=args.min_session_len, example_age=args.example_age,
-        min_freq=args.min_freq,
-        embedding_dim=args.embedding_dim, max_bad_fraction=args.max_bad_fraction, overwrite=args.overwrite,
+        min_freq=args.min_freq, embedding_dim=args.embedding_dim, max_bad_fraction=args.max_bad_fraction,
+        overwrite=args.overwrite,
     )

@@ -24,6 +24,7 @@ from ctrkit.batch import Batch, KeyedJagged
 from ctrkit.errors import ConfigError
 from ctrkit.nn.embedding import make_embeddings
 from ctrkit.nn.sequence import masked_mean
+from ctrkit.retrieval.catalogue import item_feature_names
 from ctrkit.schema import Schema, SequenceFeature, SparseFeature
 
 SIMILARITIES = ("dot", "cosine")
@@ -47,7 +48,7 @@ class RetrievalFields:
 
 def retrieval_fields(schema: Schema, model: str) -> RetrievalFields:
     """Find the item features, histories, search histories and query fields of ``schema``."""
-    items = [s.name for s in schema.sparse if s.group == "item" and not s.multi_valued]
+    items = item_feature_names(schema)  # item id first
     if not items:
         raise ConfigError(
             f"{model}: a retrieval model needs the item's features: single-valued sparse features of group "
@@ -55,9 +56,6 @@ def retrieval_fields(schema: Schema, model: str) -> RetrievalFields:
             f"{[(s.name, s.group) for s in schema.sparse] or 'none'} (behaviour stores from `ctrkit preprocess "
             "behaviour --negatives none` have them)"
         )
-    if "item" in items:
-        items.remove("item")
-        items.insert(0, "item")
     out = RetrievalFields(item_features=items)
     table_item = {}
     for name in reversed(items):  # the first item feature of a table wins

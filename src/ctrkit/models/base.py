@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, ClassVar, NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -38,6 +38,9 @@ from torch import nn
 from ctrkit.batch import Batch
 from ctrkit.errors import ConfigError
 from ctrkit.nn.embedding import EmbeddingCollection
+
+if TYPE_CHECKING:
+    from ctrkit.models._retrieval import RetrievalFields
 
 GROUP_OPTIMIZERS = ("ftrl",)
 
@@ -186,6 +189,7 @@ class TwoTowerModel(CTRModel):
     """
 
     task_kind: ClassVar[str] = "retrieval"
+    fields: RetrievalFields  # the schema's roles (ctrkit.models._retrieval.retrieval_fields)
     item_features: list[str]
     item_id_feature: str
     temperature: float

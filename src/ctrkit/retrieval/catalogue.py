@@ -13,8 +13,9 @@
 
 from __future__ import annotations
 
-import re
+import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,17 +24,26 @@ import torch
 from ctrkit.batch import Batch, KeyedJagged
 from ctrkit.data.store import Store
 from ctrkit.errors import MetricError, RetrievalError
+from ctrkit.metrics import RANKING_METRIC
 from ctrkit.schema import Schema
 
+log = logging.getLogger(__name__)
+
 FIRST_ITEM_ID = 2  # ids 0 (missing / padding) and 1 (rare / unseen) are not items
-RANKING_METRIC = re.compile(r"^(hr|recall|ndcg)@([1-9][0-9]*)$|^mrr$")
 
 
-def item_features(schema: Schema) -> list[str]:
-    """The schema's item-side features: single-valued sparse features of group "item", ``item`` first."""
+def item_feature_names(schema: Schema) -> list[str]:
+    """The schema's item-side features: single-valued sparse features of group "item", ``item`` first (the
+    item id); empty when there are none."""
     names = [s.name for s in schema.sparse if s.group == "item" and not s.multi_valued]
     if "item" in names:
         names.insert(0, names.pop(names.index("item")))
+    return names
+
+
+def item_features(schema: Schema) -> list[str]:
+    """:func:`item_feature_names`, an error when there are none."""
+    names = item_feature_names(schema)
     if not names:
         raise RetrievalError(f"schema has no item features (single-valued sparse features of group 'item'); "
                              f"sparse features: {[(s.name, s.group) for s in schema.sparse]}")
@@ -128,6 +138,15 @@ class ItemCatalogue:
                    np.asarray(payload["counts"], np.int64))
 
 
+@torch.no_grad()
+def encode_catalogue(model: torch.nn.Module, catalogue: ItemCatalogue, device: torch.device | str = "cpu",
+                     chunk: int = 65536) -> torch.Tensor:
+    """Every catalogue item's vector (N, D) float32 on ``device``, ``model.encode_item`` on ``chunk`` items at a
+    time (under whatever autocast the caller set)."""
+    return torch.cat([model.encode_item(catalogue.batch(slice(a, a + chunk), device)).float()
+                      for a in range(0, len(catalogue), chunk)])
+
+
 class SeenItems:
     """The items of each user group in a training store: sorted unique (group code, item id) pairs from
     ``groups`` / ``items`` (n,) each."""
@@ -156,6 +175,16 @@ class SeenItems:
             groups.append(np.repeat(group, np.diff(np.asarray(offsets))))
             items.append(np.asarray(values, np.int64))
         return cls(np.concatenate(groups), np.concatenate(items))
+
+    @classmethod
+    def from_training_store(cls, path: str | Path | None) -> SeenItems | None:
+        """:meth:`from_store` of the store at ``path`` (a checkpoint's ``data.train``), or None with a warning
+        when it is not on disk (then only each row's own history is excluded)."""
+        if path and Path(path).is_dir():
+            return cls.from_store(Store(path))
+        log.warning("training store %s is not on disk: only each row's own history is excluded from its ranking",
+                    path)
+        return None
 
     def pairs(self, group_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(row, item id) of every item seen by the group of each row of ``group_ids`` (B,)."""
@@ -213,7 +242,7 @@ def target_ranks(scores: torch.Tensor, target_rows: torch.Tensor, exclude: tuple
 def check_ranking_metrics(names: list[str]) -> None:
     bad = [m for m in names if not RANKING_METRIC.match(m)]
     if bad:
-        raise MetricError(f"unknown retrieval metric(s) {bad}: use hr@K, recall@K (= hr@K, one true item), "
+        raise MetricError(f"unknown retrieval metric(s) {bad}: use hr@K (or hitrate@K, recall@K: the same with one true item), "
                           "ndcg@K or mrr, e.g. [hr@10, hr@50, ndcg@10, mrr]")
 
 

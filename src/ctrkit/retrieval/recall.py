@@ -35,19 +35,11 @@ from ctrkit.data.store import Store, file_checksum
 from ctrkit.data.vocab_agree import GROUP_VOCAB
 from ctrkit.errors import JobError
 from ctrkit.models.base import TwoTowerModel
-from ctrkit.retrieval.catalogue import ItemCatalogue, SeenItems, history_of
+from ctrkit.retrieval.catalogue import ItemCatalogue, SeenItems, encode_catalogue, exclusion_pairs, history_of
 from ctrkit.retrieval.index import INDEX_KINDS, VectorIndex
 
 log = logging.getLogger(__name__)
 SOURCES = ("model", "cold_start_features", "popular")
-
-
-def item_vectors(model: TwoTowerModel, catalogue: ItemCatalogue, chunk: int = 65536) -> np.ndarray:
-    """Every catalogue item's vector (N, D) float32, in catalogue order."""
-    model.eval()
-    with torch.no_grad():
-        return torch.cat([model.encode_item(catalogue.batch(slice(a, a + chunk)))
-                          for a in range(0, len(catalogue), chunk)]).float().numpy()
 
 
 def raw_keys(vocab: Any, ids: np.ndarray) -> np.ndarray:
@@ -105,12 +97,8 @@ def recall(checkpoint: str | Path, data: str | Path | None, out: str | Path, *, 
     path = data or (cfg.data.test if isinstance(cfg, Config) else None)
     if not path:
         raise JobError("no query rows: pass --data STORE (the checkpoint's config names no test store)")
-    seen = None
-    if train_store and Path(train_store).is_dir():
-        seen = SeenItems.from_store(Store(train_store))
-    else:
-        log.warning("training store %s is not on disk: only each row's own history is excluded", train_store)
-    vectors = item_vectors(model, catalogue)
+    seen = SeenItems.from_training_store(train_store)
+    vectors = encode_catalogue(model, catalogue).numpy()  # (N, D), the model in eval mode (load_model)
     fingerprint = file_checksum(Path(checkpoint), full=True)
     if index_path is not None and Path(index_path).exists() and not overwrite:
         index = VectorIndex.load(index_path, expect_dim=vectors.shape[1], expect_fingerprint=fingerprint)
@@ -136,16 +124,8 @@ def recall(checkpoint: str | Path, data: str | Path | None, out: str | Path, *, 
             w.writerow(["row", "user", "rank", "item", "score", "source"])
             for batch in loader:
                 B = len(batch)
-                rows, items = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
-                if seen is not None and batch.group_ids is not None:
-                    r, i = seen.pairs(batch.group_ids.numpy())
-                    rows.append(r)
-                    items.append(i)
-                if hist is not None:
-                    values, lengths, _ = batch.sparse[hist]
-                    rows.append(np.repeat(np.arange(B), lengths.numpy()))
-                    items.append(values.numpy())
-                exclude = (np.concatenate(rows), np.concatenate(items))
+                r, c = exclusion_pairs(catalogue, seen, batch, hist)  # the same exclusion as evaluation
+                exclude = (r.numpy(), catalogue.ids[c.numpy()])  # (query row, item id) pairs
                 scores, ids = index.search(model.encode_query(batch).float().numpy(), k, exclude)
                 source = row_sources(model, schema, batch)
                 for j in np.flatnonzero(source == 2):  # popular fallback (a few rows: per-row lookup is fine)

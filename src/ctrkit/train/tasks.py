@@ -45,6 +45,7 @@ from ctrkit.retrieval.catalogue import (
     ItemCatalogue,
     SeenItems,
     check_ranking_metrics,
+    encode_catalogue,
     exclusion_pairs,
     ranking_metrics,
     target_ranks,
@@ -61,6 +62,13 @@ class Task:
     """The loss and the evaluation of one learning problem (subclass and override all three)."""
 
     metric_names: list[str]
+    precision: str = "fp32"
+
+    def _autocast(self, device: torch.device) -> Any:
+        """bf16 autocast of the forward on ``device`` when ``precision`` is "bf16"."""
+        if self.precision == "bf16":
+            return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+        return nullcontext()
 
     def bind(self, model: CTRModel) -> Task:
         """Take what the task needs from the unwrapped model's declarations; returns self."""
@@ -106,15 +114,10 @@ class CTRTask(Task):
         self._penalised = [g for g in model.param_groups() if g.penalised]
         return self
 
-    def _autocast(self, batch: Batch) -> Any:
-        if self.precision == "bf16":
-            return torch.autocast(device_type=batch.labels.device.type, dtype=torch.bfloat16)
-        return nullcontext()
-
     def loss(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         if self._penalised is None:
             raise TrainingError("CTRTask.loss: call task.bind(model) first (it collects the model's penalties)")
-        with self._autocast(batch):
+        with self._autocast(batch.labels.device):
             out = model(batch)  # (B,) or ModelOutput
         aux = out.aux_losses if isinstance(out, ModelOutput) else None
         logits = out.logits if aux is not None else out
@@ -144,7 +147,7 @@ class CTRTask(Task):
         groups = "gauc" in self.metric_names
         try:
             for batch in loader:
-                with self._autocast(batch):
+                with self._autocast(batch.labels.device):
                     out = model(batch)
                 logits = out.logits if isinstance(out, ModelOutput) else out
                 ms.update(torch.sigmoid(logits.float()), batch.labels, batch.weights,
@@ -188,7 +191,9 @@ class RetrievalTask(Task):
         self._log_share = (counts / counts.sum().clamp_min(1)).clamp_min(1e-12).log()  # (N,) in-batch log Q
         proposal = torch.ones_like(counts) if sampling == "uniform" else counts.pow(alpha)
         self._proposal = proposal / proposal.sum()  # (N,) sampled-softmax proposal
+        self._log_proposal = self._proposal.log()
         self._model: TwoTowerModel | None = None
+        self._history: str | None = None  # the model's item history (hist_item): excluded from each row's ranking
 
     def bind(self, model: CTRModel) -> RetrievalTask:
         if not isinstance(model, TwoTowerModel):
@@ -199,12 +204,10 @@ class RetrievalTask(Task):
             raise ConfigError(f"the item catalogue lacks the item features {missing} that "
                               f"{model.model_name or type(model).__name__} reads; it has {list(self.catalogue.features)}")
         self._model = model
+        f = model.fields
+        item = model.item_id_feature
+        self._history = f.histories[f.history_items.index(item)] if item in f.history_items else None
         return self
-
-    def _autocast(self, batch: Batch) -> Any:
-        if self.precision == "bf16":
-            return torch.autocast(device_type=batch.labels.device.type, dtype=torch.bfloat16)
-        return nullcontext()
 
     def _targets(self, model: TwoTowerModel, batch: Batch) -> torch.Tensor:
         """Catalogue rows (B,) of the rows' items (-1: not in the catalogue)."""
@@ -216,7 +219,7 @@ class RetrievalTask(Task):
             raise TrainingError("RetrievalTask.loss: call task.bind(model) first")
         rows = self._targets(m, batch)  # (B,) catalogue rows of the positives
         keep = rows >= 0  # a rare / unseen target (id 1) is no item: left out of the loss
-        with self._autocast(batch):
+        with self._autocast(batch.labels.device):
             q = m.encode_query(batch)  # (B, D)
             if self.loss_kind == "in_batch":
                 v = m.encode_item(batch)  # (B, D)
@@ -238,7 +241,7 @@ class RetrievalTask(Task):
             log_q = self._log_share.to(q.device)[rows] if self.log_q else None
             loss = in_batch_softmax_loss(q, v, rows, temperature=t, log_q=log_q, weights=weights)
         elif self.loss_kind == "sampled":
-            lq, neg = self._proposal.log().to(q.device), neg.to(q.device)
+            lq, neg = self._log_proposal.to(q.device), neg.to(q.device)
             loss = sampled_softmax_loss(q, v, rows, v_neg, neg, temperature=t,
                                         log_q_pos=lq[rows] if self.log_q else None,
                                         log_q_neg=lq[neg] if self.log_q else None, weights=weights)
@@ -246,23 +249,9 @@ class RetrievalTask(Task):
             loss = full_softmax_loss(q, v_all, rows, temperature=t, weights=weights)
         return loss, {}
 
-    @torch.no_grad()
-    def item_vectors(self, model: TwoTowerModel, device: torch.device | str = "cpu") -> torch.Tensor:
-        """Every catalogue item's vector (N, D), encoded ``eval_chunk`` items at a time."""
-        parts = []
-        for a in range(0, len(self.catalogue), self.eval_chunk):
-            b = self.catalogue.batch(slice(a, a + self.eval_chunk), device)
-            with self._autocast(b):
-                parts.append(model.encode_item(b).float())
-        return torch.cat(parts)
-
     def exclusions(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """(row, catalogue row) pairs to mask: the user's training items and the row's own item history."""
-        m = self._model
-        assert m is not None
-        f = m.fields
-        hist = f.histories[f.history_items.index(m.item_id_feature)] if m.item_id_feature in f.history_items else None
-        return exclusion_pairs(self.catalogue, self.seen, batch, hist)
+        return exclusion_pairs(self.catalogue, self.seen, batch, self._history)
 
     @torch.no_grad()
     def ranks(self, model: nn.Module, loader: Iterable[Batch]) -> np.ndarray:
@@ -277,8 +266,9 @@ class RetrievalTask(Task):
             vectors = None
             for batch in loader:
                 if vectors is None:
-                    vectors = self.item_vectors(m, batch.labels.device)  # (N, D)
-                with self._autocast(batch):
+                    with self._autocast(batch.labels.device):
+                        vectors = encode_catalogue(m, self.catalogue, batch.labels.device, self.eval_chunk)  # (N, D)
+                with self._autocast(batch.labels.device):
                     q = m.encode_query(batch).float()  # (B, D)
                 scores = q @ vectors.t()  # (B, N)
                 out.append(target_ranks(scores, self._targets(m, batch), self.exclusions(batch)).cpu().numpy())
