@@ -120,6 +120,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CtrkitError as e:
         log.error("%s", e)
         return 2
+    except KeyboardInterrupt:  # the jobs clean up their temporary files on the way out (finally blocks)
+        log.error("interrupted (Ctrl-C); no partial output was kept")
+        return 130
 
 
 if __name__ == "__main__":

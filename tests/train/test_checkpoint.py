@@ -137,3 +137,80 @@ def test_unstorable_object_fails_and_keeps_old_file(tmp_path):
     with pytest.raises(CheckpointError, match="extra.obj"):
         save_checkpoint(path, model=model, schema=SCHEMA, extra={"obj": object()})
     assert path.read_bytes() == before
+
+
+# ---- trust: checksum, versions, no unpickling (issue 11) ----------------------------------------------------
+def test_flipped_bytes_in_the_weights_are_refused_not_scored(tmp_path):
+    model, _, path, _ = _trained(tmp_path)
+    data = bytearray(path.read_bytes())
+    w = model.lin.weight.detach().contiguous().numpy().tobytes()
+    at = bytes(data).find(w)
+    assert at > 0  # the weight's bytes as stored
+    data[at + 5] ^= 0x10
+    (tmp_path / "flipped.pt").write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="fails its checksum"):
+        load_checkpoint(tmp_path / "flipped.pt")
+    with pytest.raises(CheckpointError, match="fails its checksum"):
+        load_model(tmp_path / "flipped.pt")
+
+
+def test_any_flipped_byte_is_refused_or_leaves_the_content_unchanged(tmp_path):
+    _, _, path, _ = _trained(tmp_path)
+    data = path.read_bytes()
+    want = load_checkpoint(path)["model_state"]
+    rng = np.random.default_rng(0)
+    refused = 0
+    for i, pos in enumerate(rng.choice(len(data), 150, replace=False)):
+        bad = bytearray(data)
+        bad[pos] ^= 1 << int(rng.integers(8))
+        f = tmp_path / f"f{i}.pt"
+        f.write_bytes(bytes(bad))
+        try:
+            got = load_checkpoint(f)["model_state"]
+        except CheckpointError:
+            refused += 1
+            continue
+        # accepted only when the flip hit bytes that carry no content (zip padding, timestamps)
+        assert all(torch.equal(got[k], v) for k, v in want.items()), f"byte {pos} changed weights unnoticed"
+    assert refused > 50
+
+
+def _rewrite(path, dst, **changes):
+    raw = torch.load(path, weights_only=True)
+    raw.update(changes)
+    for k in [k for k, v in changes.items() if v is None]:
+        del raw[k]
+    torch.save(raw, dst)
+    return dst
+
+
+def test_other_format_versions_are_refused_with_the_versions_named(tmp_path):
+    _, _, path, _ = _trained(tmp_path)
+    with pytest.raises(CheckpointError, match=r"format version 3 .*reads versions \[1, 2\]: upgrade ctrkit"):
+        load_checkpoint(_rewrite(path, tmp_path / "v3.pt", version=3))
+    with pytest.raises(CheckpointError, match="format version 0 .*retrain"):
+        load_checkpoint(_rewrite(path, tmp_path / "v0.pt", version=0))
+
+
+def test_a_version_1_checkpoint_loads_with_an_unverified_warning(tmp_path, caplog):
+    model, _, path, _ = _trained(tmp_path)
+    old = _rewrite(path, tmp_path / "v1.pt", version=1, checksum=None)
+    ck = load_checkpoint(old)
+    assert "without a checksum" in caplog.text
+    assert torch.equal(ck["model_state"]["lin.weight"], model.lin.weight)
+
+
+class _Boom:
+    def __reduce__(self):
+        import pathlib
+
+        return (pathlib.Path.touch, (pathlib.Path(self.marker),))
+
+
+def test_a_pickled_object_is_not_executed_on_load(tmp_path):
+    boom = _Boom()
+    boom.marker = str(tmp_path / "executed")
+    torch.save({"format": "ctrkit-checkpoint", "version": 2, "x": boom}, tmp_path / "evil.pt")
+    with pytest.raises(CheckpointError, match="could not be read"):
+        load_checkpoint(tmp_path / "evil.pt")
+    assert not (tmp_path / "executed").exists()

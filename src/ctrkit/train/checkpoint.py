@@ -3,7 +3,8 @@
 A checkpoint is one ``torch.save`` file holding only tensors, numbers, strings, lists and dicts, so
 it loads with ``torch.load(weights_only=True)`` (no pickled code runs on load)::
 
-    {"format": "ctrkit-checkpoint", "version": 1, "ctrkit_version": "0.1.0",
+    {"format": "ctrkit-checkpoint", "version": 2, "ctrkit_version": "0.1.0",
+     "checksum": "sha256:..." over everything else (see content_digest),
      "config":  resolved run config (nested dict) or None,
      "schema":  Schema.to_dict() or None,
      "model":   {"name": registry name, "params": keyword parameters},
@@ -17,11 +18,19 @@ it loads with ``torch.load(weights_only=True)`` (no pickled code runs on load)::
 
 numpy arrays anywhere are stored as ``{"__ndarray__": tensor}`` (numeric) or
 ``{"__ndarray_str__": [str, ...]}`` (string vocabularies) and come back as numpy arrays on load.
-Writes are atomic: a temporary file in the same directory, then ``os.replace``.
+Writes are atomic: a temporary file in the same directory (fsynced), then ``os.replace``.
+
+Trust on load: the file is read with ``weights_only=True``; its ``checksum`` (sha256 over the content: every
+key, number, string and tensor byte, :func:`content_digest`) is recomputed and a mismatch refuses the file
+(flipped bytes are never scored; a byte flipped in the zip structure already fails the read). A checkpoint of
+another format version is refused with the versions named; version 1 (before checksums) still loads, with a
+warning that it cannot be verified.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import os
 import random
 from pathlib import Path
@@ -34,9 +43,9 @@ from torch import nn
 from ctrkit.errors import CheckpointError
 
 FORMAT = "ctrkit-checkpoint"
-VERSION = 1
-
-
+VERSION = 2
+READS = (1, 2)  # format versions this ctrkit loads (1: no checksum)
+log = logging.getLogger(__name__)
 
 # ---- plain-data conversion ---------------------------------------------------------------------------
 def to_plain(obj: Any, where: str = "checkpoint") -> Any:
@@ -76,6 +85,36 @@ def from_plain(obj: Any) -> Any:
     if isinstance(obj, list):
         return [from_plain(v) for v in obj]
     return obj
+
+
+def content_digest(obj: Any) -> str:
+    """sha256 over plain checkpoint content (:func:`to_plain` output): types, dict keys in order, numbers,
+    strings, and every tensor's dtype, shape and bytes. Independent of how torch lays the file out."""
+    h = hashlib.sha256()
+
+    def walk(o: Any) -> None:
+        if isinstance(o, torch.Tensor):
+            t = o.detach().contiguous().cpu()
+            h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy())
+        elif isinstance(o, dict):
+            h.update(f"D{len(o)}".encode())
+            for k, v in o.items():
+                walk(k)
+                walk(v)
+        elif isinstance(o, (list, tuple)):
+            h.update(f"{'L' if isinstance(o, list) else 'U'}{len(o)}".encode())
+            for v in o:
+                walk(v)
+        elif isinstance(o, str):
+            b = o.encode("utf-8", "surrogatepass")
+            h.update(f"S{len(b)}:".encode())
+            h.update(b)
+        else:  # None, bool, int, float
+            h.update(f"{type(o).__name__}:{o!r};".encode())
+
+    walk(obj)
+    return "sha256:" + h.hexdigest()
 
 
 # ---- RNG state -----------------------------------------------------------------------------------
@@ -151,6 +190,7 @@ def save_checkpoint(
         "extra": extra or {},
     }
     ckpt = to_plain(ckpt)
+    ckpt["checksum"] = content_digest(ckpt)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
@@ -179,11 +219,24 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         ) from e
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise CheckpointError(f"{path} is a torch file but not a ctrkit checkpoint (no format={FORMAT!r})")
-    if int(ckpt.get("version", 0)) > VERSION:
+    version = ckpt.get("version")
+    if version not in READS:
+        newer = isinstance(version, int) and version > VERSION
         raise CheckpointError(
-            f"{path} has checkpoint version {ckpt['version']}, newer than this ctrkit reads ({VERSION}); "
-            "upgrade ctrkit"
+            f"{path} has checkpoint format version {version!r} (written by ctrkit {ckpt.get('ctrkit_version')}); "
+            f"this ctrkit {_version()} reads versions {list(READS)}: "
+            + ("upgrade ctrkit to read it" if newer else "retrain, or export it with the ctrkit that wrote it")
         )
+    stored = ckpt.pop("checksum", None)
+    if version >= 2:
+        actual = content_digest(ckpt)
+        if stored != actual:
+            raise CheckpointError(
+                f"{path} fails its checksum (stored {stored}, content {actual}): the file was changed or "
+                "damaged after it was written; it is refused, not scored. Use another copy (e.g. last.pt)"
+            )
+    else:
+        log.warning("%s is a version-1 checkpoint without a checksum; its content cannot be verified", path)
     ckpt["vocab"] = from_plain(ckpt.get("vocab"))
     ckpt["extra"] = from_plain(ckpt.get("extra"))
     ckpt["pipeline"] = from_plain(ckpt.get("pipeline"))
