@@ -62,7 +62,7 @@ def test_predict_scores_raw_rows_with_the_training_vocabulary(trained, tmp_path)
     assert main(["predict", "--checkpoint", str(ckpt), "--input", str(raw), "--output", str(out)]) == 0
     with open(out) as f:
         rows = list(csv.DictReader(f))
-    assert [int(r["row"]) for r in rows] == list(range(40))
+    assert [int(r["line"]) for r in rows] == list(range(1, 41))
     got = np.array([float(r["score"]) for r in rows])
     # reference: the same rows mapped with the training store's vocabularies, in order, scored directly
     ref_store = preprocess_criteo(raw, tmp_path / "ref", split="1,0", shuffle=False,
@@ -216,10 +216,11 @@ def table_run(tmp_path_factory):
     return {"dir": d, "table": table, "stores": stores, "ckpt": d / "runs/t/best.pt"}
 
 
-def _scores(path):
+def _scores(path, first_line=1):
+    """Scores of a predict output, checking each row's line number (CSV input: the header is line 1)."""
     with open(path) as f:
         rows = list(csv.DictReader(f))
-    assert [int(r["row"]) for r in rows] == list(range(len(rows)))
+    assert [int(r["line"]) for r in rows] == list(range(first_line, first_line + len(rows)))
     return np.array([float(r["score"]) for r in rows])
 
 
@@ -242,7 +243,8 @@ def test_predict_a_table_checkpoint_reads_csv_and_parquet_with_or_without_label(
         out = tmp_path / f"{name}.scores.csv"
         assert main(["predict", "--checkpoint", str(table_run["ckpt"]), "--input", str(tmp_path / name),
                      "--output", str(out), "--batch-size", "50"]) == 0, name
-        np.testing.assert_allclose(_scores(out), want, atol=1e-6, err_msg=name)
+        first = 2 if name.endswith(".csv") else 1
+        np.testing.assert_allclose(_scores(out, first), want, atol=1e-6, err_msg=name)
     assert len(np.unique(want)) > 1
 
 
@@ -310,3 +312,11 @@ def test_predict_applies_the_multi_hot_stage_and_reads_unlabelled_criteo(trained
         assert main(["predict", "--checkpoint", str(ckpt), "--input", str(tmp_path / name), "--output", str(out),
                      "--batch-size", "64"]) == 0
         np.testing.assert_allclose(_scores(out), want, atol=1e-6, err_msg=name)
+
+
+def test_evaluate_on_a_store_of_another_schema_names_the_features(trained, table_run, caplog):
+    rc = main(["evaluate", "--checkpoint", str(trained / "runs/r/best.pt"), "--data", str(table_run["stores"]["test"])])
+    assert rc == 2
+    assert "has other features than checkpoint" in caplog.text
+    assert "missing from the store: I1, I2" in caplog.text and "not read by the model: x, rid, u, tags" in caplog.text
+    assert "--vocab-from" in caplog.text

@@ -72,7 +72,8 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
     r = sub.add_parser("predict", help="score raw rows with a checkpoint")
     r.add_argument("--checkpoint", required=True)
     r.add_argument("--input", required=True, help="raw rows in the training data's format (e.g. Criteo TSV)")
-    r.add_argument("--output", required=True, help="CSV with one score per input row")
+    r.add_argument("--output", required=True, help="CSV of line,score: one score per input row, with its line")
+    r.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
     r.add_argument("--batch-size", type=int, default=8192)
     r.set_defaults(func=runner.run_predict)
 

@@ -15,6 +15,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,6 @@ import torch
 from ctrkit.data.loader import BatchLoader
 from ctrkit.data.pipeline import FeaturePipeline
 from ctrkit.data.pipeline_io import pipeline_from_checkpoint, pipeline_from_store
-from ctrkit.data.raw_rows import iter_transformed
 from ctrkit.data.store import Store
 from ctrkit.data.vocab_agree import Vocabularies, check_same_vocabulary
 from ctrkit.errors import JobError
@@ -104,13 +104,14 @@ def retrieval_task(cfg: Config, catalogue: Any, seen: Any) -> Any:
 def train_from_config(cfg: Config, *, resume: str | None = None, progress: bool | None = None) -> dict[str, Any]:
     """Train ``cfg.model`` on ``cfg.data.train``; evaluate on valid during training and on test at the
     end. Returns the trainer's summary plus ``test`` metrics, ``run_dir`` and ``seconds``."""
-    from ctrkit.train.trainer import Trainer, seed_everything
+    from ctrkit.train.trainer import Trainer, resolve_device, seed_everything
 
     if not cfg.data.train:
         raise JobError("data.train is not set: give the path of a training store")
     if not cfg.model.name:
         raise JobError("model.name is not set; see `ctrkit models` for the choices")
     check_model_params(cfg.model.name, cfg.model.params)  # a bad model or parameter: before any data is read
+    resolve_device(cfg.train.device)  # a device this machine lacks: before any data is read
     if progress is not None:
         cfg = replace(cfg, train=replace(cfg.train, progress=progress))
     t0 = time.perf_counter()
@@ -137,12 +138,11 @@ def train_from_config(cfg: Config, *, resume: str | None = None, progress: bool 
         check_same_vocabulary(_checkpoint_vocabularies(resume), store, "data.train (--resume)")
     if model.needs_prefit:  # e.g. GBDT+LR fits its trees on the training rows first, DIN counts ids
         model.prefit(train)
-    name = cfg.run.name or f"{cfg.model.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir = Path(cfg.run.dir) / name
+    run_dir = _run_dir(cfg, resume)
     trainer = Trainer(
         model, train, cfg.train, valid_loader=valid, run_dir=run_dir, resume_from=resume, run_config=cfg,
         schema=store.schema, model_params=dict(cfg.model.params), vocab=vocab_payload(store),
-        pipeline=train.pipeline.to_payload(), extra=extra, task=task,
+        pipeline=train.pipeline.to_payload(), extra=extra, task=task, overwrite=cfg.run.overwrite,
     )
     summary = trainer.fit()
     best = run_dir / "best.pt"
@@ -156,6 +156,47 @@ def train_from_config(cfg: Config, *, resume: str | None = None, progress: bool 
     summary["seconds"] = time.perf_counter() - t0
     summary["config"] = config_to_dict(cfg)
     return summary
+
+
+def _run_dir(cfg: Config, resume: str | None) -> Path:
+    """``run.dir/run.name`` (a timestamped name when unset); a resumed run continues in its checkpoint's
+    directory, with that run's best.pt and metrics.jsonl."""
+    if resume:
+        run_dir = Path(resume).resolve().parent
+        if cfg.run.name and (Path(cfg.run.dir) / cfg.run.name).resolve() != run_dir:
+            log.warning("--resume %s: the run continues in %s, not in run.dir/run.name = %s", resume, run_dir,
+                        Path(cfg.run.dir) / cfg.run.name)
+        return run_dir
+    return Path(cfg.run.dir) / (cfg.run.name or f"{cfg.model.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def check_same_features(model_schema: Any, store_schema: Any, what: str, whose: str) -> None:
+    """A store read by a model must hold the features the model was trained on, each of the same kind; an error
+    names the features that differ."""
+    def kinds(s: Any) -> dict[str, str]:
+        out = {d.name: "dense" for d in s.dense}
+        out.update({f.name: "multi-valued sparse" if f.multi_valued else "sparse" for f in s.sparse})
+        out.update({q.name: f"sequence of {q.shares}" for q in s.sequence})
+        return out
+
+    want, have = kinds(model_schema), kinds(store_schema)
+    problems = []
+    if missing := [n for n in want if n not in have]:
+        problems.append(f"missing from the store: {_names(missing)}")
+    if extra := [n for n in have if n not in want]:
+        problems.append(f"not read by the model: {_names(extra)}")
+    if changed := [f"{n} ({want[n]} in the model, {have[n]} in the store)" for n in want
+                   if n in have and have[n] != want[n]]:
+        problems.append(f"of another kind: {_names(changed)}")
+    if problems:
+        raise JobError(f"{what} has other features than {whose} was trained on; features {'; '.join(problems)}. "
+                       "Evaluate on a store preprocessed from the same kind of data with the training store's "
+                       "vocabularies (`ctrkit preprocess ... --vocab-from TRAIN_STORE`)")
+
+
+def _names(names: list[str], show: int = 8) -> str:
+    more = f" and {len(names) - show} more" if len(names) > show else ""
+    return ", ".join(names[:show]) + more
 
 
 def _checkpoint_vocabularies(path: str | Path, ckpt: dict[str, Any] | None = None) -> Vocabularies:
@@ -216,10 +257,10 @@ def predict_file(model: torch.nn.Module, pipeline: FeaturePipeline, path: str | 
                  batch_size: int = 8192) -> Iterator[np.ndarray]:
     """Click probabilities of the raw rows of ``path`` (the format the pipeline was fitted on), in input
     order, one array per chunk of about ``batch_size`` rows; a malformed row is an error naming its line."""
-    model.eval()
-    with torch.no_grad():
-        for columns in iter_transformed(pipeline, path, batch_size):
-            yield torch.sigmoid(logits_of(model(pipeline.to_batch(columns)))).numpy()
+    from ctrkit.serving.predictor import Predictor
+
+    for _, scores in Predictor(model, pipeline, batch_size=batch_size).predict_file(path):
+        yield scores
 
 
 # ---- CLI commands ----------------------------------------------------------------------------------
@@ -243,11 +284,13 @@ def run_evaluate(args: argparse.Namespace) -> int:
     from ctrkit.train.checkpoint import load_checkpoint, load_model
 
     ckpt = load_checkpoint(args.checkpoint)
-    model, _schema, cfg = load_model(args.checkpoint, ckpt=ckpt)
+    model, schema, cfg = load_model(args.checkpoint, ckpt=ckpt)
     path = args.data or (cfg.data.test if isinstance(cfg, Config) else None)
     if not path:
         raise JobError("no store to evaluate: pass --data (the checkpoint's config names no test store)")
     store = Store(path)
+    check_same_features(schema, store.schema, f"{'--data' if args.data else 'data.test'} {path}",
+                        f"checkpoint {args.checkpoint}")
     check_same_vocabulary(_checkpoint_vocabularies(args.checkpoint, ckpt), store,
                           "--data" if args.data else "the checkpoint's data.test")
     if model.task_kind == "retrieval":  # full ranking over the checkpoint's catalogue
@@ -259,27 +302,58 @@ def run_evaluate(args: argparse.Namespace) -> int:
 
 
 def run_predict(args: argparse.Namespace) -> int:
-    from ctrkit.train.checkpoint import load_checkpoint, load_model
+    """``ctrkit predict``: one ``line,score`` row per input row, the line number being the row's line in the
+    input (CSV: the header is line 1; Parquet: the row number), written only once every row is scored."""
+    from ctrkit.data.raw_rows import ReadStats
+    from ctrkit.serving.predictor import Predictor
 
-    ckpt = load_checkpoint(args.checkpoint)
-    model, _, _ = load_model(args.checkpoint, ckpt=ckpt)
-    pipeline = pipeline_from_checkpoint(ckpt)
-    out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")  # published only once every row is scored
-    n = 0
-    try:
-        with open(tmp, "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(["row", "score"])
-            for scores in predict_file(model, pipeline, args.input, args.batch_size):
-                w.writerows(zip(range(n, n + len(scores)), (f"{s:.6f}" for s in scores)))
-                n += len(scores)
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    out, src = Path(args.output), Path(args.input)
+    check_output_file(out, overwrite=args.overwrite, what="--output")
+    if src.exists() and out.exists() and out.resolve() == src.resolve() and not args.overwrite:
+        raise JobError(f"--output {out} is the --input file; write the scores elsewhere (or pass --overwrite)")
+    predictor = Predictor.from_checkpoint(args.checkpoint, batch_size=args.batch_size)
+    stats, n = ReadStats(), 0
+    with atomic_output(out) as tmp, open(tmp, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["line", "score"])
+        for lines, scores in predictor.predict_file(src, stats):
+            w.writerows(zip(lines.tolist(), (f"{s:.6f}" for s in scores)))
+            n += len(scores)
+    if stats.blank_lines:
+        log.warning("%s: skipped %d blank lines (not rows); every score keeps its input line number",
+                    src, stats.blank_lines)
     log.info("wrote %d scores to %s", n, out)
     return 0
+
+
+def check_output_file(path: Path, *, overwrite: bool, what: str) -> None:
+    """Refuse to replace an existing file without ``overwrite``, or to write where no file can be."""
+    if path.is_dir():
+        raise JobError(f"{what} {path} is a directory; give a file path")
+    if path.exists() and not overwrite:
+        raise JobError(f"{what} {path} already exists; pass --overwrite to replace it")
+    parent = next((p for p in path.parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise JobError(f"{what} {path} cannot be written: {parent} is a file, not a directory")
+
+
+@contextmanager
+def atomic_output(path: Path) -> Iterator[Path]:
+    """A temporary path beside ``path``, renamed onto it when the block ends without error and removed
+    otherwise (Ctrl-C included): a reader never sees a half-written file."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise JobError(f"cannot create the directory of {path}: {e.strerror}") from None
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        try:
+            yield tmp
+            os.replace(tmp, path)
+        except OSError as e:
+            raise JobError(f"cannot write {path}: {e.strerror or e}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 # ---- demo -------------------------------------------------------------------------------------------
@@ -313,7 +387,7 @@ def run_demo(args: argparse.Namespace) -> int:
         cfg = load_config(DEMO_CONFIG, [
             f"data.train={stores['train']}", f"data.valid={stores['valid']}", f"data.test={stores['test']}",
             f"train.epochs={args.epochs}", f"run.dir={out / 'runs'}",
-            f"run.name=dlrm-{label.split()[0]}", *overrides,
+            f"run.name=dlrm-{label.split()[0]}", "run.overwrite=true", *overrides,
         ])
         s = train_from_config(cfg, progress=False)
         test = s["test"]

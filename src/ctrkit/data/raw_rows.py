@@ -4,15 +4,19 @@ input order and in chunks of bounded size: what ``ctrkit predict`` scores.
 The file is read in the format the pipeline was fitted on: Criteo TSV (plain or gzip; the block parser of
 :mod:`ctrkit.data.criteo_parse`) for ``criteo`` pipelines, CSV with a header or Parquet for the others.
 The label column is optional (Criteo lines of 39 fields, or a table without it). Every row is scored or
-the run fails: a malformed row is an error naming its file and line, never a row silently left out.
+the run fails: a malformed row is an error naming its file and line, never a row silently left out. Blank
+lines are not rows: they are counted (:class:`ReadStats`) and each row keeps its own line number.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from ctrkit.data.criteo import block_columns, iter_blocks
 from ctrkit.data.criteo_parse import NUM_FIELDS, parse_block
@@ -24,13 +28,31 @@ _AVG_LINE_BYTES = 256
 _NON_EMPTY_LINE = re.compile(rb"(?m)^(?=[^\n])")
 
 
-def iter_transformed(pipe: FeaturePipeline, path: str | Path, rows: int = 8192) -> Iterator[dict[str, Any]]:
-    """Columns of about ``rows`` raw rows at a time (see the module docstring)."""
+@dataclass
+class RawChunk:
+    """About ``rows`` raw rows of a file, as columns the pipeline reads, with their 1-based line numbers
+    (CSV: physical lines, the header being line 1; Parquet: row numbers)."""
+
+    columns: Any
+    lines: np.ndarray
+
+
+@dataclass
+class ReadStats:
+    """What a pass over a file skipped without scoring: blank lines (never rows)."""
+
+    blank_lines: int = 0
+
+
+def iter_raw(pipe: FeaturePipeline, path: str | Path, rows: int = 8192,
+             stats: ReadStats | None = None) -> Iterator[RawChunk]:
+    """Raw chunks of ``path`` in input order (see the module docstring); malformed rows are an error."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"input file {path} does not exist")
+    stats = stats if stats is not None else ReadStats()
     if pipe.kind == CRITEO:
-        yield from _criteo(pipe, path, rows)
+        yield from _criteo(path, rows, stats)
         return
     have = set(header(path))
     s = pipe.spec
@@ -40,20 +62,33 @@ def iter_transformed(pipe: FeaturePipeline, path: str | Path, rows: int = 8192) 
     for t, lines in iter_batches(path, columns, rows, bad):
         if bad.bad:
             _refuse(path, bad.first)
-        try:
-            yield pipe.transform(t, lines=lines)
-        except DataError as e:
-            raise DataError(f"{path}: {e}; predict scores every row, so fix or remove the malformed rows") from None
+        yield RawChunk(t, lines)
 
 
-def _criteo(pipe: FeaturePipeline, path: Path, rows: int) -> Iterator[dict[str, Any]]:
+def iter_transformed(pipe: FeaturePipeline, path: str | Path, rows: int = 8192) -> Iterator[dict[str, Any]]:
+    """Transformed columns of about ``rows`` raw rows at a time, in input order."""
+    for chunk in iter_raw(pipe, path, rows):
+        yield transform_chunk(pipe, path, chunk)
+
+
+def transform_chunk(pipe: FeaturePipeline, path: str | Path, chunk: RawChunk) -> dict[str, Any]:
+    """``chunk`` through ``pipe``; a malformed row is an error naming ``path`` and its line."""
+    try:
+        return pipe.transform(chunk.columns, lines=chunk.lines)
+    except DataError as e:
+        raise DataError(f"{path}: {e}; predict scores every row, so fix or remove the malformed rows") from None
+
+
+def _criteo(path: Path, rows: int, stats: ReadStats) -> Iterator[RawChunk]:
     labelled: bool | None = None
     line0 = 0
     for buf, _ in iter_blocks(path, max(1 << 16, rows * _AVG_LINE_BYTES)):
         if labelled is None:  # the first non-empty line decides: 40 fields with a label, 39 without
             first = next((ln for ln in buf.split(b"\n") if ln.strip()), None)
             if first is None:
-                line0 += buf.count(b"\n")
+                n = buf.count(b"\n")
+                line0 += n
+                stats.blank_lines += n
                 continue
             labelled = first.count(b"\t") + 1 != NUM_FIELDS - 1
         if not labelled:  # a placeholder label before every non-empty line: 40 fields for the block parser
@@ -65,7 +100,8 @@ def _criteo(pipe: FeaturePipeline, path: Path, rows: int) -> Iterator[dict[str, 
         cols = block_columns(blk)
         if not labelled:
             del cols["label"]
-        yield pipe.transform(cols, lines=line0 + blk.line + 1)
+        stats.blank_lines += blk.empty_lines
+        yield RawChunk(cols, line0 + blk.line + 1)
         line0 += blk.n_lines
 
 

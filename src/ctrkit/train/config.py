@@ -138,6 +138,7 @@ class RunConfig:
 
     dir: str = "runs"
     name: str | None = None
+    overwrite: bool = False  # a new run may replace the files of an earlier run of the same name
 
 
 @dataclass

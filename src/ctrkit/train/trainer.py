@@ -30,7 +30,7 @@ Decisions worth knowing:
   (dropout and shuffling included), provided the loader's order depends only on (seed, epoch).
 - bf16 (``precision="bf16"``) runs the forward pass under CPU/CUDA autocast; the loss is computed
   in float32 and the parameters and optimizer states stay float32.
-- Run directory: ``config.yaml`` (resolved), ``metrics.jsonl`` (one JSON object per log step,
+- Run directory (locked while training, :mod:`ctrkit.train.rundir`): ``config.yaml`` (resolved), ``metrics.jsonl`` (one JSON object per log step,
   ``{"kind": "train", "loss": ..., <each logged part>: ...}``, and per evaluation,
   ``{"kind": "eval", ...}``), ``last.pt`` (every evaluation, every ``checkpoint_every`` steps and at
   the end) and ``best.pt`` (best evaluation).
@@ -60,6 +60,7 @@ from ctrkit.train.checkpoint import load_checkpoint, rng_state, save_checkpoint,
 from ctrkit.train.config import TrainConfig, config_to_dict
 from ctrkit.train.memory import keep_freed_memory
 from ctrkit.train.optim import OptimizerSet, build_optimizers
+from ctrkit.train.rundir import RunLock, check_fresh, trim_records
 from ctrkit.train.tasks import CTRTask, Task
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,23 @@ class Callback:
     def on_step(self, trainer: Trainer, step: int, loss: torch.Tensor) -> None: ...
     def on_eval(self, trainer: Trainer, metrics: dict[str, float]) -> None: ...
     def on_epoch_end(self, trainer: Trainer, epoch: int) -> None: ...
+
+
+def resolve_device(spec: str) -> torch.device:
+    """``train.device`` as a torch device that this machine has; otherwise a ConfigError saying what to use."""
+    try:
+        device = torch.device(spec)
+    except (RuntimeError, TypeError) as e:
+        raise ConfigError(f"train.device={spec!r} is not a device name (cpu, cuda, cuda:1): {e}") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"train.device={spec} but this machine has no usable CUDA GPU (torch "
+                              f"{torch.__version__}); use train.device=cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(f"train.device={spec} but this machine has {torch.cuda.device_count()} CUDA device(s)")
+    elif device.type not in ("cpu", "mps", "xpu"):
+        raise ConfigError(f"train.device={spec}: ctrkit trains on cpu or cuda")
+    return device
 
 
 def seed_everything(seed: int) -> None:
@@ -121,12 +139,13 @@ class Trainer:
         vocab: dict[str, Any] | str | Path | None = None,
         pipeline: dict[str, Any] | None = None,
         extra: dict[str, Any] | None = None,
+        overwrite: bool = False,
     ) -> None:
         if not isinstance(model, CTRModel):
             raise ConfigError(f"the Trainer trains a ctrkit CTRModel; got {type(model).__name__} "
                               "(derive it from ctrkit.models.base.CTRModel)")
         self.config = config
-        self.device = torch.device(config.device)
+        self.device = resolve_device(config.device)
         self.model: CTRModel = model.to(self.device)  # unwrapped: checkpoints, param groups, tables
         self.module: nn.Module = self.model  # what the loop calls and steps (a DDP wrapper goes here)
         self.train_loader = train_loader
@@ -142,6 +161,9 @@ class Trainer:
         self.pipeline = pipeline  # FeaturePipeline.to_payload() of the training data, stored in every checkpoint
         self.extra = dict(extra or {})  # stored in every checkpoint (e.g. how raw data was read)
         self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.overwrite = overwrite  # a new run may replace the files of an old run in run_dir
+        self._continues_run = resume_from is not None  # its run_dir's records are this run's own
+        self._lock: RunLock | None = None
 
         es = config.early_stopping
         if task is None:
@@ -177,7 +199,6 @@ class Trainer:
     # ---- public API ------------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
         """Train until ``epochs`` / ``max_steps`` / early stopping; return a summary dict."""
-        cfg = self.config
         n_batches = len(self.train_loader)
         if n_batches == 0:
             raise TrainingError(
@@ -185,6 +206,15 @@ class Trainer:
                 "batch_size larger than the data with drop_last=True)"
             )
         self._prepare_run_dir()
+        try:
+            return self._fit(n_batches)
+        finally:
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
+
+    def _fit(self, n_batches: int) -> dict[str, Any]:
+        cfg = self.config
         if cfg.keep_freed_memory:
             keep_freed_memory()
         total = cfg.epochs * n_batches if cfg.max_steps is None else min(cfg.max_steps, cfg.epochs * n_batches)
@@ -413,9 +443,25 @@ class Trainer:
         return {"train": config_to_dict(self.config)}
 
     def _prepare_run_dir(self) -> None:
+        """Lock the run directory (one training at a time), then: a resumed run drops the records of the
+        steps it trains again; a new one refuses another run's files unless ``overwrite``."""
         if self.run_dir is None:
             return
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise TrainingError(f"cannot create the run directory {self.run_dir}: {e.strerror or e}") from None
+        self._lock = RunLock(self.run_dir).acquire()
+        try:
+            if self._continues_run:
+                trim_records(self.run_dir / "metrics.jsonl", self.step)
+            else:
+                check_fresh(self.run_dir, overwrite=self.overwrite)
+        except BaseException:
+            self._lock.release()
+            self._lock = None
+            raise
+        self._continues_run = True  # a second fit() of this trainer goes on in the same run
         (self.run_dir / "config.yaml").write_text(yaml.safe_dump(self._config_dict(), sort_keys=False))
 
     def _log(self, record: dict[str, Any]) -> None:

@@ -1,0 +1,192 @@
+"""Score raw rows with a checkpoint: ``Predictor.from_checkpoint(path).predict(rows)``.
+
+A :class:`Predictor` holds what a checkpoint carries for scoring: the model (eval mode) and the training data's
+:class:`~ctrkit.data.pipeline.FeaturePipeline` (vocabularies, dense statistics, the multi-hot stage). Raw rows
+(a list of dicts, a pandas DataFrame, a pyarrow Table or a dict of columns, holding raw values: numbers,
+strings, Criteo's hex keys, lists or delimited strings for multi-valued and sequence features) go through that
+pipeline to a :class:`~ctrkit.batch.Batch` and the model, in chunks of ``batch_size`` rows, giving click
+probabilities in input order. These are the numbers ``ctrkit evaluate`` scores for the same rows after
+preprocessing (tested), and ``ctrkit predict`` and ``ctrkit serve`` are built on this class.
+
+Two ways to meet a malformed row: :meth:`Predictor.predict` refuses the chunk with an error naming the row and
+the field; :meth:`Predictor.score` scores the well-formed rows and returns the others with their reasons (the
+valid rows' scores do not depend on the invalid rows beside them: every row is encoded on its own).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from ctrkit.data.pipeline import FeaturePipeline
+from ctrkit.data.pipeline_encode import Raw
+from ctrkit.data.rows import BadRows, DataError
+from ctrkit.errors import JobError
+from ctrkit.models.base import logits_of
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Scored:
+    """Result of :meth:`Predictor.score`: ``scores`` [n] (NaN where the row was malformed), and per malformed
+    row its 1-based number (or line, when lines were given) and the reasons, in row order."""
+
+    scores: np.ndarray
+    bad: list[tuple[int, str]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> np.ndarray:
+        return ~np.isnan(self.scores)
+
+
+class Predictor:
+    """A model and its feature pipeline, ready to score raw rows (see the module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, pipeline: FeaturePipeline, *, device: str | torch.device = "cpu",
+                 batch_size: int = 8192, checkpoint: str | Path | None = None,
+                 info: dict[str, Any] | None = None) -> None:
+        if getattr(model, "task_kind", "ranking") == "retrieval":
+            raise JobError("a retrieval model ranks items for a user; score it with `ctrkit recall`, not predict")
+        if batch_size < 1:
+            raise JobError(f"batch_size must be >= 1, got {batch_size}")
+        self.device = torch.device(device)
+        self.model = model.to(self.device).eval()
+        self.pipeline = pipeline
+        self.batch_size = int(batch_size)
+        self.checkpoint = Path(checkpoint) if checkpoint is not None else None
+        self.info = dict(info or {})
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, *, device: str | torch.device = "cpu",
+                        batch_size: int = 8192) -> Predictor:
+        """The model and pipeline of the checkpoint at ``path`` (verified and read without unpickling code)."""
+        from ctrkit.data.pipeline_io import pipeline_from_checkpoint
+        from ctrkit.data.store import file_checksum
+        from ctrkit.train.checkpoint import load_checkpoint, load_model
+
+        path = Path(path)
+        ckpt = load_checkpoint(path)
+        model, _, _ = load_model(path, ckpt=ckpt)
+        state = ckpt.get("trainer") or {}
+        info = {
+            "checkpoint": str(path),
+            "checkpoint_sha256": file_checksum(path, full=True),
+            "ctrkit_version": ckpt.get("ctrkit_version"),
+            "model": ckpt["model"]["name"],
+            "model_params": ckpt["model"]["params"],
+            "schema": ckpt["schema"],
+            "training": {"step": state.get("step"), "epoch": state.get("epoch"),
+                         "best_metric": state.get("best_metric"), "best_step": state.get("best_step"),
+                         "last_eval": state.get("last_eval") or {}},
+        }
+        return cls(model, pipeline_from_checkpoint(ckpt), device=device, batch_size=batch_size, checkpoint=path,
+                   info=info)
+
+    # ---- what it reads -------------------------------------------------------------------------------
+    @property
+    def schema(self) -> Any:
+        return self.pipeline.schema
+
+    @property
+    def input_columns(self) -> list[str]:
+        """Raw columns every row must have (a label, weight or group column is optional)."""
+        return self.pipeline.input_columns(optional=False)
+
+    # ---- scoring -------------------------------------------------------------------------------------
+    def predict(self, rows: Raw) -> np.ndarray:
+        """Click probabilities [n] float32 of raw ``rows``, in order; a malformed row is a DataError naming it."""
+        out = [self.score_columns(self.pipeline.transform(chunk, lines=lines))
+               for chunk, lines in _chunks(rows, self.batch_size)]
+        return np.concatenate(out) if out else np.zeros(0, np.float32)
+
+    def score(self, rows: Raw, *, lines: np.ndarray | None = None) -> Scored:
+        """Scores of the well-formed rows of ``rows`` (NaN for the others) and the reasons of the malformed
+        ones; ``lines``: the number reported for each row (default 1..n)."""
+        parts, bad_all = [], []
+        for chunk, chunk_lines in _chunks(rows, self.batch_size, lines):
+            bad = BadRows("rows", keep=len(chunk_lines))
+            enc = self.pipeline.encode(chunk, lines=chunk_lines, bad=bad)
+            scores = np.full(len(chunk_lines), np.nan, np.float32)
+            if len(enc):
+                scores[enc.keep] = self.score_columns(self.pipeline.finalize(enc.parts()))
+            parts.append(scores)
+            bad_all += _merge_reasons(bad.first)
+        return Scored(np.concatenate(parts) if parts else np.zeros(0, np.float32), bad_all)
+
+    def predict_file(self, path: str | Path, stats: Any = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(line numbers, click probabilities) of the raw rows of ``path`` (the format the pipeline was fitted on:
+        Criteo TSV plain or gzip, CSV, Parquet; label column optional), in input order, about ``batch_size`` rows
+        at a time. A malformed row is an error naming the file and its line; blank lines are counted in
+        ``stats`` (:class:`~ctrkit.data.raw_rows.ReadStats`), not scored."""
+        from ctrkit.data.raw_rows import iter_raw, transform_chunk
+
+        for chunk in iter_raw(self.pipeline, path, self.batch_size, stats):
+            yield chunk.lines, self.score_columns(transform_chunk(self.pipeline, path, chunk))
+
+    def score_columns(self, columns: dict[str, Any]) -> np.ndarray:
+        """Click probabilities of transformed columns (:meth:`FeaturePipeline.transform` output, or a store's)."""
+        batch = self.pipeline.to_batch(columns)
+        if self.device.type != "cpu":
+            batch = batch.to(self.device)
+        with torch.no_grad():
+            return torch.sigmoid(logits_of(self.model(batch)).float()).cpu().numpy()
+
+    def metadata(self) -> dict[str, Any]:
+        """Model, schema, training metrics and checkpoint checksum (``ctrkit serve``'s /metadata)."""
+        return {**self.info, "input_columns": self.input_columns, "batch_size": self.batch_size,
+                "device": str(self.device)}
+
+
+def _chunks(rows: Raw, size: int, lines: np.ndarray | None = None) -> Iterator[tuple[Raw, np.ndarray]]:
+    """(chunk of at most ``size`` rows, their numbers) over list / DataFrame / pyarrow Table / dict of columns."""
+    n = _num_rows(rows)
+    lines = np.arange(1, n + 1) if lines is None else np.asarray(lines, np.int64)
+    if len(lines) != n:
+        raise DataError(f"{len(lines)} line numbers for {n} rows")
+    for start in range(0, n, size) if n else [0]:
+        stop = min(start + size, n)
+        yield _slice(rows, start, stop), lines[start:stop]
+
+
+def _num_rows(rows: Raw) -> int:
+    if isinstance(rows, (pa.Table, pa.RecordBatch)):
+        return rows.num_rows
+    if isinstance(rows, dict):
+        first = next(iter(rows.values()), [])
+        return len(first[1]) if isinstance(first, tuple) else len(first)
+    if isinstance(rows, list) or type(rows).__module__.split(".")[0] == "pandas":
+        if isinstance(rows, list) and not all(isinstance(r, dict) for r in rows):
+            i = next(i for i, r in enumerate(rows) if not isinstance(r, dict))
+            raise DataError(f"row {i + 1} is a {type(rows[i]).__name__}, not an object of field: value pairs")
+        return len(rows)
+    raise DataError(f"cannot read rows from a {type(rows).__name__}; give a list of dicts, a pandas DataFrame, "
+                    "a pyarrow Table or a dict of columns")
+
+
+def _slice(rows: Raw, start: int, stop: int) -> Raw:
+    if isinstance(rows, (pa.Table, pa.RecordBatch)):
+        return rows.slice(start, stop - start)
+    if isinstance(rows, list):
+        return rows[start:stop]
+    if isinstance(rows, dict):
+        if start == 0 and stop == _num_rows(rows):
+            return rows
+        raise DataError("a dict of columns is scored in one chunk; raise batch_size or pass a pyarrow Table")
+    return rows.iloc[start:stop]
+
+
+def _merge_reasons(first: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """(row, reason) pairs -> one entry per row with its reasons joined, in row order."""
+    by_row: dict[int, list[str]] = {}
+    for row, reason in first:
+        by_row.setdefault(row, []).append(reason)
+    return [(row, "; ".join(reasons)) for row, reasons in sorted(by_row.items())]
+

@@ -1,0 +1,94 @@
+"""A run directory belongs to one training at a time, and its records match its checkpoints.
+
+* :class:`RunLock`: an exclusive ``fcntl`` lock on ``<run>/.lock`` held for the whole of ``Trainer.fit``. A
+  second training given the same directory is refused at once instead of interleaving its records into the
+  first's metrics.jsonl and replacing its best.pt. The kernel drops the lock when its process dies, so a
+  killed run never leaves a stale lock behind.
+* :func:`check_fresh`: a new (not resumed) training refuses a directory that already holds a run's files,
+  unless told to replace them (``run.overwrite``); a resumed one continues there.
+* :func:`trim_records`: on resume, the records written after the checkpoint (steps the resumed run will train
+  again) are removed from metrics.jsonl, so every step has one train record.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+from pathlib import Path
+
+from ctrkit.errors import TrainingError
+
+log = logging.getLogger(__name__)
+
+RUN_FILES = ("metrics.jsonl", "best.pt", "last.pt", "config.yaml")
+
+
+class RunLock:
+    """Exclusive, non-blocking lock on ``run_dir`` (see the module docstring); a context manager."""
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.path = Path(run_dir) / ".lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> RunLock:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise TrainingError(
+                f"run directory {self.path.parent} is in use by another training (pid {holder}); give this one "
+                "another run.name, or wait for that one to finish"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+
+
+def check_fresh(run_dir: Path, *, overwrite: bool) -> None:
+    """Refuse a new training in a directory holding another run's files; with ``overwrite``, remove them."""
+    found = [n for n in RUN_FILES if (run_dir / n).exists()]
+    if not found:
+        return
+    if not overwrite:
+        raise TrainingError(
+            f"run directory {run_dir} already holds a run ({', '.join(found)}); resume it with "
+            f"--resume {run_dir / 'last.pt'}, give another run.name, or set run.overwrite=true to replace it"
+        )
+    for n in found:
+        (run_dir / n).unlink()
+    log.warning("run.overwrite: removed %s from %s", ", ".join(found), run_dir)
+
+
+def trim_records(path: Path, step: int) -> int:
+    """Drop the records of ``path`` (metrics.jsonl) written after ``step``; returns how many (atomic rewrite)."""
+    if not path.is_file():
+        return 0
+    lines = path.read_text().splitlines(keepends=True)
+    keep = []
+    for ln in lines:
+        try:
+            rec_step = json.loads(ln).get("step")
+        except (json.JSONDecodeError, AttributeError):
+            continue  # a line cut short by the crash the run resumes from
+        if not isinstance(rec_step, int) or rec_step <= step:
+            keep.append(ln)
+    dropped = len(lines) - len(keep)
+    if dropped:
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        tmp.write_text("".join(keep))
+        os.replace(tmp, path)
+        log.info("%s: removed %d records after step %d (the resumed run trains those steps again)",
+                 path, dropped, step)
+    return dropped
