@@ -84,7 +84,7 @@ def main() -> None:
             from ctrkit.data.synthetic import write_criteo_tsv
 
             t = time.perf_counter()
-            write_criteo_tsv(src, a.rows, seed=a.seed)
+            write_criteo_tsv(src, a.rows, seed=a.seed, overwrite=True)
             log.info("wrote %d rows (%.0f MB) in %.1fs", a.rows, src.stat().st_size / 1e6, time.perf_counter() - t)
         with open(src, "rb") as f:
             n = sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 24), b""))

@@ -320,3 +320,19 @@ def test_evaluate_on_a_store_of_another_schema_names_the_features(trained, table
     assert "has other features than checkpoint" in caplog.text
     assert "missing from the store: I1, I2" in caplog.text and "not read by the model: x, rid, u, tags" in caplog.text
     assert "--vocab-from" in caplog.text
+
+
+def test_predict_numbers_csv_rows_by_their_line_across_blank_lines(table_run, tmp_path, caplog):
+    import pyarrow.csv as pacsv
+
+    pacsv.write_csv(table_run["table"].slice(0, 6), tmp_path / "plain.csv")
+    head, *rows = (tmp_path / "plain.csv").read_text().splitlines(keepends=True)
+    (tmp_path / "gappy.csv").write_text(head + rows[0] + "\n" + "".join(rows[1:4]) + "\r\n\n" + "".join(rows[4:]))
+    for name in ("plain.csv", "gappy.csv"):
+        assert main(["predict", "--checkpoint", str(table_run["ckpt"]), "--input", str(tmp_path / name),
+                     "--output", str(tmp_path / f"{name}.out")]) == 0
+    with open(tmp_path / "gappy.csv.out") as f:
+        got = list(csv.DictReader(f))
+    assert [int(r["line"]) for r in got] == [2, 4, 5, 6, 9, 10]
+    np.testing.assert_array_equal([float(r["score"]) for r in got], _scores(tmp_path / "plain.csv.out", 2))
+    assert "skipped 3 blank lines" in caplog.text

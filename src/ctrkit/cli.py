@@ -121,8 +121,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CtrkitError as e:
         log.error("%s", e)
         return 2
-    except KeyboardInterrupt:  # the jobs clean up their temporary files on the way out (finally blocks)
-        log.error("interrupted (Ctrl-C); no partial output was kept")
+    except KeyboardInterrupt:  # jobs remove their temporary files on the way out; a training keeps its last.pt
+        log.error("interrupted (Ctrl-C)%s", "; resume with --resume RUN_DIR/last.pt" if args.command == "train" else
+                  "; no partial output was kept")
         return 130
 
 

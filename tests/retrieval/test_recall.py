@@ -19,7 +19,7 @@ from ctrkit.errors import JobError, RetrievalError
 from ctrkit.retrieval.catalogue import ItemCatalogue, SeenItems
 from ctrkit.retrieval.recall import raw_keys, recall, row_sources
 from ctrkit.runner import train_from_config
-from ctrkit.train.checkpoint import load_checkpoint, load_model
+from ctrkit.train.checkpoint import content_digest, load_checkpoint, load_model
 from ctrkit.train.config import load_config
 
 pytest.importorskip("faiss")
@@ -118,6 +118,8 @@ def test_recall_errors(trained, tmp_path):
     other = tmp_path / "other.pt"  # another checkpoint (its bytes differ): the saved index is refused
     ck = torch.load(ckpt_path, weights_only=True)
     ck["model_state"] = {k: v + 1 if v.is_floating_point() else v for k, v in ck["model_state"].items()}
+    del ck["checksum"]
+    ck["checksum"] = content_digest(ck)  # a sound checkpoint of other weights
     torch.save(ck, other)
     with pytest.raises(RetrievalError, match="rebuild it"):
         recall(other, None, tmp_path / "b.csv", k=3, index_path=tmp_path / "idx")

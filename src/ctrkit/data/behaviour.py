@@ -48,6 +48,7 @@ import argparse
 import gzip
 import json
 import logging
+import os
 import re
 import time as _time
 from dataclasses import dataclass, field
@@ -62,8 +63,8 @@ from ctrkit.data.behaviour_read import read_log, read_s3rec
 from ctrkit.data.behaviour_samples import NEGATIVES, Samples, build_samples, sort_log
 from ctrkit.data.pipeline import FeaturePipeline
 from ctrkit.data.pipeline_io import PIPELINE_DIR
-from ctrkit.data.rows import DataError, TempDir
-from ctrkit.data.store import StoreError, StoreWriter, remove_stale_splits
+from ctrkit.data.rows import DataError
+from ctrkit.data.store import SplitOutput, StoreWriter, check_replaceable, make_dir
 from ctrkit.data.tabular_read import SPLITS
 from ctrkit.data.vocab import link_tree, save_vocabularies
 
@@ -264,9 +265,8 @@ def preprocess_behaviour(input: str | Path, out: str | Path, *, format: str | No
     """Behaviour log -> stores ``out/{train,valid,test}`` + ``out/report.json``; returns {split: path}."""
     t0 = _time.perf_counter()
     out = Path(out)
-    for s in SPLITS:
-        if (out / s).exists() and not overwrite:
-            raise StoreError(f"output {out / s} already exists; choose another --out or pass --overwrite")
+    for s in SPLITS:  # fail before the work (SplitOutput checks again before writing)
+        check_replaceable(out / s, overwrite)
     if negatives not in NEGATIVES:
         raise DataError(f"--negatives {negatives!r} is not one of {NEGATIVES}")
     if negatives == "none" and aux_negatives:
@@ -276,6 +276,7 @@ def preprocess_behaviour(input: str | Path, out: str | Path, *, format: str | No
     if example_age and (time_col is None or format == "s3rec"):
         raise DataError("--example-age needs timestamps: give --time-col with a CSV / Parquet log (the s3rec "
                         "format has none), or drop --example-age")
+    make_dir(out)  # a path that cannot be written fails now, not after the work
     blog = read_behaviour_log(input, format=format, user_col=user_col, item_col=item_col, attr_cols=attr_cols,
                               time_col=time_col, type_col=type_col, behaviour_types=behaviour_types,
                               header=header, names=names, delimiter=delimiter, item_attributes=item_attributes,
@@ -315,8 +316,8 @@ def preprocess_behaviour(input: str | Path, out: str | Path, *, format: str | No
     report["vocab_sizes"] = {t: v.size for t, v in pipe.vocabs_.items()}
     report["unseen_in_train"] = {name: {f: int((columns[name][f] == 1).sum()) for f in ("user", "item")}
                                  for name in columns if name != "train"}
-    result: dict[str, Path] = {}
-    with TempDir(out, ".behaviour-tmp-") as tmp:
+    with SplitOutput(out, SPLITS, overwrite=overwrite, prefix=".behaviour-tmp-") as output:  # all or nothing
+        tmp = output.tmp
         save_vocabularies(tmp / "vocab", pipe.vocabs_, fitted_on=f"{input} (train samples)")
         pipe.save(tmp / PIPELINE_DIR)
         for name, cols in columns.items():
@@ -325,16 +326,15 @@ def preprocess_behaviour(input: str | Path, out: str | Path, *, format: str | No
                                       "options": options, "spec": spec, "tables": pipe.table_of},
                     "stats": {"rows": n, "label_rate": float(cols["label"].mean()) if n else 0.0,
                               "behaviour": report}}
-            with StoreWriter(out / name, pipe.schema, pipe.column_specs(), overwrite=overwrite) as w:
+            with StoreWriter(output.stage(name), pipe.schema, pipe.column_specs()) as w:
                 w.append(cols)
                 link_tree(tmp / "vocab", w.tmp / "vocab")
                 link_tree(tmp / PIPELINE_DIR, w.tmp / PIPELINE_DIR)
                 w.set_meta(**meta)
-            result[name] = out / name
-    if overwrite:
-        remove_stale_splits(out, result, SPLITS)
-    report["seconds"] = round(_time.perf_counter() - t0, 3)
-    (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
+        report["seconds"] = round(_time.perf_counter() - t0, 3)
+        (tmp / "report.json").write_text(json.dumps(report, indent=1, default=str))
+        result = output.publish(list(columns))
+        os.replace(tmp / "report.json", out / "report.json")
     log.info("behaviour %s: %d users, %d behaviours (%d single-behaviour users dropped, %d out-of-order rows "
              "sorted, %d repeated user-item rows kept) -> samples %s in %.1fs", input, report["users"],
              report["behaviours"], report["single_behaviour_users"], report["out_of_order_rows"],

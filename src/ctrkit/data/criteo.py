@@ -1,8 +1,9 @@
 """Criteo TSV -> ctrkit stores, exactly as seed 000 §3.3.
 
-Input: tab-separated lines ``label, I1..I13, C1..C26`` (40 fields; label 0/1; I* integers; C* 32-bit
-hashes written as 8 hex digits; any field except the label may be empty). One file, or the day files
-``day_0 .. day_23`` of the Criteo 1TB logs; plain or gzip.
+Input: tab-separated lines ``label, I1..I13, C1..C26`` (40 fields; label 0/1; I* integers of at most 18
+digits; C* 32-bit hashes written as 8 hex digits; any field except the label may be empty). One file, or the
+day files ``day_0 .. day_23`` of the Criteo 1TB logs; plain or gzip; a UTF-8 byte-order mark at the start of
+a file is ignored.
 
 Rules (seed 000 §3.3):
 
@@ -26,10 +27,12 @@ are found with pyarrow's hash ``dictionary_encode``. Reading (and gunzip) runs i
 (counter-based randomness, so the result does not depend on the chunk size) and shuffles each shard
 in memory; memory stays bounded by one block, one shard and the vocabularies.
 
-Malformed lines (wrong field count, label not 0/1, non-integer dense, categorical not 8 hex digits,
-non-UTF-8 bytes) are skipped and counted; the first few are logged with their 1-based line numbers
-and kept in the manifest. If more than ``max_bad_fraction`` of a file's rows are bad the run fails
-with :class:`~ctrkit.data.rows.DataError` and no store is written.
+Malformed lines (wrong field count, label not 0/1, a dense field that is not an integer, e.g. "1e400",
+a categorical not 8 hex digits, non-UTF-8 bytes) are skipped and counted once each; the first few are
+logged with their 1-based line numbers and a reason naming the field, and kept in the manifest. If more
+than ``max_bad_fraction`` of a file's rows are bad the run fails with :class:`~ctrkit.data.rows.DataError`.
+The split stores are staged and published together (:class:`~ctrkit.data.store.SplitOutput`): a failure
+or Ctrl-C leaves ``out`` as it was.
 """
 
 from __future__ import annotations
@@ -62,7 +65,6 @@ from ctrkit.data.rows import (
     BadRows,
     DataError,
     ShardSpill,
-    TempDir,
     assign_split,
     parse_split,
     row_uniform,
@@ -70,7 +72,7 @@ from ctrkit.data.rows import (
     splitmix64,
     stream_key,
 )
-from ctrkit.data.store import StoreError, remove_stale_splits
+from ctrkit.data.store import SplitOutput
 from ctrkit.data.vocab import MODES, check_vocab_options, save_vocabularies
 
 log = logging.getLogger(__name__)
@@ -78,6 +80,7 @@ log = logging.getLogger(__name__)
 SPLITS = ("train", "valid", "test")
 _DAY_RE = re.compile(r"^day_(\d+)(\.[A-Za-z0-9]+)*$")
 _AVG_LINE_BYTES = 256  # chunk_rows -> read block size
+_BOM = b"\xef\xbb\xbf"  # UTF-8 byte-order mark (files saved by some Windows editors)
 
 # ---- reading -----------------------------------------------------------------------------------------
 def _open(path: Path) -> tuple[Any, Any]:
@@ -91,10 +94,12 @@ def _open(path: Path) -> tuple[Any, Any]:
 
 
 def iter_blocks(path: Path, block_bytes: int) -> Iterator[tuple[bytes, int]]:
-    """Blocks of whole lines (each ending in b"\\n") and the compressed bytes read so far."""
+    """Blocks of whole lines (each ending in b"\\n") and the compressed bytes read so far. A UTF-8 byte-order
+    mark at the start of the (decompressed) file is dropped: it is no part of the first line."""
     stream, raw = _open(path)
     try:
         carry = b""
+        head = True  # the start of the file: strip a BOM there
         while True:
             try:
                 data = stream.read(block_bytes)
@@ -106,6 +111,11 @@ def iter_blocks(path: Path, block_bytes: int) -> Iterator[tuple[bytes, int]]:
             if not data:
                 break
             buf = carry + data if carry else data
+            if head:
+                if len(buf) < len(_BOM) and _BOM.startswith(buf):  # a read shorter than the BOM: read on
+                    carry = buf
+                    continue
+                buf, head = buf.removeprefix(_BOM), False
             cut = buf.rfind(b"\n")
             if cut < 0:
                 carry = buf
@@ -259,9 +269,6 @@ def preprocess_criteo(
         fractions = parse_split("0.8,0.1,0.1" if split is None else split)
         if valid_from_test:
             raise DataError("--valid-from-test applies to day files (day_0 .. day_N) without --split")
-    for s in SPLITS:
-        if (out / s).exists() and not overwrite:
-            raise StoreError(f"output {out / s} already exists; choose another --out or pass --overwrite")
 
     pipe = FeaturePipeline.criteo(min_freq=min_freq, max_vocab=max_vocab, max_vocab_mode=max_vocab_mode,
                                   embedding_dim=embedding_dim)
@@ -282,7 +289,8 @@ def preprocess_criteo(
     empty_lines = 0
     pos_rows = np.zeros(3, np.int64)
 
-    with TempDir(out, ".criteo-tmp-") as tmp:
+    with SplitOutput(out, SPLITS, overwrite=overwrite, prefix=".criteo-tmp-") as output:  # nothing published on failure
+        tmp = output.tmp
         k_train = shard_count(est_rows, row_bytes, shard_bytes) if shuffle else 1
         roll = max(1, shard_bytes // row_bytes)  # in-order splits roll over to a new shard at this size
         spills = [ShardSpill(tmp / "train", k_train, spill_cols) if shuffle
@@ -373,7 +381,7 @@ def preprocess_criteo(
         }
 
         # ---- write one store per split -------------------------------------------------------------
-        result: dict[str, Path] = {}
+        written: list[str] = []
         shuffle_key = stream_key(seed, 3)
         for s, (name, spill) in enumerate(zip(SPLITS, spills)):
             if rows[name] == 0:
@@ -385,11 +393,11 @@ def preprocess_criteo(
                                                "clamped to -2; categorical first-appearance ids, 0 missing, 1 rare"},
                     "stats": {**stats_common, "rows": rows[name],
                               "label_rate": float(pos_rows[s] / max(rows[name], 1))}}
-            result[name] = write_split_store(
-                out / name, pipe, spill, shuffle_seed=shuffle_key if s == 0 and shuffle else None,
-                luts=fitter.luts if fitter is not None else None, fitted_dir=tmp, overwrite=overwrite, meta=meta)
-    if overwrite:  # a previous run's valid/test must not survive next to this run's train
-        remove_stale_splits(out, result, SPLITS)
+            written.append(name)
+            write_split_store(
+                output.stage(name), pipe, spill, shuffle_seed=shuffle_key if s == 0 and shuffle else None,
+                luts=fitter.luts if fitter is not None else None, fitted_dir=tmp, meta=meta)
+        result = output.publish(written)  # with overwrite, also away: a previous run's splits not written now
     elapsed = time.perf_counter() - t0
     n_in = stats_common["input_rows"]
     log.info("criteo: %d rows (%d bad) -> %s in %.1fs (read+parse %.1fs, %.0f rows/s)", n_in, bad_total,

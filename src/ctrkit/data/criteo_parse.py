@@ -162,10 +162,19 @@ def parse_block(buf: bytes) -> ParsedBlock:
     cat_ok = cok.reshape(n, NUM_SPARSE).all(axis=1)
 
     row_ok = lab_ok & dense_ok & cat_ok
-    if not row_ok.all():
-        for mask, what in ((~lab_ok, "label is not 0 or 1"), (lab_ok & ~dense_ok, "a dense field is not an integer"),
-                           (lab_ok & dense_ok & ~cat_ok, "a categorical field is not empty or 8 hex digits")):
-            idx = gi[mask]
+    if not row_ok.all():  # one reason per row: the label, else its first bad dense field, else categorical
+        groups = [(gi[~lab_ok], "label is not 0 or 1")]
+        for mask, ok, names, what in (
+                (lab_ok & ~dense_ok, dok, [f"I{j}" for j in range(1, NUM_DENSE + 1)],
+                 "is not an integer (optional '-', at most 18 digits)"),
+                (lab_ok & dense_ok & ~cat_ok, cok, [f"C{j}" for j in range(1, NUM_SPARSE + 1)],
+                 "is not empty or 8 hex digits")):
+            rows = np.flatnonzero(mask)
+            if len(rows):
+                col = np.argmin(ok.reshape(n, len(names))[rows], axis=1)  # first failing field of each row
+                kind = "dense" if names[0][0] == "I" else "categorical"
+                groups += [(gi[rows[col == j]], f"{kind} field {names[j]} {what}") for j in np.unique(col)]
+        for idx, what in groups:
             if len(idx):
                 bad.extend(_with_non_ascii(body, line_start, line_end, idx, what))
         keep = np.flatnonzero(row_ok)

@@ -30,6 +30,7 @@ maps provisional ids to final ones and scales the dense columns. A fitted pipeli
 from __future__ import annotations
 
 import copy
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ from ctrkit.data.criteo_parse import NUM_DENSE, NUM_SPARSE
 from ctrkit.data.multihot import MultiHot
 from ctrkit.data.pipeline_encode import (
     CRITEO,
+    F32_MAX,
     GROUP_TABLE,
     IDS,
     KINDS,
@@ -57,6 +59,8 @@ from ctrkit.data.tabular_read import TableSpecYaml, keep_last, kind_of, load_spe
 from ctrkit.data.vocab import VocabBuilder, Vocabulary, check_vocab_options
 from ctrkit.errors import NotFittedError
 from ctrkit.schema import DenseFeature, Schema, SequenceFeature, SparseFeature
+
+log = logging.getLogger(__name__)
 
 DENSE_NAMES = [f"I{i}" for i in range(1, NUM_DENSE + 1)]
 UNSEEN_GROUP_BASE = 1 << 62  # group ids of keys the pipeline never saw start here (see FeaturePipeline._ids)
@@ -151,15 +155,18 @@ class FeaturePipeline(RowEncoder):
         return self.vocabs_[table].lookup(values, missing, unseen_base=base)
 
     # ---- transform ---------------------------------------------------------------------------------
-    def transform(self, raw: Raw, *, lines: np.ndarray | None = None) -> dict[str, Any]:
+    def transform(self, raw: Raw, *, lines: np.ndarray | None = None, unit: str | None = None) -> dict[str, Any]:
         """Raw rows -> {column: values} as a store holds them (label / weight / group when the rows have
-        them; jagged columns as (values, lengths)). A malformed row is an error naming its row / line."""
+        them; jagged columns as (values, lengths)). A malformed row is an error naming its row / line
+        (``lines``: the numbers to name, counting ``unit``s, default "line"; without them rows 1..n)."""
         self._check_fitted()
-        return self.finalize(self.encode(raw, lines=lines).parts())
+        return self.finalize(self.encode(raw, lines=lines, unit=unit).parts())
 
     def finalize(self, part: dict[str, Any], luts: dict[str, np.ndarray | None] | None = None) -> dict[str, Any]:
         """Encoded rows (:meth:`Encoded.parts`, possibly after a spill) -> columns: ``luts`` map a fitter's
-        provisional ids to final ones; standardized dense columns are scaled; store dtypes."""
+        provisional ids to final ones; standardized dense columns are scaled, saturating at +-float32 max so a
+        store never holds +-inf (values beyond float32 are bad rows before this: :mod:`.pipeline_encode`);
+        store dtypes."""
         s, spec, luts = self.schema, self.spec, luts or {}
         id_dtype = self.id_dtype
 
@@ -176,8 +183,17 @@ class FeaturePipeline(RowEncoder):
             out[s.group_id] = ids(GROUP_TABLE, part["group"], np.int64)  # unseen groups' ids pass 2^62
         d = part["dense"]
         stand = np.array([e["transform"] == "standardize" for e in spec.dense], bool)
-        d = np.where(stand, (d - self.mean_) / self.std_, d).astype(np.float32) if stand.any() else d.astype(
-            np.float32, copy=False)
+        if stand.any():
+            with np.errstate(over="ignore"):
+                z = np.where(stand, (d - self.mean_) / self.std_, d)  # (n, Nd) float64
+            big = ~(np.abs(z) <= F32_MAX)  # inf, or finite beyond float32 (a tiny training std): saturate
+            if big.any():
+                log.warning("%d standardized dense values lie beyond the float32 range (training std too small "
+                            "for them); stored as +-%.4g", int(big.sum()), F32_MAX)
+                z = np.clip(np.nan_to_num(z, nan=0.0), -F32_MAX, F32_MAX)
+            d = z.astype(np.float32)
+        else:
+            d = d.astype(np.float32, copy=False)
         for j, e in enumerate(spec.dense):
             out[e["name"]] = d[:, j]
         for j, e in enumerate(e for e in spec.sparse if not e.get("multi_valued")):

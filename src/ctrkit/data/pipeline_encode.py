@@ -5,9 +5,16 @@ dicts, or a dict of columns: pyarrow arrays or numpy arrays, e.g. Criteo's block
 returns :class:`Encoded` rows: the well-formed rows only, with
 
 * label: the label column as 0 / 1 (``label_threshold``: value >= threshold); anything else is a bad row;
-* dense [n, Nd]: numbers (empty / null -> 0; not a number -> bad row), then ``none`` / ``log``
-  (ln(x + 3), clamped at -2 where x + 3 <= e^-2, counted) / ``standardize`` (scaled later by
-  :meth:`FeaturePipeline.finalize` with the training mean and std);
+* dense [n, Nd]: numbers (empty / null, and a float NaN (pandas' missing value) -> 0; text that is not a
+  number, e.g. "nan" or "inf", -> bad row), then ``none`` / ``log`` (ln(x + 3), clamped at -2 where
+  x + 3 <= e^-2, counted) / ``standardize`` (scaled later by :meth:`FeaturePipeline.finalize` with the
+  training mean and std);
+* non-finite and out-of-range dense values are bad rows, so a store never holds +-inf or NaN: a value that
+  is not finite once parsed (inf in a float column, text beyond float64 such as "1e400"), or whose value
+  after the encode-time transform (``none``: x, ``log``: ln(x + 3), ``standardize``: x, before scaling) has
+  |v| > float32 max (3.4e38), makes its row bad with a reason naming the column; the same holds for the
+  weight. ``finalize`` then saturates standardized values at +-float32 max ((x - mean) / std can only pass it
+  when the training std is tiny against the value) and logs how many it saturated;
 * sparse [n, Ns] and jagged columns: ids from the vocabularies (how ``_ids`` gets them is the subclass's
   business: provisional ids while fitting, final ids once fitted). Criteo's categoricals are 8 hex digits
   (32-bit keys; anything else is a bad row); other tables' are strings or integers; multi-valued and
@@ -35,7 +42,6 @@ from ctrkit.data.rows import BadRows, DataError, jagged_take
 from ctrkit.data.tabular_read import (
     SPLITS,
     TableSpecYaml,
-    is_list_or_int,
     keep_last,
     numeric,
     to_string,
@@ -47,6 +53,7 @@ CRITEO, TABLE, IDS = "criteo", "table", "ids"
 KINDS = (CRITEO, TABLE, IDS)
 GROUP_TABLE = GROUP_VOCAB  # the vocabulary of the group-id column
 _LOG_FLOOR = math.exp(-2)
+F32_MAX = float(np.finfo(np.float32).max)  # a dense value or weight beyond it is a bad row (module docstring)
 _HEX = np.full(256, -1, np.int64)
 _HEX[np.frombuffer(b"0123456789", np.uint8)] = np.arange(10)
 _HEX[np.frombuffer(b"abcdef", np.uint8)] = np.arange(10, 16)
@@ -122,48 +129,75 @@ def hex_keys(col: Any, lines: np.ndarray, bad_rows: np.ndarray, bad: BadRows, na
         ok = (nib >= 0).all(axis=1)
         keys[idx[ok]] = (nib[ok] << (4 * np.arange(7, -1, -1))).sum(axis=1)
         n8[idx[~ok]] = False
-    wrong = np.flatnonzero(~n8 & ~empty)
-    if len(wrong):
-        bad_rows[wrong] = True
-        bad.add(lines[wrong], f"categorical {name!r} is not empty or 8 hex digits")
+    bad.flag(~n8 & ~empty, lines, f"categorical {name!r} is not empty or 8 hex digits", bad_rows)
     return keys
+
+
+_ARROW_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError)
 
 
 def as_columns(raw: Raw) -> dict[str, Any]:
     """Raw rows -> {column: pyarrow array | integer numpy array | (values, lengths)}, every column in the
-    one form the parsers read (:func:`_normal`)."""
+    one form the parsers read (:func:`_normal`). A column of mixed types (rows as dicts, a pandas object
+    column) is read as text, then validated like any text column."""
     if isinstance(raw, pa.RecordBatch):
         raw = pa.Table.from_batches([raw])
     if isinstance(raw, pa.Table):
-        return {c: _normal(raw.column(c)) for c in raw.column_names}
-    if type(raw).__module__.split(".")[0] == "pandas":
-        return as_columns(pa.Table.from_pandas(raw, preserve_index=False))
-    if isinstance(raw, list):  # rows as dicts; a column of mixed types is read as text (then validated)
+        cols = {c: _normal(raw.column(c), c) for c in raw.column_names}
+    elif type(raw).__module__.split(".")[0] == "pandas":
+        try:
+            return as_columns(pa.Table.from_pandas(raw, preserve_index=False))
+        except _ARROW_ERRORS:  # an object column of mixed types: column by column, mixed ones as text
+            cols = {str(c): _normal(raw[c].tolist(), c) for c in raw.columns}
+    elif isinstance(raw, list):  # rows as dicts
+        wrong = next((i for i, r in enumerate(raw) if not isinstance(r, Mapping)), None)
+        if wrong is not None:
+            raise DataError(f"row {wrong + 1} is a {type(raw[wrong]).__name__}, not a mapping of column -> value; "
+                            "give rows as dicts")
         names = list(dict.fromkeys(k for r in raw for k in r))
-        return {k: _normal(_array([r.get(k) for r in raw])) for k in names}
-    if isinstance(raw, Mapping):
-        return {k: v if isinstance(v, tuple) else _normal(v) for k, v in raw.items()}
-    raise DataError(f"cannot read rows from a {type(raw).__name__}; give a pyarrow Table, a pandas DataFrame, "
-                    "a list of dicts or a dict of columns")
+        cols = {k: _normal([r.get(k) for r in raw], k) for k in names}
+    elif isinstance(raw, Mapping):
+        cols = {k: _jagged(v, k) if isinstance(v, tuple) else _normal(v, k) for k, v in raw.items()}
+    else:
+        raise DataError(f"cannot read rows from a {type(raw).__name__}; give a pyarrow Table, a pandas DataFrame, "
+                        "a list of dicts or a dict of columns")
+    sizes = {k: len(v[1]) if isinstance(v, tuple) else len(v) for k, v in cols.items()}
+    if len(set(sizes.values())) > 1:
+        raise DataError(f"columns have different numbers of rows: {sizes}; give every column one value per row")
+    return cols
 
 
-def _normal(col: Any) -> Any:
+def _normal(col: Any, name: Any = "?") -> Any:
     """One column in the form the parsers read, whatever produced it (CSV reader, pandas >= 3, Polars,
-    Parquet, numpy): integer numpy arrays stay as they are (the Criteo block parser's fast path); anything
-    else becomes one pyarrow array with 32-bit offsets (large_string -> string, large_list -> list, also
-    inside lists) and no dictionary encoding (pandas categoricals); numpy NaN / None become nulls."""
+    Parquet, numpy, a list): integer numpy arrays stay as they are (the Criteo block parser's fast path);
+    anything else becomes one pyarrow array with 32-bit offsets (large_string -> string, large_list -> list,
+    also inside lists) and no dictionary encoding (pandas categoricals); numpy NaN / None become nulls."""
     if isinstance(col, np.ndarray):
+        if col.ndim != 1:
+            raise DataError(f"column {name!r} is a {col.ndim}-d array of shape {col.shape}; give one value per row")
         if col.dtype.kind in "iu":
             return col
-        col = pa.array(col, from_pandas=True)
+        col = _array(col)
     elif isinstance(col, pa.ChunkedArray):
         col = col.combine_chunks()
     elif not isinstance(col, pa.Array):
-        col = pa.array(col, from_pandas=True)
+        col = _array(col)
     if pa.types.is_dictionary(col.type):
         col = col.dictionary_decode()
     small = _small_offsets(col.type)
     return col if small == col.type else col.cast(small)
+
+
+def _jagged(col: tuple, name: Any) -> tuple[Any, np.ndarray]:
+    """A jagged column given as (values [nnz], lengths [n]), checked."""
+    if len(col) != 2:
+        raise DataError(f"column {name!r}: a tuple column is (values, lengths), got {len(col)} items")
+    values, lengths = col
+    lengths = np.asarray(lengths)
+    if lengths.ndim != 1 or lengths.dtype.kind not in "iu" or (lengths < 0).any() or lengths.sum() != len(values):
+        raise DataError(f"column {name!r}: (values, lengths) needs non-negative integer lengths that sum to the "
+                        f"{len(values)} values")
+    return values, lengths.astype(np.int64)
 
 
 def _small_offsets(t: pa.DataType) -> pa.DataType:
@@ -179,11 +213,14 @@ def _small_offsets(t: pa.DataType) -> pa.DataType:
     return t
 
 
-def _array(values: list[Any]) -> pa.Array:
+def _array(values: Any) -> pa.Array:
+    """Values of one column -> pyarrow; float NaN is a missing value, like None. Values of mixed types (that
+    pyarrow cannot hold in one type: 1 and "a", a list and a number, an integer beyond 64 bits) -> text."""
     try:
-        return pa.array(values, from_pandas=True)  # float NaN is a missing value, like None
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        return pa.array([None if v is None else str(v) for v in values], pa.string())
+        return pa.array(values, from_pandas=True)
+    except _ARROW_ERRORS:
+        return pa.array([None if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
+                         for v in values], pa.string())
 
 
 def _num_rows(cols: dict[str, Any]) -> int:
@@ -193,14 +230,20 @@ def _num_rows(cols: dict[str, Any]) -> int:
 
 
 def _numbers(col: Any, lines: np.ndarray, bad_rows: np.ndarray, bad: BadRows, what: str) -> np.ndarray:
-    if isinstance(col, np.ndarray) and col.dtype.kind in "biuf":
+    """A column as float64 [n], NaN = missing; not a number / not finite -> a bad row (:func:`numeric`)."""
+    if isinstance(col, np.ndarray) and col.dtype.kind in "biu":  # integers: always finite
         return col.astype(np.float64)
     return numeric(col if isinstance(col, pa.Array) else pa.array(col), lines, bad_rows, bad, what)
 
 
 def _take(a: Any, keep: np.ndarray) -> Any:
+    """Rows ``keep`` of a column: an array, or a jagged (values, lengths) whose values stay pyarrow or numpy."""
     if isinstance(a, tuple):
-        return jagged_take(np.asarray(a[0]), np.asarray(a[1], np.int64), keep)
+        v, lens = a
+        if isinstance(v, (pa.Array, pa.ChunkedArray)):
+            idx, new_len = jagged_take(np.arange(len(v)), np.asarray(lens, np.int64), keep)
+            return v.take(pa.array(idx)), new_len
+        return jagged_take(np.asarray(v), np.asarray(lens, np.int64), keep)
     return a.take(pa.array(keep)) if isinstance(a, pa.Array) else a[keep]
 
 
@@ -232,7 +275,24 @@ class RowEncoder:
         extra = [s.label, s.weight, s.group_id, s.split_column] if optional else []
         return list(dict.fromkeys(c for c in (*extra, *need) if c))
 
-    def encode(self, raw: Raw, *, lines: np.ndarray | None = None, bad: BadRows | None = None) -> Encoded:
+    def _single_keys(self, a: Any, lines: np.ndarray, badm: np.ndarray, bad: BadRows, c: str, *,
+                     hexed: bool) -> Any:
+        """A single-valued categorical column -> integers (Criteo: 32-bit keys of 8 hex digits) or text."""
+        if isinstance(a, tuple):
+            raise DataError(f"column {c!r} is given as (values, lengths) but its feature takes one value per row")
+        if isinstance(a, pa.Array) and pa.types.is_floating(a.type):
+            try:  # integer ids read as floats (a DataFrame column with NaN): keys are the integers
+                a = pc.cast(a, pa.int64())
+            except pa.ArrowInvalid:
+                pass
+        if hexed:
+            return hex_keys(a, lines, badm, bad, c)
+        if isinstance(a, pa.Array) and not pa.types.is_integer(a.type):
+            return to_string(a, lines, badm, bad, c)
+        return a
+
+    def encode(self, raw: Raw, *, lines: np.ndarray | None = None, bad: BadRows | None = None,
+               unit: str | None = None) -> Encoded:
         """Parse, validate and look up one chunk of raw rows (see the module docstring)."""
         s = self.spec
         cols = as_columns(raw)
@@ -242,7 +302,7 @@ class RowEncoder:
         if missing:
             raise DataError(f"rows lack the columns {missing} that the pipeline reads; they have {sorted(cols)}")
         n = _num_rows(cols)
-        where = "line" if lines is not None else "row"
+        where = unit or ("line" if lines is not None else "row")  # what the numbers in an error count
         lines = np.arange(1, n + 1) if lines is None else np.asarray(lines)
         strict = bad is None
         bad = BadRows("rows") if bad is None else bad
@@ -252,10 +312,7 @@ class RowEncoder:
             y = _numbers(cols[s.label], lines, badm, bad, f"label {s.label!r}")
             if s.label_threshold is not None:
                 y = np.where(np.isnan(y), np.nan, (y >= s.label_threshold).astype(np.float64))
-            lab_bad = ~np.isin(y, (0.0, 1.0)) & ~badm
-            if lab_bad.any():
-                badm |= lab_bad
-                bad.add(lines[lab_bad], f"label {s.label!r} is not 0 or 1")
+            bad.flag(~np.isin(y, (0.0, 1.0)) & ~badm, lines, f"label {s.label!r} is not 0 or 1", badm)
         dense = np.zeros((n, len(s.dense)), self._dense_dtype, order="F")  # filled column by column
         clamped = np.zeros(len(s.dense), np.int64)
         for j, e in enumerate(s.dense):
@@ -267,48 +324,48 @@ class RowEncoder:
             if e["transform"] == "log":
                 x, k = log_transform(x)
                 clamped[j] += k
+            big = np.abs(x) > F32_MAX  # would be +-inf in a float32 store
+            if big.any():
+                bad.flag(big, lines, f"dense {e['name']!r} is beyond the float32 range (|value| > {F32_MAX:.4g}"
+                         f"{' after ln(x + 3)' if e['transform'] == 'log' else ''})", badm)
+                x = np.where(big, 0.0, x)
             dense[:, j] = x
         w = None
         if s.weight and s.weight in cols:
             w = np.nan_to_num(_numbers(cols[s.weight], lines, badm, bad, f"weight {s.weight!r}"), nan=1.0)
+            big = np.abs(w) > F32_MAX
+            if big.any():
+                bad.flag(big, lines, f"weight {s.weight!r} is beyond the float32 range", badm)
+                w = np.where(big, 1.0, w)
         split = None
         if s.split_column and s.split_column in cols:
             sv = to_string(cols[s.split_column], lines, badm, bad, s.split_column)
             split = np.full(n, -1, np.int8)
             for i, name in enumerate(SPLITS):
                 split[pc.equal(sv.fill_null(""), name).to_numpy(zero_copy_only=False)] = i
-            unknown = (split < 0) & ~badm
-            if unknown.any():
-                badm |= unknown
-                bad.add(lines[unknown], f"split column {s.split_column!r} is not train/valid/test")
-        # categorical columns are validated (hex, UTF-8) before any value enters a vocabulary
+            bad.flag((split < 0) & ~badm, lines, f"split column {s.split_column!r} is not train/valid/test", badm)
+        # categorical columns are validated (hex, UTF-8, single values) and multi-valued ones split into tokens
+        # before any value enters a vocabulary, so a bad row found there is dropped like any other
         single = [e for e in s.sparse if not e.get("multi_valued")]
         multi = [e for e in s.sparse if e.get("multi_valued")]
-        cat = {}
-        for e in (*single, *multi, *s.sequence):
-            c = e["column"]
-            if c in cat:
-                continue
-            a = cols[c]
-            if isinstance(a, pa.Array) and pa.types.is_floating(a.type):
-                try:  # integer ids read as floats (a DataFrame column with NaN): keys are the integers
-                    a = pc.cast(a, pa.int64())
-                except pa.ArrowInvalid:
-                    pass
-            if self.kind == CRITEO and not e.get("multi_valued"):
-                a = hex_keys(a, lines, badm, bad, c)
-            elif isinstance(a, pa.Array) and not is_list_or_int(a):
-                a = to_string(a, lines, badm, bad, c)
-            cat[c] = a
-        if group_col := (s.group_id if s.group_id and s.group_id in cols else None):
-            cat.setdefault(group_col, cols[group_col])
+        group_col = s.group_id if s.group_id and s.group_id in cols else None
+        cat: dict[Any, Any] = {}
+        for c in (*(e["column"] for e in single), *([group_col] if group_col else [])):
+            if c not in cat:
+                cat[c] = self._single_keys(cols[c], lines, badm, bad, c, hexed=self.kind == CRITEO and c != group_col)
+        for e in (*multi, *s.sequence):
+            key = (e["column"], e.get("delimiter", "|"))
+            if key not in cat:
+                a = cols[e["column"]]
+                cat[key] = (a if isinstance(a, tuple) else
+                            tokens(a, key[1], lines, badm, bad, e["column"]))  # (flat values, lengths [n])
         if strict and bad.bad:
             first = "; ".join(f"{where} {k}: {r}" for k, r in bad.first)
             raise DataError(f"{bad.bad} of {n} rows are malformed: {first}")
         whole = not badm.any()
         keep = np.arange(n) if whole else np.flatnonzero(~badm)
 
-        def kept(c: str) -> Any:
+        def kept(c: Any) -> Any:
             return cat[c] if whole else _take(cat[c], keep)
 
         sparse = np.empty((len(keep), len(single)), self._sparse_dtype, order="F")  # filled column by column
@@ -317,12 +374,8 @@ class RowEncoder:
             sparse[:, j] = self._ids(self.table_of[e["name"]], v, v < 0 if self.kind == CRITEO else None)
         jagged: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         for e in (*multi, *s.sequence):
-            v = kept(e["column"])
-            if isinstance(v, tuple):  # already (values, lengths)
-                flat, lens = v[0], np.asarray(v[1], np.int64)
-            else:
-                flat, lens = tokens(v, e.get("delimiter", "|"), lines[keep], np.zeros(len(keep), bool), bad,
-                                    e["name"])
+            flat, lens = kept((e["column"], e.get("delimiter", "|")))
+            lens = np.asarray(lens, np.int64)
             ids = self._ids(self.feature_table(e), flat) if len(flat) else np.zeros(0, np.int64)
             if e.get("max_len"):
                 ids, lens = keep_last(ids, lens, int(e["max_len"]))

@@ -24,6 +24,7 @@ from ctrkit.data.pipeline import CRITEO, TABLE, FeaturePipeline
 from ctrkit.data.pipeline_encode import GROUP_TABLE
 from ctrkit.data.rows import DataError, ShardSpill
 from ctrkit.data.store import Store, StoreWriter
+from ctrkit.data.tabular_read import OPTION_KEYS
 from ctrkit.data.vocab import FIRST_ID, Vocabulary, link_tree, load_vocabularies
 from ctrkit.schema import Schema
 
@@ -80,7 +81,9 @@ def from_payload(payload: dict[str, Any]) -> FeaturePipeline:
         raise DataError(f"not a {FORMAT} v{VERSION} pipeline (format={meta.get('format')!r}, "
                         f"version={meta.get('version')!r}); it was written by another ctrkit version")
     schema = Schema.from_dict(meta["schema"]) if meta.get("schema") else None
-    p = FeaturePipeline(meta["spec"], kind=meta["kind"], schema=schema, **meta["options"])
+    spec = dict(meta["spec"])  # pipelines saved before unknown options were errors may hold a typo there
+    spec["options"] = {k: v for k, v in (spec.get("options") or {}).items() if k in OPTION_KEYS}
+    p = FeaturePipeline(spec, kind=meta["kind"], schema=schema, **meta["options"])
     if meta.get("vocabularies") is not None:
         p.vocabs_ = {}
         for i, e in enumerate(meta["vocabularies"]):
@@ -253,8 +256,8 @@ def reuse_fitted(new: FeaturePipeline, source: str | Path) -> FeaturePipeline:
 
 # ---- writing stores ------------------------------------------------------------------------------
 def write_split_store(path: Path, pipe: FeaturePipeline, spill: ShardSpill, *, shuffle_seed: int | None,
-                      luts: dict[str, np.ndarray | None] | None, fitted_dir: Path, overwrite: bool,
-                      meta: dict[str, Any]) -> Path:
+                      luts: dict[str, np.ndarray | None] | None, fitted_dir: Path, meta: dict[str, Any],
+                      overwrite: bool = False) -> Path:
     """One store from the encoded rows of ``spill`` (shards read in order; each shuffled with
     ``[shuffle_seed, shard]`` unless None), finalized by ``pipe``; ``fitted_dir`` holds ``vocab/`` and
     ``pipeline/`` to link into it."""

@@ -58,10 +58,12 @@ def iter_raw(pipe: FeaturePipeline, path: str | Path, rows: int = 8192,
     s = pipe.spec
     optional = {s.label, s.weight, s.group_id, s.split_column}
     columns = [c for c in pipe.input_columns() if c in have or c not in optional]
-    bad = BadRows(str(path), keep=5)
-    for t, lines in iter_batches(path, columns, rows, bad):
+    bad, blank = BadRows(str(path), keep=5), []
+    for t, lines in iter_batches(path, columns, rows, bad, blank):
         if bad.bad:
             _refuse(path, bad.first)
+        stats.blank_lines += len(blank)
+        blank.clear()
         yield RawChunk(t, lines)
 
 

@@ -8,8 +8,6 @@ with the number of rows.
 from __future__ import annotations
 
 import logging
-import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +28,9 @@ _MASK64 = 0xFFFFFFFFFFFFFFFF
 class BadRows:
     """Counts malformed rows of one input file and keeps the first ``keep`` of them.
 
-    ``first`` holds ``(line_number, reason)`` with 1-based physical line numbers.
+    ``first`` holds ``(line_number, reason)`` with 1-based physical line numbers. A row counts once however
+    many reasons it has: readers that validate a chunk column by column call :meth:`flag` with the chunk's
+    mask of rows already found bad, so a second reason only joins the first one's text.
     """
 
     file: str
@@ -40,7 +40,7 @@ class BadRows:
     first: list[tuple[int, str]] = field(default_factory=list)
 
     def add(self, lines: np.ndarray, reason: str) -> None:
-        """Record malformed rows at 1-based ``lines`` [k] that share one ``reason``."""
+        """Record malformed rows at 1-based ``lines`` [k] that share one ``reason`` (rows not yet counted)."""
         k = len(lines)
         if k == 0:
             return
@@ -50,6 +50,23 @@ class BadRows:
             self.first.extend((int(n), reason) for n in np.asarray(lines)[:room])
             self.first.sort()
             del self.first[self.keep:]
+
+    def flag(self, rows: np.ndarray, lines: np.ndarray, reason: str, seen: np.ndarray) -> None:
+        """Mark rows ``rows`` (bool mask [n] or indices) of a chunk bad for ``reason``.
+
+        ``lines`` [n] are the chunk's line numbers and ``seen`` [n] its rows already bad (updated in place):
+        those are not counted again; their reason is appended to the kept one when it is among ``first``.
+        """
+        idx = np.flatnonzero(rows) if rows.dtype == bool else np.asarray(rows, np.int64)
+        if len(idx) == 0:
+            return
+        again = seen[idx]
+        seen[idx] = True
+        lines = np.asarray(lines)
+        if again.any() and self.first:  # at most ``keep`` entries to extend
+            seen_lines = set(np.intersect1d(lines[idx[again]], [n for n, _ in self.first]).tolist())
+            self.first = [(n, f"{r}; {reason}" if n in seen_lines and reason not in r else r) for n, r in self.first]
+        self.add(lines[idx[~again]], reason)
 
     def check(self, max_bad_fraction: float) -> None:
         """Log the bad rows; raise :class:`DataError` when ``bad / total > max_bad_fraction``."""
@@ -232,20 +249,6 @@ class ShardSpill:
 
     def __iter__(self) -> Iterator[int]:
         return iter(s for s in range(self.n_shards) if self.rows[s] > 0)
-
-
-class TempDir:
-    """A temporary directory next to ``near`` (same file system as the output), removed on exit."""
-
-    def __init__(self, near: Path, prefix: str) -> None:
-        near.mkdir(parents=True, exist_ok=True)
-        self.path = Path(tempfile.mkdtemp(prefix=prefix, dir=near))
-
-    def __enter__(self) -> Path:
-        return self.path
-
-    def __exit__(self, *exc: object) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
 
 
 def shard_count(est_rows: float, row_bytes: int, target_shard_bytes: int = 256 << 20) -> int:

@@ -18,7 +18,13 @@ concatenated, which is why the loader needs no per-row work.
 Writing streams: :class:`StoreWriter` appends chunks to ``.npy`` files whose header is rewritten
 with the final row count on commit. Everything is written into a temporary sibling directory that
 is renamed into place only after the manifest is complete, so a failure never leaves a directory
-that opens as a valid store.
+that opens as a valid store. The preprocessors write their split stores through :class:`SplitOutput`:
+all of them are staged and published together, so a failure or Ctrl-C leaves ``out`` as it was.
+
+Output paths: an existing path is replaced only with ``overwrite`` (``--overwrite``), and only if it is a
+store or a regular file; an empty directory counts as absent; a directory that is not a store is never
+replaced. A path that cannot be written (a file where a directory is needed, no permission) is a
+:class:`StoreError` naming it, raised before any work; an I/O error while writing (disk full) is one too.
 """
 
 from __future__ import annotations
@@ -81,6 +87,63 @@ class _AppendArray:
         return shape
 
 
+# ---- output paths ---------------------------------------------------------------------------------------
+def _exists(p: Path) -> bool:
+    return p.exists() or p.is_symlink()
+
+
+def _empty_dir(p: Path) -> bool:
+    return p.is_dir() and not p.is_symlink() and next(p.iterdir(), None) is None
+
+
+def _remove(p: Path) -> None:
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p, ignore_errors=True)
+    else:
+        p.unlink(missing_ok=True)
+
+
+def check_replaceable(path: Path, overwrite: bool) -> None:
+    """Raise :class:`StoreError` unless ``path`` may be written: absent or an empty directory, or with
+    ``overwrite`` a store or a regular file (see the module docstring)."""
+    if not _exists(path) or _empty_dir(path):
+        return
+    if not overwrite:
+        raise StoreError(f"output {path} already exists; choose another --out or pass --overwrite")
+    if path.is_dir() and not (path / "manifest.json").is_file():
+        raise StoreError(f"output {path} is a directory that is not a ctrkit store (no manifest.json); --overwrite "
+                         "replaces stores only: remove it yourself or choose another --out")
+
+
+def make_dir(path: Path, what: str = "output directory") -> Path:
+    """Create directory ``path`` and its parents, or raise :class:`StoreError` naming the path and the cause
+    (a regular file in the way, no permission)."""
+    for q in (path, *path.parents):
+        if _exists(q):
+            if not q.is_dir():
+                where = "" if q == path else f" under {q}"
+                raise StoreError(f"cannot create the {what} {path}{where}: {q} is a file, not a directory; "
+                                 "choose another --out")
+            break
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise StoreError(f"cannot create the {what} {path} ({e.strerror or e}); choose another --out") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise StoreError(f"the {what} {path} is not writable; choose another --out or fix its permissions")
+    return path
+
+
+def temp_dir(near: Path, prefix: str) -> Path:
+    """A new temporary directory inside ``near`` (created: :func:`make_dir`), on the output's file system."""
+    make_dir(near)
+    try:
+        return Path(tempfile.mkdtemp(prefix=prefix, dir=near))
+    except OSError as e:
+        raise StoreError(f"cannot write in {near} ({e.strerror or e}); choose another --out or fix its "
+                         "permissions") from None
+
+
 def file_checksum(path: Path, full: bool = False) -> str:
     """sha256 of the whole file (``full``) or of its size + first and last MiB (cheap, checked on open)."""
     h = hashlib.sha256()
@@ -122,18 +185,27 @@ class StoreWriter:
         full_checksums: bool = False,
     ) -> None:
         self.path = Path(path)
-        if self.path.exists() and not overwrite:
-            raise StoreError(f"output {self.path} already exists; choose another path or pass overwrite")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.tmp-", dir=self.path.parent))
+        check_replaceable(self.path, overwrite)
+        for c in columns:
+            if c.kind not in KINDS:
+                raise StoreError(f"column {c.name!r}: kind {c.kind!r} is not one of {KINDS}")
+        self.tmp = temp_dir(self.path.parent, f".{self.path.name}.tmp-")
         self.schema, self.columns, self.overwrite, self.full = schema, columns, overwrite, full_checksums
         self.meta: dict[str, Any] = {}
         self.rows = 0
         self._arrays: dict[str, dict[str, _AppendArray]] = {}
         self._nnz: dict[str, int] = {}
+        self._closed = False
+        try:
+            self._open_columns(columns)
+        except BaseException as e:
+            self.abort()
+            if isinstance(e, OSError):
+                raise StoreError(f"cannot write the store {self.path} ({e.strerror or e})") from None
+            raise
+
+    def _open_columns(self, columns: list[ColumnSpec]) -> None:
         for c in columns:
-            if c.kind not in KINDS:
-                raise StoreError(f"column {c.name!r}: kind {c.kind!r} is not one of {KINDS}")
             if c.kind == "jagged":
                 self._arrays[c.name] = {
                     "values": _AppendArray(self.tmp / f"{c.name}.values.npy", np.dtype(c.dtype)),
@@ -143,7 +215,6 @@ class StoreWriter:
                 self._nnz[c.name] = 0
             else:
                 self._arrays[c.name] = {"data": _AppendArray(self.tmp / f"{c.name}.npy", np.dtype(c.dtype), c.inner)}
-        self._closed = False
 
     def append(self, chunk: dict[str, Any]) -> None:
         """Append one chunk of rows. Jagged columns take (values, lengths); others an array [n, ...]."""
@@ -200,33 +271,44 @@ class StoreWriter:
             **self.meta,
         }
         (self.tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, default=_json_default))
-        if self.path.exists():
-            if not self.overwrite:
+        if _exists(self.path):
+            if not (self.overwrite or _empty_dir(self.path)):
                 raise StoreError(f"output {self.path} appeared while writing; not replacing it")
+            check_replaceable(self.path, True)
             old = self.path.with_name(f".{self.path.name}.old-{os.getpid()}")
             os.replace(self.path, old)
             os.replace(self.tmp, self.path)
-            shutil.rmtree(old, ignore_errors=True)
+            _remove(old)
         else:
             os.replace(self.tmp, self.path)
         return self.path
 
     def abort(self) -> None:
-        if not self._closed:
-            for parts in self._arrays.values():
-                for arr in parts.values():
-                    if not arr.f.closed:
-                        arr.f.close()
+        """Close the files and remove the temporary directory: nothing is published."""
+        self._closed = True
+        for parts in self._arrays.values():
+            for arr in parts.values():
+                if not arr.f.closed:
+                    arr.f.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def __enter__(self) -> StoreWriter:  # noqa: PYI034
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None:
+        if exc_type is None and self.tmp.exists():
+            try:
+                self.commit()
+                return
+            except OSError as e:
+                exc = e
+            except BaseException:
+                self.abort()
+                raise
+        if exc_type is not None or exc is not None:
             self.abort()
-        elif self.tmp.exists():
-            self.commit()
+        if isinstance(exc, OSError):  # disk full, file system gone read-only: one line naming the store
+            raise StoreError(f"writing the store {self.path} failed ({exc}); nothing was written there") from exc
 
 
 def _json_default(o: Any) -> Any:
@@ -356,3 +438,58 @@ def remove_stale_splits(out: str | Path, written: Any, splits: tuple[str, ...]) 
         removed.append(path)
         log.info("removed %s: --overwrite and this run wrote no %r split", path, name)
     return removed
+
+
+class SplitOutput:
+    """The split stores ``out/<split>`` of one preprocessing run, staged and published together.
+
+    On entry it checks that ``out`` can take them (:func:`check_replaceable` for every split, ``out`` a
+    writable directory: :func:`make_dir`) and makes ``tmp``, a ``<prefix>*`` directory inside ``out`` for the
+    run's scratch files. Stores are written to :meth:`stage` paths inside it; :meth:`publish` moves them into
+    place, replacing existing stores with ``overwrite`` and then also moving away the stores of the splits
+    this run did not write (an old valid / test never sits next to a new train). Whatever fails or is
+    interrupted (Ctrl-C) before that leaves ``out`` as it was: the staging directory is removed on any exit,
+    and a failing publish moves every store back. An I/O error (disk full) becomes one :class:`StoreError`.
+    """
+
+    def __init__(self, out: str | Path, splits: tuple[str, ...], *, overwrite: bool, prefix: str) -> None:
+        self.out, self.splits, self.overwrite = Path(out), tuple(splits), overwrite
+        for s in self.splits:
+            check_replaceable(self.out / s, overwrite)
+        self.tmp = temp_dir(self.out, prefix)
+
+    def stage(self, name: str) -> Path:
+        """Where to write the store of split ``name`` before :meth:`publish`."""
+        return self.tmp / "stores" / name
+
+    def publish(self, names: list[str]) -> dict[str, Path]:
+        """Move the staged stores ``names`` to ``out/<name>`` -> {name: path} (see the class docstring)."""
+        moved: list[tuple[Path, Path]] = []  # (from, to), undone in reverse on failure
+        try:
+            for s in self.splits:
+                dst = self.out / s
+                if s in names:
+                    if _exists(dst):
+                        check_replaceable(dst, self.overwrite)  # appeared while this run worked?
+                        moved.append((dst, self.tmp / f"old-{s}"))
+                        os.replace(*moved[-1])
+                    moved.append((self.stage(s), dst))
+                    os.replace(*moved[-1])
+                elif self.overwrite and (dst / "manifest.json").is_file():
+                    moved.append((dst, self.tmp / f"old-{s}"))
+                    os.replace(*moved[-1])
+                    log.info("removed %s: --overwrite and this run wrote no %r split", dst, s)
+        except BaseException:
+            for src, dst in reversed(moved):
+                os.replace(dst, src)
+            raise
+        return {s: self.out / s for s in self.splits if s in names}
+
+    def __enter__(self) -> SplitOutput:  # noqa: PYI034
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)  # scratch files, unpublished stores, replaced old stores
+        if isinstance(exc, OSError):
+            raise StoreError(f"preprocessing into {self.out} stopped by an I/O error ({exc}); nothing was "
+                             "published there") from exc

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import logging
+import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -34,7 +35,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from ctrkit.data.store import ColumnSpec, StoreWriter
+from ctrkit.data.store import ColumnSpec, StoreWriter, check_replaceable, make_dir
+from ctrkit.errors import DataError, StoreError
 from ctrkit.schema import DenseFeature, Schema, SparseFeature
 
 log = logging.getLogger(__name__)
@@ -206,14 +208,22 @@ def _tsv_table(b: _Block) -> pa.Table:
 def write_criteo_tsv(
     path: str | Path, n_rows: int, *, seed: int = 0, scale: float = 1.0, max_cardinality: int | None = None,
     missing_rate: float = 0.1, sparse_missing_rate: float = 0.02, zipf_a: float = 1.1, chunk_rows: int = 1 << 17,
+    overwrite: bool = False,
 ) -> Path:
     """Write raw Criteo TSV rows: ``label \\t I1..I13 \\t C1..C26``, missing values empty, categorical
-    values 8 hex digits; gzip-compressed when ``path`` ends with ``.gz``. No header (like Criteo)."""
+    values 8 hex digits; gzip-compressed when ``path`` ends with ``.gz``. No header (like Criteo).
+
+    An existing file is replaced only with ``overwrite``; a directory never. The rows go to a temporary
+    sibling renamed into place at the end, so a failure or Ctrl-C leaves no partial file."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():
+        raise StoreError(f"output {path} is a directory; a TSV output is a file path ending in .tsv or .tsv.gz "
+                         "(or pass --format store to write a store there)")
+    check_replaceable(path, overwrite)
+    make_dir(path.parent)
     cards = scaled_cardinalities(scale, max_cardinality)
     opts = pacsv.WriteOptions(include_header=False, delimiter="\t", quoting_style="none")
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as raw:
             sink = gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=1) if path.suffix == ".gz" else raw
@@ -222,8 +232,10 @@ def write_criteo_tsv(
             if sink is not raw:
                 sink.close()
         tmp.replace(path)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise StoreError(f"cannot write {path} ({e.strerror or e}); choose another --out") from None
         raise
     log.info("wrote %d synthetic Criteo rows to %s", n_rows, path)
     return path
@@ -281,14 +293,23 @@ def add_synth_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="row sampling seed (the planted signal is fixed)")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply the Kaggle cardinalities by this")
     parser.add_argument("--max-cardinality", type=int, default=None, help="cap every cardinality at this")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing store")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing output (a TSV file, or a store directory)")
     return parser
 
 
 def run_synth(args: argparse.Namespace) -> Path:
+    """``ctrkit synth``: an existing ``--out`` (a file, or a non-empty directory) needs ``--overwrite``."""
     fmt = args.format or ("tsv" if str(args.out).endswith((".tsv", ".tsv.gz")) else "store")
+    overwrite = getattr(args, "overwrite", False)
+    if args.rows < 0:
+        raise DataError(f"--rows must be >= 0, got {args.rows}")
+    try:
+        scaled_cardinalities(args.scale, args.max_cardinality)
+    except ValueError as e:
+        raise DataError(f"--scale / --max-cardinality: {e}") from None
     if fmt == "tsv":
         return write_criteo_tsv(args.out, args.rows, seed=args.seed, scale=args.scale,
-                                max_cardinality=args.max_cardinality)
+                                max_cardinality=args.max_cardinality, overwrite=overwrite)
     return write_synthetic_store(args.out, args.rows, seed=args.seed, scale=args.scale,
-                                 max_cardinality=args.max_cardinality, overwrite=getattr(args, "overwrite", False))
+                                 max_cardinality=args.max_cardinality, overwrite=overwrite)

@@ -20,8 +20,13 @@ one vocabulary per embedding table (features with the same ``table`` share it; a
 vocabulary of the feature it ``shares``, fitted on both). Multi-valued and sequence columns are
 delimited strings or Parquet lists; sequences keep their last ``max_len`` values. ``standardize`` uses
 the mean / std of the train rows (kept in ``preprocessing.dense_stats``). Malformed rows (wrong field
-count, label not 0/1, non-numeric dense, non-UTF-8 bytes) are counted, skipped and reported with their
+count, label not 0/1, non-numeric dense, a dense value that is not finite or beyond the float32 range,
+non-UTF-8 bytes; :mod:`ctrkit.data.pipeline_encode`) are counted once each, skipped and reported with their
 line numbers (CSV: physical line, assuming no blank lines or quoted newlines; Parquet: 1-based row).
+CSVs may be compressed (``.csv.gz``, by extension) and start with a UTF-8 byte-order mark. ``options:``
+holds the defaults of ``min_freq``, ``max_vocab``, ``max_vocab_mode`` and ``embedding_dim``; an unknown key
+there or in a feature entry is an error naming the closest valid key. The split stores are published
+together (:class:`~ctrkit.data.store.SplitOutput`): a failure or Ctrl-C leaves ``out`` as it was.
 
 These rules are :class:`~ctrkit.data.pipeline.FeaturePipeline`'s (kind ``table``): this module reads,
 splits and shuffles, the pipeline fits and transforms, and every store holds the fitted pipeline in
@@ -44,7 +49,6 @@ from ctrkit.data.rows import (
     BadRows,
     DataError,
     ShardSpill,
-    TempDir,
     assign_split,
     parse_split,
     row_uniform,
@@ -52,7 +56,7 @@ from ctrkit.data.rows import (
     splitmix64,
     stream_key,
 )
-from ctrkit.data.store import StoreError, remove_stale_splits
+from ctrkit.data.store import SplitOutput
 from ctrkit.data.tabular_read import SPLITS, iter_batches, load_spec
 from ctrkit.data.vocab import MODES, check_vocab_options, save_vocabularies
 
@@ -76,7 +80,8 @@ def preprocess_table(
     overwrite: bool = False,
     shard_bytes: int = 256 << 20,
 ) -> dict[str, Path]:
-    """Preprocess one CSV / Parquet file with a YAML feature spec into stores ``out/{train,valid,test}``.
+    """Preprocess one CSV (plain or .csv.gz) / Parquet file with a YAML feature spec into stores
+    ``out/{train,valid,test}``.
 
     Split: the spec's ``split_column`` if set (values train / valid / test), else ``split`` fractions
     (seeded per row); ``split=None`` or "1" writes only ``train``. Train is shuffled on disk; valid /
@@ -92,9 +97,6 @@ def preprocess_table(
     embedding_dim = embedding_dim if embedding_dim is not None else o.get("embedding_dim", "auto")
     check_vocab_options(min_freq, max_vocab, max_vocab_mode)
     fractions = parse_split(split) if split not in (None, "1", "1.0") else (1.0, 0.0, 0.0)
-    for s in SPLITS:
-        if (out / s).exists() and not overwrite:
-            raise StoreError(f"output {out / s} already exists; choose another --out or pass --overwrite")
 
     pipe = FeaturePipeline.table(spec, min_freq=min_freq, max_vocab=max_vocab, max_vocab_mode=max_vocab_mode,
                                  embedding_dim=embedding_dim)
@@ -111,8 +113,9 @@ def preprocess_table(
     clamped = np.zeros(len(spec.dense), np.int64)
     pos_rows = np.zeros(3, np.int64)
     key_split, key_shard = stream_key(seed, 11), stream_key(seed, 12)
-    est_rows = path.stat().st_size / 32 if path.exists() else 1
-    with TempDir(out, ".table-tmp-") as tmp:
+    est_rows = path.stat().st_size / (8 if path.suffix == ".gz" else 32) if path.exists() else 1  # gzip: ~4x
+    with SplitOutput(out, SPLITS, overwrite=overwrite, prefix=".table-tmp-") as output:  # nothing published on failure
+        tmp = output.tmp
         row_bytes = 8 * (len(spill_cols) + len(spec.dense) + n_single + 8)
         k_train = shard_count(est_rows, row_bytes, shard_bytes)
         roll = max(1, shard_bytes // row_bytes)  # valid / test keep input order in shards of bounded size
@@ -159,7 +162,7 @@ def preprocess_table(
                    "max_vocab_mode": max_vocab_mode, "embedding_dim": embedding_dim,
                    "max_bad_fraction": max_bad_fraction, "vocab_from": str(vocab_from) if vocab_from else None}
 
-        result: dict[str, Path] = {}
+        written: list[str] = []
         shuffle_key = stream_key(seed, 13)
         for s, (name, spill) in enumerate(zip(SPLITS, spills)):
             if rows[name] == 0:
@@ -169,11 +172,11 @@ def preprocess_table(
                                                "dense": spec.dense, "sparse": spec.sparse, "sequence": spec.sequence},
                                       "dense_stats": dense_stats, "tables": pipe.table_of},
                     "stats": {**stats_common, "rows": rows[name], "label_rate": float(pos_rows[s] / max(rows[name], 1))}}
-            result[name] = write_split_store(
-                out / name, pipe, spill, shuffle_seed=shuffle_key if s == 0 else None,
-                luts=fitter.luts if fitter is not None else None, fitted_dir=tmp, overwrite=overwrite, meta=meta)
-    if overwrite:  # a previous run's valid/test must not survive next to this run's train
-        remove_stale_splits(out, result, SPLITS)
+            written.append(name)
+            write_split_store(
+                output.stage(name), pipe, spill, shuffle_seed=shuffle_key if s == 0 else None,
+                luts=fitter.luts if fitter is not None else None, fitted_dir=tmp, meta=meta)
+        result = output.publish(written)  # with overwrite, also away: a previous run's splits not written now
     log.info("table %s: %d rows (%d bad) -> %s", path, bad.total, bad.bad, {k: rows[k] for k in result})
     return result
 
@@ -181,7 +184,7 @@ def preprocess_table(
 # ---- command line ------------------------------------------------------------------------------------------
 def add_preprocess_table_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Options of ``ctrkit preprocess table``."""
-    p.add_argument("input", help="CSV (with header) or Parquet file")
+    p.add_argument("input", help="CSV (with header; plain or compressed: .csv.gz) or Parquet file")
     p.add_argument("--schema", required=True, help="YAML feature spec (see examples/movielens_100k.yaml)")
     p.add_argument("--out", required=True, help="output directory; stores go to OUT/train, OUT/valid, OUT/test")
     p.add_argument("--split", default="0.8,0.1,0.1", help="train,valid,test fractions ('1' = train only)")

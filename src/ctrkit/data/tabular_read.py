@@ -4,6 +4,7 @@ delimited tokens, last-``max_len`` truncation) the pipeline applies to every bat
 
 from __future__ import annotations
 
+import difflib
 import io
 import math
 from collections.abc import Iterator
@@ -28,6 +29,18 @@ _DENSE_KEYS = {"name", "column", "transform", "group"}
 _SPARSE_KEYS = {"name", "column", "embedding_dim", "table", "group", "min_freq", "multi_valued", "delimiter",
                 "pooling", "max_len"}
 _SEQ_KEYS = {"name", "column", "shares", "max_len", "delimiter", "pooling", "group"}
+_LABEL_KEYS = {"column", "threshold"}
+OPTION_KEYS = {"min_freq", "max_vocab", "max_vocab_mode", "embedding_dim"}  # preprocess_table's defaults
+
+
+def _check_keys(where: str, what: str, given: Any, valid: set[str]) -> None:
+    """Raise :class:`DataError` naming the unknown keys of ``given`` and the closest valid ones."""
+    unknown = [k for k in given if k not in valid]
+    if unknown:
+        near = {k: difflib.get_close_matches(str(k), sorted(valid), n=1) for k in unknown}
+        hint = " ".join(f"{k!r}: did you mean {m[0]!r}?" for k, m in near.items() if m)
+        raise DataError(f"{where}: unknown keys {[str(k) for k in unknown]} in {what}; {hint + ' ' if hint else ''}"
+                        f"valid keys: {sorted(valid)}")
 
 
 # ---- spec -------------------------------------------------------------------------------------------------
@@ -74,13 +87,12 @@ def load_spec(path_or_dict: str | Path | dict[str, Any]) -> TableSpecYaml:
             raise DataError(f"{p} is not valid YAML: {e}") from e
     if not isinstance(d, dict):
         raise DataError(f"{where}: top level must be a mapping with keys {sorted(_TOP_KEYS)}")
-    unknown = set(d) - _TOP_KEYS
-    if unknown:
-        raise DataError(f"{where}: unknown keys {sorted(unknown)}; valid keys: {sorted(_TOP_KEYS)}")
+    _check_keys(where, "the top level", d, _TOP_KEYS)
     if "label" not in d:
         raise DataError(f"{where}: needs a 'label' column")
     label, thr = d["label"], None
     if isinstance(label, dict):
+        _check_keys(where, "label", label, _LABEL_KEYS)
         label, thr = label.get("column"), label.get("threshold")
         if label is None or thr is None:
             raise DataError(f"{where}: label as a mapping needs 'column' and 'threshold'")
@@ -92,10 +104,7 @@ def load_spec(path_or_dict: str | Path | dict[str, Any]) -> TableSpecYaml:
                 e = {"name": e}
             if not isinstance(e, dict) or "name" not in e:
                 raise DataError(f"{where}: {kind} entry #{i} needs a 'name'")
-            bad = set(e) - keys
-            if bad:
-                raise DataError(f"{where}: {kind} feature {e['name']!r} has unknown keys {sorted(bad)}; "
-                                f"valid keys: {sorted(keys)}")
+            _check_keys(where, f"{kind} feature {e['name']!r}", e, keys)
             e = {"column": e["name"], **e}
             if kind == "dense" and e.setdefault("transform", "none") not in TRANSFORMS:
                 raise DataError(f"{where}: dense feature {e['name']!r}: transform {e['transform']!r} is not "
@@ -105,13 +114,19 @@ def load_spec(path_or_dict: str | Path | dict[str, Any]) -> TableSpecYaml:
             out.append(e)
         entries[kind] = out
     opts = d.get("options") or {}
+    if not isinstance(opts, dict):
+        raise DataError(f"{where}: options must be a mapping with keys {sorted(OPTION_KEYS)}, got {opts!r}")
+    _check_keys(where, "options", opts, OPTION_KEYS)
     return TableSpecYaml(str(label), thr, d.get("weight"), d.get("group_id"), d.get("split_column"),
                          entries["dense"], entries["sparse"], entries["sequence"], opts)
 
 
 # ---- reading ----------------------------------------------------------------------------------------------
-def iter_batches(path: Path, columns: list[str], batch_rows: int, bad: BadRows) -> Iterator[tuple[pa.Table, np.ndarray]]:
-    """(batch table, 1-based line / row numbers [n]) for CSV (strings, header line 1) or Parquet."""
+def iter_batches(path: Path, columns: list[str], batch_rows: int, bad: BadRows,
+                 blank_lines: list[int] | None = None) -> Iterator[tuple[pa.Table, np.ndarray]]:
+    """(batch table, 1-based line / row numbers [n]) for CSV (strings, header line 1; plain or compressed,
+    by extension: .csv.gz) or Parquet. A blank CSV line is not a row; with ``blank_lines`` (a list the blank
+    lines' numbers are put in, costing one more pass over the file) the rows after it keep their true numbers."""
     if not path.is_file():
         raise DataError(f"input file {path} does not exist")
     if path.stat().st_size == 0:
@@ -138,12 +153,7 @@ def iter_batches(path: Path, columns: list[str], batch_rows: int, bad: BadRows) 
         bad.add(np.array([r.number or -1]), f"wrong field count: {r.text[:80]!r}")
         return "skip"
 
-    try:
-        with open(path, "rb") as fh:
-            first = fh.readline()
-        names = pacsv.read_csv(io.BytesIO(first.rstrip(b"\r\n") + b"\n")).schema.names
-    except (pa.ArrowInvalid, OSError, EOFError) as e:
-        raise DataError(f"{path}: cannot read the CSV header ({e})") from None
+    names = header(path)
     missing = [c for c in columns if c not in names]
     if missing:
         raise DataError(f"{path}: columns {missing} named in the schema are not in the CSV header {names}")
@@ -155,6 +165,10 @@ def iter_batches(path: Path, columns: list[str], batch_rows: int, bad: BadRows) 
                                              strings_can_be_null=False, quoted_strings_can_be_null=False),
     )
     line = 2
+    if blank_lines is not None:  # pyarrow skips blank lines without a word: find them to number rows truly
+        blanks = blank_line_numbers(path)
+        blank_lines.extend(blanks.tolist())
+        skipped.extend(blanks.tolist())
     while True:
         try:
             b = reader.read_next_batch()
@@ -169,6 +183,32 @@ def iter_batches(path: Path, columns: list[str], batch_rows: int, bad: BadRows) 
         yield pa.Table.from_batches([b]), lines
 
 
+def blank_line_numbers(path: Path, block: int = 1 << 24) -> np.ndarray:
+    """1-based numbers of the empty lines ("" or "\\r") of a text file, plain or compressed (by extension),
+    in one vectorised pass over blocks of bytes."""
+    out, line0, carry = [], 0, b""
+    with pa.input_stream(str(path)) as fh:
+        while True:
+            data = fh.read(block)
+            buf = carry + data
+            if not data:
+                buf += b"\n" if carry else b""
+            a = np.frombuffer(buf, np.uint8)
+            nl = np.flatnonzero(a == 10)
+            if len(nl):
+                start = np.concatenate([[0], nl[:-1] + 1])  # first byte of each complete line
+                length = nl - start
+                blank = (length == 0) | ((length == 1) & (a[np.minimum(start, len(a) - 1)] == 13))
+                out.append(line0 + 1 + np.flatnonzero(blank))
+                line0 += len(nl)
+                carry = buf[nl[-1] + 1:]
+            else:
+                carry = buf
+            if not data:
+                break
+    return np.concatenate(out) if out else np.zeros(0, np.int64)
+
+
 def header(path: Path) -> list[str]:
     """Column names of a CSV (its header line) or Parquet file."""
     if not path.is_file():
@@ -178,18 +218,31 @@ def header(path: Path) -> list[str]:
             return list(pq.ParquetFile(path).schema_arrow.names)
         except (pa.ArrowInvalid, OSError) as e:
             raise DataError(f"{path}: not a readable Parquet file ({e})") from None
-    try:
-        with open(path, "rb") as fh:
-            first = fh.readline()
-        return pacsv.read_csv(io.BytesIO(first.rstrip(b"\r\n") + b"\n")).schema.names
+    try:  # pyarrow decompresses by extension (.csv.gz, .csv.bz2, ...) and drops a UTF-8 BOM
+        with pa.input_stream(str(path)) as fh:
+            first = fh.read(1 << 20).split(b"\n", 1)[0]
+        return pacsv.read_csv(io.BytesIO(first.rstrip(b"\r") + b"\n")).schema.names
     except (pa.ArrowInvalid, OSError, EOFError) as e:
         raise DataError(f"{path}: cannot read the CSV header ({e})") from None
 
 
 def to_string(col: pa.Array, lines: np.ndarray, bad_rows: np.ndarray, bad: BadRows, name: str) -> pa.Array:
-    """binary -> string; rows holding invalid UTF-8 are marked bad (a per-value check only on failure)."""
-    if not pa.types.is_binary(col.type):
-        return col if pa.types.is_string(col.type) or pa.types.is_large_string(col.type) else pc.cast(col, pa.string())
+    """A column as text: binary -> string, numbers -> their text. Rows holding invalid UTF-8, or a value
+    that is no single value (a list, a mapping: rows given as dicts of nested data) are marked bad and read
+    as null (a per-value check only on failure)."""
+    t = col.type
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return col
+    if not pa.types.is_binary(t):
+        if not pa.types.is_nested(t):
+            try:
+                return pc.cast(col, pa.string())
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                pass
+        what = "a list or mapping" if pa.types.is_nested(t) else f"a {t} value"
+        bad.flag(col.is_valid().to_numpy(zero_copy_only=False), lines,
+                 f"column {name!r} holds {what}, not a single value", bad_rows)
+        return pa.nulls(len(col), pa.string())
     try:
         return pc.cast(col, pa.string())
     except pa.ArrowInvalid:
@@ -201,41 +254,61 @@ def to_string(col: pa.Array, lines: np.ndarray, bad_rows: np.ndarray, bad: BadRo
             except UnicodeDecodeError:
                 invalid.append(i)
                 vals[i] = b""
-        inv = np.array(invalid, np.int64)
-        bad_rows[inv] = True
-        bad.add(lines[inv], f"column {name!r}: non-UTF-8 bytes")
+        bad.flag(np.array(invalid, np.int64), lines, f"column {name!r}: non-UTF-8 bytes", bad_rows)
         return pc.cast(pa.array(vals, pa.binary()), pa.string())
 
 
 def numeric(col: pa.Array, lines: np.ndarray, bad_rows: np.ndarray, bad: BadRows, what: str) -> np.ndarray:
-    """A column as float64 [n]; empty / null -> NaN; non-numeric strings mark the row bad."""
+    """A column as float64 [n]; empty / null (and a float NaN, pandas' missing value) -> NaN. Non-numeric
+    strings and values that are not finite (inf, or text like "1e400" beyond float64) mark the row bad and
+    read as NaN."""
     if pa.types.is_integer(col.type) or pa.types.is_floating(col.type) or pa.types.is_boolean(col.type):
-        return pc.cast(col, pa.float64()).fill_null(math.nan).to_numpy(zero_copy_only=False)
-    s = to_string(col, lines, bad_rows, bad, what)
-    empty = pc.equal(pc.utf8_trim_whitespace(s.fill_null("")), "")
-    ok = pc.or_(pc.match_substring_regex(s.fill_null(""), _NUMBER), empty).to_numpy(zero_copy_only=False)
-    if not ok.all():
-        idx = np.flatnonzero(~ok)
-        bad_rows[idx] = True
-        bad.add(lines[idx], f"{what} is not a number")
-    clean = pc.if_else(pc.or_(empty, pa.array(~ok)), pa.scalar(None, pa.string()), s)
-    return pc.cast(pc.utf8_trim_whitespace(clean), pa.float64()).fill_null(math.nan).to_numpy(zero_copy_only=False)
+        # unsafe: an integer beyond 2^53 becomes the nearest float64 instead of an error
+        x = pc.cast(col, pa.float64(), safe=False).fill_null(math.nan).to_numpy(zero_copy_only=False)
+    else:
+        s = to_string(col, lines, bad_rows, bad, what)
+        empty = pc.equal(pc.utf8_trim_whitespace(s.fill_null("")), "")
+        ok = pc.or_(pc.match_substring_regex(s.fill_null(""), _NUMBER), empty).to_numpy(zero_copy_only=False)
+        if not ok.all():
+            bad.flag(~ok, lines, f"{what} is not a number", bad_rows)
+        clean = pc.if_else(pc.or_(empty, pa.array(~ok)), pa.scalar(None, pa.string()), s)
+        x = pc.cast(pc.utf8_trim_whitespace(clean), pa.float64()).fill_null(math.nan).to_numpy(zero_copy_only=False)
+    inf = np.isinf(x)
+    if inf.any():
+        x = np.where(inf, math.nan, x)
+        bad.flag(inf, lines, f"{what} is not finite (inf, or beyond the float64 range)", bad_rows)
+    return x
 
 
 def tokens(col: pa.Array, delimiter: str, lines: np.ndarray, bad_rows: np.ndarray, bad: BadRows,
-            name: str) -> tuple[pa.Array, np.ndarray]:
-    """A multi-valued column (delimited string or list) -> (flat values, lengths [n]); empty tokens dropped."""
+           name: str) -> tuple[pa.Array, np.ndarray]:
+    """A multi-valued column (delimited string or list) -> (flat values, lengths [n]); empty and null tokens
+    dropped. Tokens are integers or text (list items of other types are read as text); a row whose list holds
+    lists or mappings, or non-UTF-8 bytes, is marked bad and gets no tokens."""
     if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
         lst = col.fill_null(pa.scalar([], col.type))
     else:
         s = to_string(col, lines, bad_rows, bad, name).fill_null("")
         lst = pc.split_pattern(s, delimiter)
     flat = pc.list_flatten(lst)
-    parent = pc.list_parent_indices(lst).to_numpy()
-    if pa.types.is_string(flat.type) or pa.types.is_binary(flat.type):
-        flat = pc.utf8_trim_whitespace(flat) if pa.types.is_string(flat.type) else flat
-        keep = pc.not_equal(pc.utf8_length(flat) if pa.types.is_string(flat.type) else pc.binary_length(flat),
-                            0).to_numpy(zero_copy_only=False)
+    parent = pc.list_parent_indices(lst).to_numpy(zero_copy_only=False).astype(np.int64)
+    if pa.types.is_floating(flat.type):
+        try:  # integer ids that came as floats
+            flat = pc.cast(flat, pa.int64())
+        except pa.ArrowInvalid:
+            pass
+    if not (pa.types.is_integer(flat.type) or pa.types.is_string(flat.type)):
+        scratch = np.zeros(len(flat), bool)
+        flat = to_string(flat, parent, scratch, BadRows(name, keep=0), name)  # token-level check ...
+        if scratch.any():  # ... reported per row
+            bad.flag(np.unique(parent[scratch]), lines, f"column {name!r} holds nested lists or non-UTF-8 bytes",
+                     bad_rows)
+    keep = flat.is_valid()
+    if pa.types.is_string(flat.type):
+        flat = pc.utf8_trim_whitespace(flat)
+        keep = pc.and_(keep, pc.not_equal(pc.utf8_length(flat), 0))
+    keep = keep.fill_null(False).to_numpy(zero_copy_only=False) & ~bad_rows[parent]
+    if not keep.all():
         flat, parent = flat.filter(pa.array(keep)), parent[keep]
     lengths = np.bincount(parent, minlength=len(col)).astype(np.int64)
     return flat, lengths

@@ -103,7 +103,7 @@ class Predictor:
     # ---- scoring -------------------------------------------------------------------------------------
     def predict(self, rows: Raw) -> np.ndarray:
         """Click probabilities [n] float32 of raw ``rows``, in order; a malformed row is a DataError naming it."""
-        out = [self.score_columns(self.pipeline.transform(chunk, lines=lines))
+        out = [self.score_columns(self.pipeline.transform(chunk, lines=lines, unit="row"))
                for chunk, lines in _chunks(rows, self.batch_size)]
         return np.concatenate(out) if out else np.zeros(0, np.float32)
 
@@ -113,7 +113,7 @@ class Predictor:
         parts, bad_all = [], []
         for chunk, chunk_lines in _chunks(rows, self.batch_size, lines):
             bad = BadRows("rows", keep=len(chunk_lines))
-            enc = self.pipeline.encode(chunk, lines=chunk_lines, bad=bad)
+            enc = self.pipeline.encode(chunk, lines=chunk_lines, bad=bad, unit="row")
             scores = np.full(len(chunk_lines), np.nan, np.float32)
             if len(enc):
                 scores[enc.keep] = self.score_columns(self.pipeline.finalize(enc.parts()))

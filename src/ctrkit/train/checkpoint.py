@@ -94,9 +94,11 @@ def content_digest(obj: Any) -> str:
 
     def walk(o: Any) -> None:
         if isinstance(o, torch.Tensor):
-            t = o.detach().contiguous().cpu()
-            h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
-            h.update(t.reshape(-1).view(torch.uint8).numpy())
+            flat = o.detach().cpu().reshape(-1)
+            h.update(f"T{o.dtype}{tuple(o.shape)}".encode())
+            if flat.numel():
+                flat = flat if flat.stride(0) == 1 else flat.clone()  # e.g. an expanded tensor: stride 0
+                h.update(flat.view(torch.uint8).numpy())
         elif isinstance(o, dict):
             h.update(f"D{len(o)}".encode())
             for k, v in o.items():
