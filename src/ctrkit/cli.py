@@ -1,4 +1,4 @@
-"""Command line: ``ctrkit preprocess | synth | train | evaluate | predict | recall | models | demo``.
+"""Command line: ``ctrkit preprocess | synth | train | evaluate | predict | recall | serve | export | models | demo``.
 
 Every sub-command lives in the module that does the work; this file only wires arguments to it.
 Errors of ctrkit's own kinds (bad config, bad data, bad store) are printed as one line and exit 2.
@@ -91,8 +91,26 @@ def _add_recall(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=recall.run_recall)
 
 
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="score raw rows over HTTP: POST /predict, GET /healthz, GET /metadata")
+    p.set_defaults(func=_run_serve)
+    from ctrkit.serving.options import add_serve_args  # FastAPI is imported only to serve
+
+    add_serve_args(p)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from ctrkit.errors import JobError
+
+    try:
+        from ctrkit.serving.server import run_serve
+    except ImportError as e:
+        raise JobError(f"ctrkit serve needs FastAPI and uvicorn ({e}); pip install 'ctrkit[serve]'") from None
+    return run_serve(args)
+
+
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
-    _add_preprocess, _add_synth, _add_run_commands, _add_recall, _add_models,
+    _add_preprocess, _add_synth, _add_run_commands, _add_recall, _add_serve, _add_models,
 ]
 
 

@@ -1,0 +1,290 @@
+"""``ctrkit serve``: an HTTP scoring server for a checkpoint (FastAPI on uvicorn).
+
+Endpoints:
+
+* ``POST /predict``: body a JSON list of raw row objects, or ``{"rows": [...]}``; answers
+  ``{"scores": [p_0, ..., p_n-1], "model": name}``, one click probability per row, in order. A row holds the
+  checkpoint's input fields (``GET /metadata`` lists them with what each accepts; the rules are those of
+  :mod:`ctrkit.serving.validation`); fields beyond them (a label, the caller's own ids) are ignored.
+* ``GET /healthz``: ``{"status": "ok"}`` once the model is loaded and warmed up; 503 before and during shutdown.
+* ``GET /metadata``: :meth:`Predictor.metadata` (model, parameters, schema, training metrics, checkpoint
+  sha256) plus the input fields, the server's limits and its batching counters.
+
+A request is scored whole or refused whole: one bad row refuses the request, listing every bad (row, field)
+(up to ``max_errors``), so a client never gets scores misaligned with its rows. Errors are JSON
+``{"error": code, "message": text}`` (row errors add ``"errors": [{"row": i, "field": f, "message": m}, ...]``
+with 0-based row indices, and ``"invalid_rows"``):
+
+====  ====================  =====================================================================
+400   ``malformed_json``     the body is not JSON (or not UTF-8, or nested too deeply); Content-Type is not
+                             checked
+400   ``bad_content_length`` a Content-Length header that is not a number
+413   ``body_too_large``     more than ``max_body_bytes`` (Content-Length, or the bytes actually sent)
+413   ``too_many_rows``      more than ``max_rows`` rows
+422   ``invalid_body``       not a list of rows, nor an object with a "rows" list
+422   ``invalid_rows``       rows that are not objects, lack an input field, or hold a value of the wrong
+                             type, a non-finite number (NaN / Infinity tokens, 1e400), a non-hex Criteo key
+500   ``internal``           a server failure (logged with its traceback); nothing was scored
+====  ====================  =====================================================================
+
+Concurrent requests are merged into one model call (:mod:`ctrkit.serving.batching`); each gets exactly the
+scores it would get alone, and a bad request never affects the others.
+
+There is no authentication: serve on 127.0.0.1 (the default) or behind a proxy that adds it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import logging
+import math
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from starlette.requests import ClientDisconnect
+
+from ctrkit.errors import ConfigError, DataError
+from ctrkit.serving.batching import MicroBatcher
+from ctrkit.serving.options import (
+    MAX_BATCH_ROWS,
+    MAX_BATCH_WAIT_MS,
+    MAX_BODY_BYTES,
+    MAX_ERRORS,
+    MAX_ROWS,
+    default_threads,
+)
+from ctrkit.serving.predictor import Predictor
+from ctrkit.serving.validation import Checked, RowValidator, loads, to_arrays
+
+log = logging.getLogger(__name__)
+
+_INLINE_BYTES = 256 << 10  # larger bodies are parsed and validated in a thread, keeping the event loop free
+
+
+class _Refused(Exception):
+    """A request answered with a 4xx JSON error."""
+
+    def __init__(self, status: int, code: str, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.extra = status, code, message, extra
+
+    def response(self) -> JSONResponse:
+        return JSONResponse({"error": self.code, "message": self.message, **self.extra}, status_code=self.status)
+
+
+def create_app(predictor: Predictor, *, max_rows: int = MAX_ROWS, max_body_bytes: int = MAX_BODY_BYTES,
+               max_batch_wait_ms: float = MAX_BATCH_WAIT_MS, max_batch_rows: int = MAX_BATCH_ROWS,
+               max_errors: int = MAX_ERRORS) -> FastAPI:
+    """The scoring app of ``predictor`` (see the module docstring). Use it under a server that runs the ASGI
+    lifespan (uvicorn; ``with TestClient(app)``) for warm-up and /healthz; without one, micro-batching
+    starts with the first request."""
+    for name, value, low in (("max_rows", max_rows, 1), ("max_body_bytes", max_body_bytes, 1),
+                             ("max_batch_rows", max_batch_rows, 1), ("max_batch_wait_ms", max_batch_wait_ms, 0),
+                             ("max_errors", max_errors, 1)):
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= low):
+            raise ConfigError(f"serve: {name} must be a number >= {low}, got {value!r}")
+    validator = RowValidator(predictor.pipeline)
+    rules = validator.rules
+    model_name = str(predictor.info.get("model") or type(predictor.model).__name__.lower())
+
+    def score_columns(columns: dict[str, Any], n: int) -> tuple[np.ndarray, list[tuple[int, str]]]:
+        """(worker thread) Canonical columns of n rows -> scores, in chunks the predictor takes."""
+        size = predictor.batch_size
+        parts, bad = [], []
+        for start in range(0, n, size):
+            stop = min(start + size, n)
+            chunk = columns if stop - start == n else {c: v[start:stop] for c, v in columns.items()}
+            scored = predictor.score(to_arrays(rules, chunk), lines=np.arange(start + 1, stop + 1))
+            parts.append(scored.scores)
+            bad += scored.bad
+        return (np.concatenate(parts) if parts else np.zeros(0, np.float32)), bad
+
+    batcher = MicroBatcher(score_columns, max_wait_s=max_batch_wait_ms / 1000, max_rows=max_batch_rows)
+    limits = {"max_rows": int(max_rows), "max_body_bytes": int(max_body_bytes),
+              "max_batch_wait_ms": float(max_batch_wait_ms), "max_batch_rows": int(max_batch_rows),
+              "max_errors": int(max_errors)}
+    metadata = json_safe({**predictor.metadata(), "input_fields": validator.fields(),
+                          "ignored_fields": "fields beyond input_fields (label, weight, ...) are ignored",
+                          "server": {"limits": limits}})
+    state = {"ready": False}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        batcher.start()
+        warm = {r.column: None for r in rules}  # one row of missing values: loads the code paths and threads
+        checked = validator.check([warm])
+        if checked.errors:
+            raise RuntimeError(f"warm-up row refused: {checked.errors[0].message}")
+        await batcher.score(checked.columns, 1)
+        state["ready"] = True
+        log.info("ready: %s, %d input fields, limits %s", model_name, len(rules), limits)
+        try:
+            yield
+        finally:
+            state["ready"] = False
+            await batcher.stop()
+
+    app = FastAPI(title="ctrkit serve", version=str(predictor.info.get("ctrkit_version") or "0"), lifespan=lifespan)
+    app.state.batcher, app.state.predictor, app.state.validator = batcher, predictor, validator
+
+    @app.exception_handler(_Refused)
+    async def refused(request: Request, exc: _Refused) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(Exception)
+    async def failed(request: Request, exc: Exception) -> JSONResponse:  # logged by the server as well
+        return JSONResponse({"error": "internal", "message": f"the server failed on this request "
+                             f"({type(exc).__name__}; see its log); nothing was scored"}, status_code=500)
+
+    @app.get("/healthz")
+    async def healthz() -> JSONResponse:
+        if state["ready"] and batcher.running:
+            return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "starting" if not state["ready"] else "stopping"}, status_code=503)
+
+    @app.get("/metadata")
+    async def get_metadata() -> JSONResponse:
+        return JSONResponse({**metadata, "server": {**metadata["server"], "batching": batcher.stats.to_dict()}})
+
+    def check(body: bytes) -> Checked:
+        """Body -> its rows checked, or _Refused."""
+        try:
+            data = loads(body)
+        except (ValueError, RecursionError) as e:
+            detail = str(e) if not isinstance(e, RecursionError) else "nested too deeply"
+            raise _Refused(400, "malformed_json", f"the body is not valid JSON ({detail[:200]}); send a JSON list "
+                           "of row objects") from None
+        rows = data.get("rows") if isinstance(data, dict) else data
+        if not isinstance(rows, list):
+            got = "an object without a \"rows\" list" if isinstance(data, dict) else f"a JSON {_json_type(data)}"
+            raise _Refused(422, "invalid_body", f"the body must be a list of row objects or {{\"rows\": [...]}}; "
+                           f"got {got}")
+        if len(rows) > max_rows:
+            raise _Refused(413, "too_many_rows", f"{len(rows)} rows is more than this server's limit of "
+                           f"{max_rows} per request; split them into several requests")
+        checked = validator.check(rows, max_errors)
+        if checked.errors:
+            listed = len(checked.errors)
+            more = "" if listed == checked.total_errors else f" ({listed} of {checked.total_errors} errors listed)"
+            raise _Refused(422, "invalid_rows", f"{checked.bad_rows} of {len(rows)} rows are invalid, so none was "
+                           f"scored{more}; fix them and send the request again. First: {checked.errors[0].message}",
+                           errors=[e.to_dict() for e in checked.errors], invalid_rows=checked.bad_rows)
+        return checked
+
+    @app.post("/predict")
+    async def predict(request: Request) -> JSONResponse:
+        body = await _read_body(request, max_body_bytes)
+        checked = check(body) if len(body) <= _INLINE_BYTES else await anyio.to_thread.run_sync(check, body)
+        n = checked.n
+        if n == 0:
+            return JSONResponse({"scores": [], "model": model_name})
+        try:
+            res = await batcher.score(checked.columns, n)
+        except DataError as e:  # rows the pipeline refused as a whole (the checks above should prevent it)
+            raise _Refused(422, "invalid_rows", f"{e}; fix the rows and send the request again") from None
+        if res.bad:  # the pipeline refused rows the validator passed (it should not): still the row's error
+            errors = [{"row": row, "field": _field_of(reason, validator.rules), "message": f"row {row}: {reason}"}
+                      for row, reason in res.bad]
+            raise _Refused(422, "invalid_rows", f"{len(errors)} of {n} rows are invalid, so none was scored; "
+                           f"fix them and send the request again. First: {errors[0]['message']}",
+                           errors=errors[:max_errors], invalid_rows=len(errors))
+        scores = res.scores.tolist()
+        if not all(map(math.isfinite, scores)):
+            raise RuntimeError(f"the model gave non-finite scores for valid rows: {scores[:5]}...")
+        return JSONResponse({"scores": scores, "model": model_name})
+
+    return app
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused (413) as soon as it passes ``limit`` bytes: by its Content-Length header,
+    else while reading (at most ``limit`` + one chunk is ever held)."""
+    header = request.headers.get("content-length")
+    if header is not None:
+        try:
+            length = int(header) if header.strip().isascii() else -1
+        except ValueError:
+            length = -1
+        if length < 0:
+            raise _Refused(400, "bad_content_length", f"Content-Length {header[:40]!r} is not a number of bytes")
+        if length > limit:
+            raise _Refused(413, "body_too_large", f"the body of {length} bytes is larger than this server's "
+                           f"limit of {limit} bytes; send fewer rows per request")
+    chunks, size = [], 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _Refused(413, "body_too_large", f"the body is larger than this server's limit of {limit} "
+                               "bytes; send fewer rows per request")
+            chunks.append(chunk)
+    except ClientDisconnect:  # the client left mid-body: nobody reads the answer
+        raise _Refused(400, "client_disconnected", "the client closed the connection before sending the whole "
+                       "body") from None
+    return b"".join(chunks)
+
+
+def _field_of(reason: str, rules: list[Any]) -> str | None:
+    """The input field a pipeline reason names ("dense 'I1' is not a number"), or None."""
+    names = {r.column for r in rules}
+    return next((m for m in re.findall(r"'([^']*)'", reason) if m in names), None)
+
+
+def _json_type(v: Any) -> str:
+    return {dict: "object", list: "list", str: "string", bool: "boolean", type(None): "null"}.get(type(v), "number")
+
+
+def json_safe(obj: Any) -> Any:
+    """Plain JSON data: numpy scalars / arrays, tuples, sets and paths converted; non-finite floats -> None."""
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [json_safe(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return json_safe(obj.tolist())
+    if isinstance(obj, np.generic):
+        return json_safe(obj.item())
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, (str, int, bool)) or obj is None:
+        return obj
+    if isinstance(obj, Path):
+        return str(obj)
+    return str(obj)
+
+
+# ---- the command ------------------------------------------------------------------------------------------
+def run_serve(args: argparse.Namespace) -> int:
+    """Load the checkpoint and serve it with uvicorn until interrupted."""
+    import torch
+    import uvicorn
+
+    threads = args.threads if args.threads is not None else default_threads()
+    if threads < 1:
+        raise ConfigError(f"--threads must be >= 1, got {threads}")
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(f"--port must be in 0..65535, got {args.port}")
+    torch.set_num_threads(threads)
+    predictor = Predictor.from_checkpoint(args.checkpoint, batch_size=max(8192, args.max_batch_rows))
+    app = create_app(predictor, max_rows=args.max_rows, max_body_bytes=args.max_body_bytes,
+                     max_batch_wait_ms=args.batch_wait_ms, max_batch_rows=args.max_batch_rows)
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("listening on %s: anyone who can reach it can score rows and read /metadata (no "
+                    "authentication); use --host 127.0.0.1 or a proxy", args.host)
+    # Everything loaded so far (torch, the model, the vocabularies: ~200k objects) lives as long as the server;
+    # frozen, it is left out of the collector's full passes, which otherwise stall requests by ~0.1 s each.
+    gc.collect()
+    gc.freeze()
+    log.info("serving %s (%s) on http://%s:%d with %d scoring thread(s)", args.checkpoint,
+             predictor.info.get("model"), args.host, args.port, threads)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info", access_log=args.access_log,
+                timeout_graceful_shutdown=10)
+    return 0
