@@ -82,6 +82,7 @@ def test_criteo_rows_score_as_evaluate_scores_their_store(criteo):
     np.testing.assert_array_equal(p.predict(table), got)
     np.testing.assert_array_equal(p.predict(table.to_pandas()), got)
     np.testing.assert_array_equal(p.predict(criteo_dicts(criteo["lines"], label=False)), got)
+    assert p.predict([]).shape == (0,) and p.score([]).scores.shape == (0,)
     assert len(np.unique(got)) > 100
 
 

@@ -248,12 +248,16 @@ class FeaturePipeline(RowEncoder):
             return self._schema
         self._check_fitted()
         spec, sizes, dflt = self.spec, {t: v.size for t, v in self.vocabs_.items()}, self.options["embedding_dim"]
+        key = (id(self.vocabs_), tuple(sizes.items()))  # built once per set of vocabularies (read per batch)
+        cached = getattr(self, "_schema_cache", None)
+        if cached is not None and cached[0] == key:
+            return cached[1]
 
         def dim(e: dict[str, Any]) -> int | str:
             d = e.get("embedding_dim", dflt)
             return d if d == "auto" else int(d)
 
-        return Schema(
+        schema = Schema(
             dense=[DenseFeature(e["name"], group=e.get("group", "context")) for e in spec.dense],
             sparse=[SparseFeature(e["name"], sizes[self.table_of[e["name"]]], dim(e), table=e.get("table"),
                                   group=e.get("group", "context"), pooling=e.get("pooling", "sum"),
@@ -262,6 +266,8 @@ class FeaturePipeline(RowEncoder):
                                       q.get("group", "user")) for q in spec.sequence],
             label="label", weight="weight" if spec.weight else None, group_id="group" if spec.group_id else None,
         )
+        self._schema_cache = (key, schema)
+        return schema
 
     @property
     def id_dtype(self) -> type:

@@ -151,7 +151,7 @@ def _chunks(rows: Raw, size: int, lines: np.ndarray | None = None) -> Iterator[t
     lines = np.arange(1, n + 1) if lines is None else np.asarray(lines, np.int64)
     if len(lines) != n:
         raise DataError(f"{len(lines)} line numbers for {n} rows")
-    for start in range(0, n, size) if n else [0]:
+    for start in range(0, n, size):  # no rows: no chunk (a model may not take a batch of 0 rows)
         stop = min(start + size, n)
         yield _slice(rows, start, stop), lines[start:stop]
 
