@@ -6,6 +6,12 @@ row b has for key f. ``values`` holds the ids in the same order (all of key 0's 
 ...), and ``offsets`` = [0, cumsum(lengths)] has F*B + 1 entries. Example from the seed, B = 2, four
 single-valued keys: values = [I00, I10, I01, I11, I02, I12, I03, I13], offsets = [0, 1, ..., 8];
 after multi-hot expansion of key 3 (3 ids per row) offsets become [0, 1, 2, 3, 4, 5, 6, 9, 12].
+
+Under ``torch.export`` (``torch.compiler.is_exporting()``, see :mod:`ctrkit.serving.export`) the batch size B
+stays symbolic and nothing reads tensor values on the host: ``select`` then moves the ids with a scatter
+instead of slicing per key, and its result keeps the ids of the keys left out after ``offsets[-1]`` (so
+``values`` has a length known before the ids are read). Everything that reads a KeyedJagged under export
+(``to_padded``, ``take``, ``bag_index`` and the embedding collections) reads ids through ``offsets`` only.
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ class KeyedJagged:
         F = len(self.keys)
         if stride is None:
             stride = self.lengths.numel() // F if F else 0
-        self.stride = int(stride)
+        self.stride = stride if isinstance(stride, torch.SymInt) else int(stride)  # symbolic under torch.export
         if self.lengths.numel() != F * self.stride:
             raise ValueError(
                 f"KeyedJagged has {self.lengths.numel()} lengths for {F} keys x stride {self.stride}; "
@@ -124,6 +130,8 @@ class KeyedJagged:
     def select(self, keys: Sequence[str]) -> KeyedJagged:
         """A KeyedJagged with only ``keys``, in the order given (also a permutation)."""
         idx = [self._index(k) for k in keys]
+        if torch.compiler.is_exporting():
+            return self._select_exported(list(keys), idx)
         opk = self.offset_per_key()
         vals = [self.values[opk[i] : opk[i + 1]] for i in idx]
         wts = [self.weights[opk[i] : opk[i + 1]] for i in idx] if self.weights is not None else None
@@ -137,25 +145,72 @@ class KeyedJagged:
             weights=torch.cat(wts) if wts else None,
         )
 
+    def _select_exported(self, keys: list[str], idx: list[int]) -> KeyedJagged:
+        """``select`` without host syncs: every id moves to its place in the key order ``idx`` + the keys left
+        out, by one scatter; the result's ``values`` keep the left-out ids after its ``offsets[-1]``."""
+        F, B = len(self.keys), self.stride
+        order = idx + [i for i in range(F) if i not in idx]
+        new_key = torch.tensor([order.index(i) for i in range(F)] + [F], device=self.values.device)  # (F + 1,)
+        bag = self.bag_index()  # (nnz,) in [0, F*B]
+        key = torch.div(bag, B, rounding_mode="floor")  # (nnz,) in [0, F]
+        new_bag = new_key[key] * B + (bag - key * B)  # (nnz,)
+        # the permuted bags, then one bag of whatever followed offsets[-1]
+        tail = (self.values.shape[0] - self.offsets[-1:]).to(torch.int64)  # (1,)
+        lengths = torch.cat([self.lengths_2d()[order].reshape(-1), tail])  # (F*B + 1,)
+        starts = torch.cumsum(lengths, 0) - lengths  # (F*B + 1,) exclusive cumsum
+        pos = torch.arange(self.values.shape[0], device=self.values.device)  # (nnz,)
+        dest = starts[new_bag] + pos - self.offsets[bag]  # (nnz,) a permutation of 0..nnz-1
+        values = torch.zeros_like(self.values).index_copy(0, dest, self.values)
+        weights = None if self.weights is None else torch.zeros_like(self.weights).index_copy(0, dest, self.weights)
+        return KeyedJagged(keys, values, lengths=lengths[: len(idx) * B], stride=B, weights=weights)
+
+    def bag_index(self) -> torch.Tensor:
+        """(nnz,) the bag ``f*B + b`` of every id; ids after ``offsets[-1]`` (see the module docstring) get F*B.
+        No host sync: ``cumsum`` of a count of bag ends at each position."""
+        n = self.values.shape[0]
+        ends = torch.zeros(n + 1, dtype=torch.int64, device=self.values.device)
+        ends = ends.index_add(0, self.offsets[1:], torch.ones_like(self.lengths))  # (nnz + 1,) bags ending at p
+        return torch.cumsum(ends, 0)[:n]
+
+    def bag_sums(self, rows: torch.Tensor) -> torch.Tensor:
+        """Rows of the ids (nnz, D) summed per bag -> (F, B, D); rows of ids after ``offsets[-1]`` are dropped.
+        No host sync (one ``index_add``)."""
+        F, B = len(self.keys), self.stride
+        sums = rows.new_zeros(F * B + 1, rows.shape[1]).index_add(0, self.bag_index(), rows)  # (F*B + 1, D)
+        return sums[: F * B].view(F, B, rows.shape[1])
+
+    def take(self, positions: torch.Tensor, mask: torch.Tensor, pad: int = 0) -> torch.Tensor:
+        """``values[positions]`` where ``mask``, else ``pad`` (same shape as ``positions``); positions under a
+        False mask are never read, so any value works there, and no values at all is fine."""
+        values = self.values
+        if torch.compiler.is_exporting():  # no branch on the number of ids: a pad id to index when there are none
+            values = torch.cat([values, values.new_zeros(1)])
+        elif not values.numel():
+            return torch.full_like(positions, pad)
+        ids = values[torch.where(mask, positions, torch.zeros_like(positions))]
+        return torch.where(mask, ids, torch.full_like(ids, pad))
+
+    def bags(self, key: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(lengths (B,), starts (B,))`` of ``key``: row b's ids are ``values[starts[b] : starts[b] + lengths[b]]``
+        (positions in the whole ``values``; no host sync)."""
+        i, B = self._index(key), self.stride
+        return self.lengths_2d()[i], self.offsets[i * B : (i + 1) * B]
+
     def permute(self, order: Sequence[int]) -> KeyedJagged:
         return self.select([self.keys[i] for i in order])
 
     def to_padded(self, key: str, max_len: int, pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """Ids of ``key`` as ([B, T] ids, [B, T] bool mask), T = max_len; longer rows keep their last
         ``max_len`` ids (the most recent, for histories stored oldest first)."""
-        values, lengths, offsets = self[key]
-        B = self.stride
+        lengths, starts = self.bags(key)  # (B,) each
         T = int(max_len)
-        # position t of row b reads values[offsets[b] + start[b] + t], start = max(0, len - T)
-        start = (lengths - T).clamp(min=0)
+        # position t of row b reads values[starts[b] + skip[b] + t], skip = max(0, len - T)
+        skip = (lengths - T).clamp(min=0)
         kept = lengths.clamp(max=T)
-        t = torch.arange(T, device=values.device)
+        t = torch.arange(T, device=self.values.device)
         mask = t.unsqueeze(0) < kept.unsqueeze(1)  # (B, T)
-        idx = (offsets[:-1] + start).unsqueeze(1) + t.unsqueeze(0)  # (B, T)
-        idx = torch.where(mask, idx, torch.zeros_like(idx))
-        ids = values[idx] if values.numel() else values.new_zeros(B, T)
-        ids = torch.where(mask, ids, torch.full_like(ids, pad))
-        return ids, mask
+        idx = (starts + skip).unsqueeze(1) + t.unsqueeze(0)  # (B, T)
+        return self.take(idx, mask, pad), mask
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> KeyedJagged:
         out = KeyedJagged(
@@ -186,6 +241,11 @@ class Batch:
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
+
+    @property
+    def batch_size(self) -> int:
+        """B; symbolic under ``torch.export``, where ``len(batch)`` would fix it to the example's."""
+        return self.labels.shape[0]
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         def mv(t: torch.Tensor | None) -> torch.Tensor | None:

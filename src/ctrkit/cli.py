@@ -91,6 +91,14 @@ def _add_recall(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=recall.run_recall)
 
 
+def _add_export(sub: argparse._SubParsersAction) -> None:
+    from ctrkit.serving import export
+
+    p = sub.add_parser("export", help="a checkpoint's model as TorchScript or ONNX, with its feature pipeline")
+    export.add_export_args(p)
+    p.set_defaults(func=export.run_export)
+
+
 def _add_serve(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="score raw rows over HTTP: POST /predict, GET /healthz, GET /metadata")
     p.set_defaults(func=_run_serve)
@@ -110,7 +118,7 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
-    _add_preprocess, _add_synth, _add_run_commands, _add_recall, _add_serve, _add_models,
+    _add_preprocess, _add_synth, _add_run_commands, _add_recall, _add_serve, _add_export, _add_models,
 ]
 
 

@@ -23,6 +23,11 @@ class DataError(CtrkitError, ValueError):
     """Raw input that cannot be preprocessed; the message names the file, the line and the fix."""
 
 
+class ExportError(CtrkitError, ValueError):
+    """A model or checkpoint that cannot be exported to TorchScript / ONNX (a model whose forward leaves torch,
+    an existing output directory); the message names the model or path and why."""
+
+
 class IdOutOfRangeError(CtrkitError, IndexError):
     """An id outside its table: the data was preprocessed with another vocabulary than the model's."""
 

@@ -110,7 +110,10 @@ def behaviour_fields(schema: Schema, model: str, *, need_history: bool = True) -
 
 def _trim(emb: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Drop trailing positions that are padding in every row (rows are left-aligned): the layers' results
-    do not change, the work shrinks from max_len to the batch's longest history."""
+    do not change, the work shrinks from max_len to the batch's longest history. Under ``torch.export`` the
+    full max_len is kept (the length of a program's tensors cannot depend on the ids it reads)."""
+    if torch.compiler.is_exporting():
+        return emb, mask
     n = int(mask.sum(1).max()) if mask.numel() else 0
     n = max(n, 1)  # keep one (masked) step so shapes stay (B, >=1, D)
     return emb[:, :n], mask[:, :n]
@@ -135,7 +138,7 @@ class BehaviourEmbedding(nn.Module):
     def pooled(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """``(target (B, Dt), others (B, Do))``; Do = 0 gives an empty (B, 0) tensor."""
         d = self.embedding.pooled(batch.sparse).to_dict()
-        empty = batch.dense.new_zeros(len(batch), 0)
+        empty = batch.dense.new_zeros(batch.batch_size, 0)
 
         def cat(keys: list[str]) -> torch.Tensor:
             return torch.cat([d[k] for k in keys], 1) if keys else empty

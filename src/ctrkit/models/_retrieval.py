@@ -111,6 +111,9 @@ class RetrievalEmbedding(nn.Module):
         return schema.embedding_dim(q.shares)
 
     def item_ids(self, kj: KeyedJagged, key: str) -> torch.Tensor:
+        if torch.compiler.is_exporting():  # the first id of each row, without the host-side check
+            lengths, starts = kj.bags(key)
+            return kj.take(starts, lengths > 0)  # (B,)
         values = kj[key][0]
         if values.numel() != kj.stride:
             raise ConfigError(f"item feature {key!r} must hold exactly one id per row; got {values.numel()} ids "
@@ -131,7 +134,7 @@ class RetrievalEmbedding(nn.Module):
             parts += [d[k] for k in self.fields.query_pooled]
         if batch.dense.shape[1]:
             parts.append(batch.dense)
-        return torch.cat(parts, 1) if parts else batch.dense.new_zeros(len(batch), 0)
+        return torch.cat(parts, 1) if parts else batch.dense.new_zeros(batch.batch_size, 0)
 
     def history(self, kj: KeyedJagged, keys: list[str] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Behaviours ``(emb (B, T, Dh), mask (B, T))``, each step [e(item_t); e(cate_t)], trimmed to the batch's
@@ -143,8 +146,10 @@ class RetrievalEmbedding(nn.Module):
             parts.append(e)
             mask = m if mask is None else mask
         assert mask is not None
-        n = max(int(mask.sum(1).max()) if mask.numel() else 0, 1)
         emb = torch.cat(parts, -1) if len(parts) > 1 else parts[0]
+        if torch.compiler.is_exporting():  # the full max_len: a program's shapes cannot depend on the ids
+            return emb, mask
+        n = max(int(mask.sum(1).max()) if mask.numel() else 0, 1)
         return emb[:, :n], mask[:, :n]
 
     def mean_history(self, kj: KeyedJagged, keys: list[str]) -> torch.Tensor:

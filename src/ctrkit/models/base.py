@@ -8,7 +8,8 @@ probed with ``hasattr``:
 - ``needs_prefit`` / ``prefit(batches)``: a step run once on the training batches before gradient
   training (GBDT+LR fits its trees there).
 - ``exportable``: whether ``forward`` is pure torch (False when it calls LightGBM, say), so an
-  exporter / server knows up front what it can trace.
+  exporter / server knows up front what it can trace; ``export_blocker`` says why not (the exporter's
+  error message, :mod:`ctrkit.serving.export`).
 - ``param_groups()``: named :class:`ParamGroup` s with a dedicated optimizer (Wide & Deep's "wide"
   part: FTRL when ``train.wide_optimizer=ftrl``) and/or penalties (MLR's L1 / L2 / L2,1) that the
   task adds to the loss and logs by name.
@@ -134,6 +135,7 @@ class CTRModel(nn.Module):
     model_name: ClassVar[str] = ""  # the registry key, set by @register_model
     needs_prefit: ClassVar[bool] = False  # True: call prefit(train batches) before training
     exportable: ClassVar[bool] = True  # False: forward leaves torch (e.g. LightGBM inside)
+    export_blocker: ClassVar[str] = ""  # why not, when exportable is False
     option_defaults: ClassVar[Mapping[str, Any]] = MappingProxyType({})  # option-group defaults that differ for this model
     task_kind: ClassVar[str] = "ctr"  # the task that trains it: "ctr" (CTRTask) or "retrieval" (RetrievalTask)
 

@@ -51,6 +51,8 @@ class GBDTLR(CTRModel):
 
     needs_prefit = True  # the trees are fitted on the training rows before the LR is trained
     exportable = False  # forward runs LightGBM (numpy), not torch
+    export_blocker = ("its forward finds each row's leaves with LightGBM trees (numpy, on the host), and LightGBM "
+                      "trees are not torch ops, so neither TorchScript nor ONNX can hold them")
 
     def __init__(
         self,

@@ -66,7 +66,7 @@ class MLR(CTRModel):
 
     def region_scores(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """(gate scores u_i·x, learner scores w_i·x), each (B, m)."""
-        z = self.bias.expand(len(batch), -1)  # (B, 2m)
+        z = self.bias.expand(batch.batch_size, -1)  # (B, 2m)
         if self.sparse is not None:
             kj = batch.sparse if batch.sparse.keys == self.keys else batch.sparse.select(self.keys)
             z = z + self.sparse(kj).stacked().sum(dim=1)  # (B, F, 2m) -> (B, 2m)

@@ -68,7 +68,7 @@ class TwoTower(TwoTowerModel):
         x = torch.cat([e.query_fields(batch), e.mean_history(batch.sparse, self.fields.histories),
                        *(e.mean_history(batch.sparse, [k]) for k in self.fields.search)], 1)  # (B, q_in)
         if x.shape[1] == 0:  # a schema with no user side: one constant input
-            x = x.new_ones(len(batch), 1)
+            x = x.new_ones(batch.batch_size, 1)
         return similarity_vectors(self.query_tower(x), self.similarity)  # (B, D)
 
     def encode_item(self, batch: Batch) -> torch.Tensor:

@@ -38,11 +38,8 @@ _LOW47 = (1 << 47) - 1
 
 def first_ids(kj: KeyedJagged, key: str) -> torch.Tensor:
     """The first id of each row's bag of ``key`` (0 = missing for an empty bag) -> (B,) int64."""
-    values, lengths, offsets = kj[key]
-    if values.numel() == 0:
-        return torch.zeros_like(lengths)
-    first = values[offsets[:-1].clamp(max=values.numel() - 1)]
-    return torch.where(lengths > 0, first, torch.zeros_like(first))
+    lengths, starts = kj.bags(key)  # (B,) each
+    return kj.take(starts, lengths > 0)
 
 
 def cross_ids(a: torch.Tensor, b: torch.Tensor, vocab_a: int, vocab_b: int, buckets: int) -> torch.Tensor:

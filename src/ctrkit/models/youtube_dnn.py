@@ -63,7 +63,7 @@ class YouTubeDNN(TwoTowerModel):
         x = torch.cat([e.mean_history(kj, self.fields.histories),
                        *(e.mean_history(kj, [k]) for k in self.fields.search), e.query_fields(batch)], 1)
         if x.shape[1] == 0:
-            x = x.new_ones(len(batch), 1)
+            x = x.new_ones(batch.batch_size, 1)
         return self.out(self.tower(x))  # (B, D)
 
     def encode_item(self, batch: Batch) -> torch.Tensor:

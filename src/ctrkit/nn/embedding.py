@@ -21,6 +21,10 @@ Seed 000 §5: for one table, ``Y[n] = sum_k W[x_{n,k}]`` and ``dL/dW = P^T dL/dY
 ``P[n, m] = count_k(x_{n,k} = m)``; with ``sparse_grad=True`` autograd returns exactly that as a sparse
 gradient holding only the touched rows.
 
+Under ``torch.export`` (:mod:`ctrkit.serving.export`) lookups have no host syncs or branches on the data: every
+id is looked up (other features' as row 0, zeroed) and summed into its bag (``KeyedJagged.bag_sums``), ids are
+not validated, and unpooled sequences are looked up at every padded position, the padding zeroed.
+
 Init (per table, in table order): ``uniform`` — torchrec's default ``U(-sqrt(1/n), sqrt(1/n))``, n = its
 rows; ``normal`` — ``N(0, std^2)``; ``zeros``.
 """
@@ -200,6 +204,9 @@ class EmbeddingBagCollection(EmbeddingCollection):
         B = kj.stride
         tensors = []
         for gi, g in enumerate(self._groups):
+            if torch.compiler.is_exporting():
+                tensors.append(self._pooled_exported(kj, gi, g))
+                continue
             Fg = len(g.keys)
             values, offsets, weights, lengths = _group_input(kj, g.keys)
             if weights is not None and g.pooling != "sum":
@@ -232,11 +239,27 @@ class EmbeddingBagCollection(EmbeddingCollection):
             tensors.append(out.view(Fg, B, g.dim))  # (F_g, B, D)
         return PooledEmbeddings(self.keys, self.dims, self._groups, tensors)
 
+    def _pooled_exported(self, kj: KeyedJagged, gi: int, g: PoolGroup) -> torch.Tensor:
+        """Group ``g``'s pooled embeddings (F_g, B, D) with fixed-shape ops only (the module docstring)."""
+        F_all, offs = len(kj.keys), getattr(self, f"_offs{gi}")
+        idx = torch.tensor([kj.keys.index(k) for k in g.keys], device=offs.device)  # (F_g,) in kj's key order
+        key = torch.div(kj.bag_index(), kj.stride, rounding_mode="floor")  # (nnz,) each id's key; F after offsets[-1]
+        member = torch.zeros(F_all + 1, dtype=torch.bool, device=offs.device).index_fill(0, idx, True)[key]  # (nnz,)
+        row_offset = offs.new_zeros(F_all + 1).index_copy(0, idx, offs)[key]  # (nnz,) 0 outside the group
+        rows = F.embedding(torch.where(member, kj.values + row_offset, 0), self._fused(g.dim))  # (nnz, D)
+        scale = member.to(rows.dtype) if kj.weights is None else member * kj.weights  # 0 for other keys' ids
+        out = kj.bag_sums(rows * scale.unsqueeze(1))[idx]  # (F_g, B, D)
+        if g.pooling == "mean":
+            out = out / kj.lengths_2d()[idx].clamp(min=1).unsqueeze(2).to(out.dtype)
+        return out
+
     def sequence(self, kj: KeyedJagged, key: str) -> tuple[torch.Tensor, torch.Tensor]:
         if key not in self.sequence_keys:
             raise KeyError(f"no unpooled sequence feature {key!r}; known: {sorted(self.sequence_keys)}")
         table, max_len = self.sequence_keys[key]
         ids, mask = kj.to_padded(key, max_len)  # (B, T) each, the last max_len ids of each row
+        if torch.compiler.is_exporting():  # every position looked up (pads read id 0), the padding zeroed
+            return torch.where(mask.unsqueeze(2), self.lookup(table, ids, key=key), 0.0), mask  # (B, T, D)
         rows = self.lookup(table, ids[mask], key=key)  # (n, D): only real ids, so pads get no gradient
         emb = rows.new_zeros(*mask.shape, rows.shape[-1])  # (B, T, D)
         emb[mask] = rows
@@ -247,7 +270,7 @@ class EmbeddingBagCollection(EmbeddingCollection):
         if table not in self.tables:
             raise KeyError(f"no table {table!r}; tables: {list(self.tables)}")
         t = self.tables[table]
-        if self.validate and ids.numel():
+        if self.validate and not torch.compiler.is_exporting() and ids.numel():
             lo, hi = int(ids.min()), int(ids.max())
             if lo < 0 or hi >= t.num_embeddings:
                 bad = lo if lo < 0 else hi

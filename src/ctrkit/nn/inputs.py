@@ -89,7 +89,7 @@ class LinearTerm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(1)) if bias else None
 
     def forward(self, batch: Batch) -> torch.Tensor:
-        out = batch.labels.new_zeros(len(batch))  # (B,)
+        out = batch.labels.new_zeros(batch.batch_size)  # (B,)
         if self.ebc is not None:
             out = out + self.ebc(_select(batch.sparse, self.keys)).stacked().sum(dim=(1, 2))
         if self.dense is not None:

@@ -201,6 +201,8 @@ class TargetAttention(nn.Module):
         b, t, d = k.shape
         w = self.first.weight  # (W1, 4D) = [W_q, W_k, W_d, W_p]
         w_q, w_k, w_d, w_p = w[:, :d], w[:, d : 2 * d], w[:, 2 * d : 3 * d], w[:, 3 * d :]
+        if torch.compiler.is_exporting():  # every position, padding zeroed after: shapes known before the mask
+            return self._logits_dense(q, k, mask, w_q + w_d, w_k - w_d, w_p)
         flat = mask.reshape(-1).nonzero().squeeze(1)  # (n,) real positions of the (B·T) grid, row-major
         if flat.numel() == 0:
             return k.new_zeros(b, t)
@@ -214,6 +216,18 @@ class TargetAttention(nn.Module):
             h = self.out(self.mlp(self.first_activation(h)))  # (n, 1)
         a = k.new_zeros(b * t).index_copy(0, flat, h.squeeze(1).to(k.dtype))  # (B·T,)
         return a.view(b, t)
+
+    def _logits_dense(self, q: Tensor, k: Tensor, mask: Tensor, w_qd: Tensor, w_kd: Tensor, w_p: Tensor) -> Tensor:
+        """:meth:`logits` computed at every (B, T) position, padding zeroed (for torch.export; eval mode, where
+        Dice normalises each position on its own)."""
+        b, t = k.shape[:2]
+        per_row = F.linear(q, w_qd, self.first.bias)  # (B, W1)
+        h = per_row.unsqueeze(1) + F.linear(k, w_kd) + F.linear(q.unsqueeze(1) * k, w_p)  # (B, T, W1)
+        h = h.reshape(b * t, -1)  # (B·T, W1)
+        if self.first_activation is not None and self.mlp is not None and self.out is not None:
+            h = self.out(self.mlp(self.first_activation(h)))  # (B·T, 1)
+        a = h.reshape(b, t).to(k.dtype)  # (B, T)
+        return torch.where(mask, a, torch.zeros_like(a))
 
     def scores(self, q: Tensor, k: Tensor, mask: Tensor | None = None) -> Tensor:
         """The pooling weights w (B, T): a_t · mask_t, or the masked softmax with ``normalize=True``."""

@@ -27,6 +27,20 @@ def _gather_steps(x: Tensor, order: Tensor) -> Tensor:
     return x.gather(1, order.unsqueeze(2).expand(-1, -1, x.shape[2]))
 
 
+def _inverse(order: Tensor) -> Tensor:
+    """The inverse of per-row permutations (B, K): out[b, order[b, j]] = j (argsort of ``order``, by a scatter)."""
+    steps = torch.arange(order.shape[1], device=order.device).unsqueeze(0).expand_as(order)  # (B, K)
+    return torch.empty_like(order).scatter_(1, order, steps)
+
+
+def _real_first(mask: Tensor) -> Tensor:
+    """order (B, K): each row's real steps in order, then its padded ones (a stable argsort of ``~mask``, computed
+    with cumsums and a scatter, as sorting does not export to ONNX)."""
+    real = mask.to(torch.int64)  # (B, K)
+    place = torch.where(mask, real.cumsum(1) - 1, real.sum(1, keepdim=True) + (1 - real).cumsum(1) - 1)  # (B, K)
+    return _inverse(place)
+
+
 class BiasEncoding(nn.Module):
     """DSIN's bias encoding: one learned bias per session, per position and per channel,
 
@@ -193,7 +207,7 @@ class BiLSTM(nn.Module):
         b, k, _ = x.shape
         mask = check_mask("BiLSTM", mask, [b, k], x.device)
         # order_fw[b] = the real positions of row b in order, then its padded ones; order_bw reverses the real part
-        order_fw = torch.argsort((~mask).to(torch.int32), dim=1, stable=True)  # (B, K)
+        order_fw = _real_first(mask)  # (B, K)
         steps = torch.arange(k, device=x.device).unsqueeze(0)  # (1, K)
         lengths = mask.sum(dim=1, keepdim=True)  # (B, 1)
         order_bw = order_fw.gather(1, torch.where(steps < lengths, lengths - 1 - steps, steps))  # (B, K)
@@ -204,13 +218,13 @@ class BiLSTM(nn.Module):
             for i, lstm in enumerate(self.fw):
                 y = lstm(self.dropout(h))[0]  # (B, K, H)
                 h = y + h if i >= first_res else y
-            out_fw = _gather_steps(h, torch.argsort(order_fw, dim=1))  # (B, K, H) back in place
+            out_fw = _gather_steps(h, _inverse(order_fw))  # (B, K, H) back in place
         if self.merge_mode != "fw":
             h = _gather_steps(x, order_bw)  # (B, K, D_in), real steps last to first
             for i, lstm in enumerate(self.bw):
                 y = lstm(self.dropout(h))[0]  # (B, K, H)
                 h = y + h if i >= first_res else y
-            out_bw = _gather_steps(h, torch.argsort(order_bw, dim=1))  # (B, K, H) back in place
+            out_bw = _gather_steps(h, _inverse(order_bw))  # (B, K, H) back in place
         if self.merge_mode == "fw":
             out = out_fw
         elif self.merge_mode == "bw":

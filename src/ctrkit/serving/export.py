@@ -1,0 +1,435 @@
+"""Export a checkpoint's model for runtimes without ctrkit: TorchScript or ONNX (``ctrkit export``).
+
+An export directory holds::
+
+    model.pt | model.onnx    the scoring program (below)
+    pipeline/                the checkpoint's FeaturePipeline (``FeaturePipeline.load``): raw rows -> the inputs
+    export.json              format, model, the inputs and their meaning, the sparse key order, num_dense,
+                             the checkpoint's sha256, and the check the program passed
+
+The program takes plain tensors and returns click probabilities::
+
+    dense   (B, Nd)  float32   dense features in schema order, as the pipeline writes them
+    values  (nnz,)   int64     the ids of every sparse key, key-major (the KeyedJagged layout of
+                               :mod:`ctrkit.batch`) over export.json's ``sparse_keys``, after the pipeline's
+                               batch stage (multi-hot)
+    lengths (F*B,)   int64     lengths[f*B + b] = the number of ids of key f in row b
+    ->      (B,)     float32   sigmoid(logit)
+
+How: :class:`ScoringModule` rebuilds the Batch from the three tensors and calls the model; ``torch.export``
+captures it once with B and nnz symbolic, so one program serves every batch size and every bag and history
+length (under export the jagged code of :mod:`ctrkit.batch` and :mod:`ctrkit.nn.embedding` has no host syncs
+and no branches on the data). ONNX is that program converted by ``torch.onnx.export(dynamo=True)``; TorchScript
+is the same program's graph of aten ops, scripted (:func:`to_torchscript`), so both formats compute one graph
+(for the CPU; torch >= 2.10 deprecates TorchScript, which libtorch and ``torch.jit.load`` still run).
+Before anything is kept, the written file is read back and scored against the eager model on batches of other
+sizes and lengths than the export example (empty bags and histories included); more than 1e-5 apart is an
+:class:`~ctrkit.errors.ExportError`, as is a model whose forward leaves torch (``exportable = False``: GBDT+LR).
+
+Use::
+
+    export_checkpoint("runs/dlrm/best.pt", "exports/dlrm", "onnx")
+    model = load_exported("exports/dlrm")
+    probs = model(dense, values, lengths)             # numpy (B,); or model.score(batch)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ctrkit.batch import Batch, KeyedJagged
+from ctrkit.data.multihot import MultiHot
+from ctrkit.data.pipeline import FeaturePipeline
+from ctrkit.data.pipeline_io import pipeline_from_checkpoint
+from ctrkit.errors import ConfigError, ExportError
+from ctrkit.models.base import logits_of
+from ctrkit.models.registry import get_model_class
+from ctrkit.schema import Schema, SequenceFeature, SparseFeature
+from ctrkit.train.checkpoint import load_checkpoint, load_model
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("torchscript", "onnx")
+MODEL_FILES = {"torchscript": "model.pt", "onnx": "model.onnx"}
+META_FILE = "export.json"
+PIPELINE_DIR = "pipeline"
+MARKER, VERSION = "ctrkit-export", 1
+TOLERANCE = 1e-5  # max |exported - eager| on the check batches
+ONNX_SINGLE_FILE_BYTES = 1 << 30  # weights above this go to model.onnx.data
+EXAMPLE_ROWS, CHECK_ROWS = 4, (7, 1)  # the export example's B; the check batches' (other sizes on purpose)
+INPUTS = [
+    {"name": "dense", "dtype": "float32", "shape": ["B", "Nd"],
+     "meaning": "dense features in schema order (dense_names), as the pipeline writes them"},
+    {"name": "values", "dtype": "int64", "shape": ["nnz"],
+     "meaning": "ids of every sparse key, key-major: all rows of sparse_keys[0], then of sparse_keys[1], ... "
+                "(KeyedJagged values, after the pipeline's batch stage)"},
+    {"name": "lengths", "dtype": "int64", "shape": ["F*B"],
+     "meaning": "lengths[f*B + b] = the number of ids of sparse_keys[f] in row b (0 for an empty bag)"},
+]
+OUTPUT = {"name": "probability", "dtype": "float32", "shape": ["B"], "meaning": "click probability, sigmoid(logit)"}
+RETRIEVAL_OUTPUT = {**OUTPUT, "meaning": "sigmoid(<query, item> / temperature) of each row's own (query, item) pair: "
+                                         "a relevance score, not a calibrated click probability"}
+
+
+class ScoringModule(nn.Module):
+    """``(dense (B, Nd), values (nnz,), lengths (F*B,))`` -> click probabilities (B,): the model's Batch rebuilt
+    from plain tensors over ``sparse_keys`` (labels are zero placeholders)."""
+
+    def __init__(self, model: nn.Module, sparse_keys: list[str]) -> None:
+        super().__init__()
+        self.model = model
+        self.sparse_keys = list(sparse_keys)
+
+    def forward(self, dense: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        B = dense.shape[0]
+        kj = KeyedJagged(self.sparse_keys, values, lengths=lengths, stride=B)
+        batch = Batch(dense=dense, sparse=kj, labels=dense.new_zeros(B))
+        return torch.sigmoid(logits_of(self.model(batch)))  # (B,)
+
+
+# ---- what can be exported -------------------------------------------------------------------------
+def check_exportable(name: str) -> None:
+    """An ExportError naming model ``name`` and why, when its forward leaves torch (``exportable = False``)."""
+    cls = get_model_class(name)
+    if not getattr(cls, "exportable", True):
+        why = getattr(cls, "export_blocker", "") or "its forward leaves torch"
+        raise ExportError(f"model {name!r} cannot be exported to TorchScript or ONNX: {why}")
+
+
+def example_inputs(schema: Schema, stage: MultiHot | None, rows: int,
+                   seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random valid inputs of ``rows`` rows: one id per single-valued feature, multi-valued bags of 0-3 ids,
+    histories of every length 0..max_len (sequences of one max_len share their lengths, as the attributes of one
+    behaviour do); ``stage`` (the pipeline's multi-hot) applied."""
+    g = torch.Generator().manual_seed(seed)
+    tables = schema.tables()
+    seq_lengths: dict[int, torch.Tensor] = {}
+    per_key = {}
+    for key in schema.sparse_keys:
+        f = schema.feature(key)
+        if isinstance(f, SequenceFeature):
+            if f.max_len not in seq_lengths:
+                n = torch.randint(0, f.max_len + 1, (rows,), generator=g)
+                n[: min(rows, 2)] = torch.tensor([0, f.max_len])[: min(rows, 2)]  # an empty and a full history
+                seq_lengths[f.max_len] = n
+            lengths = seq_lengths[f.max_len]
+        elif isinstance(f, SparseFeature) and f.multi_valued:
+            lengths = torch.randint(0, 4, (rows,), generator=g)
+        else:
+            lengths = torch.ones(rows, dtype=torch.int64)
+        vocab = tables[schema.table_of(key)].num_embeddings
+        per_key[key] = (torch.randint(0, vocab, (int(lengths.sum()),), generator=g), lengths)
+    kj = KeyedJagged.from_per_key(per_key, stride=rows)
+    if stage is not None:
+        kj = stage(kj)
+    dense = torch.randn(rows, schema.num_dense, generator=g)
+    return dense, kj.values, kj.lengths
+
+
+def capture(module: ScoringModule, example: tuple[torch.Tensor, ...]) -> torch.export.ExportedProgram:
+    """``module`` captured by ``torch.export`` with B and nnz symbolic (lengths has F*B entries)."""
+    B = torch.export.Dim("batch", min=1)
+    nnz = torch.export.Dim("nnz", min=0)
+    shapes = {"dense": {0: B}, "values": {0: nnz}, "lengths": {0: len(module.sparse_keys) * B}}
+    with torch.no_grad(), warnings.catch_warnings():
+        # nn.GRU / nn.LSTM re-read their weights into _flat_weights on every call: harmless under export
+        warnings.filterwarnings("ignore", message=r"The tensor attributes .*_flat_weights")
+        return torch.export.export(module, example, dynamic_shapes=shapes, strict=False)
+
+
+# ---- the two formats ------------------------------------------------------------------------------------
+_DROPPED = {torch.ops.aten._assert_scalar.default, torch.ops.aten.sym_constrain_range_for_size.default}
+_RENAMED = {torch.ops.aten.sym_size.int: torch.ops.aten.size, torch.ops.aten.sym_numel.default: torch.ops.aten.numel}
+
+
+def to_torchscript(program: torch.export.ExportedProgram) -> torch.jit.ScriptModule:
+    """The program's graph as TorchScript: its aten ops called by packet (``aten.add`` for ``aten.add.Tensor``,
+    TorchScript picks the overload), symbolic sizes read with ``aten.size``, devices as strings; the export's input
+    guards and runtime asserts dropped (TorchScript cannot hold them). The sizes stay symbolic: B and nnz are read
+    from the inputs at every call."""
+    gm = program.module()
+    graph = gm.graph
+    graph._codegen = torch.fx.graph.CodeGen()  # plain positional inputs and outputs, not pytrees
+    for node in list(graph.nodes):
+        input_guards = node.op == "call_module" and node.target == "_guards_fn"
+        runtime_assert = node.op == "call_function" and node.target in _DROPPED and not node.users
+        if input_guards or runtime_assert:
+            graph.erase_node(node)
+        elif node.op == "call_function":
+            if node.target in _RENAMED:
+                node.target = _RENAMED[node.target]
+            elif isinstance(node.target, torch._ops.OpOverload):
+                node.target = node.target.overloadpacket
+            node.args, node.kwargs = torch.fx.node.map_aggregate(
+                (node.args, node.kwargs), lambda a: str(a) if isinstance(a, torch.device) else a)
+    (out,) = [n for n in graph.nodes if n.op == "output"]
+    out.args = (out.args[0][0],)  # the one output tensor, not a 1-tuple
+    graph.lint()
+    plain = torch.fx.GraphModule(gm, graph)  # without the export's hooks
+    for p in plain.parameters():
+        p.requires_grad_(False)
+    with _no_torchscript_deprecation():
+        # a warning about GraphModule's own attributes, which the program does not read
+        warnings.filterwarnings("ignore", message="The TorchScript type system doesn't support instance-level")
+        return torch.jit.script(plain)
+
+
+@contextlib.contextmanager
+def _no_torchscript_deprecation() -> Iterator[None]:
+    """torch >= 2.10 deprecates torch.jit; the format was asked for by name, so the warning is not repeated."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated", category=DeprecationWarning)
+        yield
+
+
+def write_program(program: torch.export.ExportedProgram, fmt: str, path: Path) -> None:
+    """The program as ``fmt`` at ``path`` (model.pt: torch.jit.save; model.onnx: the dynamo exporter's ONNX)."""
+    if fmt == "torchscript":
+        script = to_torchscript(program)
+        with _no_torchscript_deprecation():
+            torch.jit.save(script, str(path))
+        return
+    _onnxruntime()  # the runtime that checks the file, before the conversion
+    names = [spec["name"] for spec in INPUTS]
+    # the converters' per-rewrite INFO lines, warnings about empty attributes and uninstalled torchvision
+    with _quiet("onnx_ir", "onnxscript", "torch.onnx"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        onnx_program = torch.onnx.export(program, (), dynamo=True, input_names=names,
+                                         output_names=[OUTPUT["name"]], verbose=False)
+    # one file, unless the weights pass protobuf's 2 GB limit (then model.onnx.data beside it)
+    size = sum(t.numel() * t.element_size() for t in program.state_dict.values())
+    onnx_program.save(str(path), external_data=size > ONNX_SINGLE_FILE_BYTES)
+
+
+@contextlib.contextmanager
+def _quiet(*loggers: str) -> Iterator[None]:
+    """Only errors from ``loggers`` while inside."""
+    saved = {name: logging.getLogger(name).level for name in loggers}
+    for name in loggers:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for name, level in saved.items():
+            logging.getLogger(name).setLevel(level)
+
+
+def _onnxruntime() -> Any:
+    try:
+        import onnxruntime
+    except ImportError:
+        raise ExportError("ONNX export needs onnx, onnxscript and onnxruntime: pip install 'ctrkit[export]'") from None
+    return onnxruntime
+
+
+Runner = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+
+
+def program_runner(fmt: str, path: Path) -> Runner:
+    """``run(dense, values, lengths)`` -> probabilities (B,) float32 of the program file ``path``."""
+    if fmt == "torchscript":
+        with _no_torchscript_deprecation():
+            program = torch.jit.load(str(path), map_location="cpu").eval()
+
+        def run_script(dense: np.ndarray, values: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+            with torch.inference_mode():
+                return program(torch.from_numpy(dense), torch.from_numpy(values), torch.from_numpy(lengths)).numpy()
+
+        return run_script
+    session = _onnxruntime().InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    used = {i.name for i in session.get_inputs()}  # an input the graph does not read may be pruned
+
+    def run_onnx(dense: np.ndarray, values: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        feed = {k: v for k, v in zip(("dense", "values", "lengths"), (dense, values, lengths)) if k in used}
+        return session.run(None, feed)[0]
+
+    return run_onnx
+
+
+def check_program(module: ScoringModule, run: Runner, schema: Schema, stage: MultiHot | None) -> float:
+    """max |run - module| over the check batches (CHECK_ROWS rows, other lengths than the export example)."""
+    worst = 0.0
+    for i, rows in enumerate(CHECK_ROWS):
+        dense, values, lengths = example_inputs(schema, stage, rows, seed=1 + i)
+        with torch.no_grad():
+            want = module(dense, values, lengths).numpy()
+        got = run(dense.numpy(), values.numpy(), lengths.numpy())
+        if got.shape != want.shape:
+            raise ExportError(f"the exported program returned shape {got.shape} for {rows} rows, not {want.shape}")
+        worst = max(worst, float(np.abs(got - want).max()))
+    return worst
+
+
+# ---- checkpoint -> export directory ---------------------------------------------------------------------
+def export_checkpoint(checkpoint_path: str | Path, out_dir: str | Path, fmt: str, *, overwrite: bool = False) -> Path:
+    """Export the model of ``checkpoint_path`` to ``out_dir`` in ``fmt`` ("torchscript" | "onnx"); returns out_dir.
+
+    An existing non-empty ``out_dir`` is refused unless ``overwrite``. Everything is written to a temporary
+    directory beside it and renamed at the end: a failure leaves no partial export (and an old one in place).
+    """
+    if fmt not in FORMATS:
+        raise ConfigError(f"export format {fmt!r} is not one of {FORMATS}")
+    path, out = Path(checkpoint_path), Path(out_dir)
+    if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
+        raise ExportError(f"{out} exists and is not empty; pass --overwrite to replace it")
+    ckpt = load_checkpoint(path)
+    name = (ckpt.get("model") or {}).get("name")
+    if name:
+        check_exportable(name)  # before the model is built (GBDT+LR's would parse its trees)
+    model, schema, _ = load_model(path, ckpt=ckpt)
+    pipeline = pipeline_from_checkpoint(ckpt)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        meta = _export_into(tmp, model, name, schema, pipeline, fmt)
+        meta["checkpoint"] = {"path": str(path.resolve()), "sha256": file_sha256(path)}
+        pipeline.save(tmp / PIPELINE_DIR)
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=1))
+        _move_into_place(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _export_into(directory: Path, model: nn.Module, name: str, schema: Schema, pipeline: FeaturePipeline,
+                 fmt: str) -> dict[str, Any]:
+    """Capture, write and check the program in ``directory``; returns export.json's entries."""
+    stage = pipeline.batch_stage
+    module = ScoringModule(model, schema.sparse_keys).eval()
+    t0 = time.perf_counter()
+    try:
+        program = capture(module, example_inputs(schema, stage, EXAMPLE_ROWS, seed=0))
+        write_program(program, fmt, directory / MODEL_FILES[fmt])
+        seconds = time.perf_counter() - t0
+        diff = check_program(module, program_runner(fmt, directory / MODEL_FILES[fmt]), schema, stage)
+    except ExportError:
+        raise
+    except Exception as e:  # torch.export / TorchScript / ONNX / onnxruntime raise many types
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ExportError(f"model {name!r} could not be exported to {fmt}: {type(e).__name__}: {first}") from e
+    if not diff <= TOLERANCE:
+        raise ExportError(f"model {name!r}: the {fmt} program's scores differ from the model's by {diff:.2e} "
+                          f"(> {TOLERANCE:g}) on the check batches; nothing was written")
+    log.info("exported %s to %s in %.1fs (max |exported - eager| %.1e on %s-row checks)", name, fmt, seconds, diff,
+             "/".join(map(str, CHECK_ROWS)))
+    task_kind = getattr(model, "task_kind", "ctr")
+    return {
+        "format": fmt, "file": MODEL_FILES[fmt], "kind": MARKER, "version": VERSION, "model": name,
+        "task_kind": task_kind, "inputs": INPUTS, "output": RETRIEVAL_OUTPUT if task_kind == "retrieval" else OUTPUT,
+        "sparse_keys": schema.sparse_keys, "num_dense": schema.num_dense, "dense_names": schema.dense_names,
+        "pipeline": PIPELINE_DIR, "multi_hot": pipeline.multi_hot,
+        "check": {"rows": list(CHECK_ROWS), "max_abs_diff": diff, "tolerance": TOLERANCE},
+        "torch_version": torch.__version__, "ctrkit_version": _version(),
+    }
+
+
+def _move_into_place(tmp: Path, out: Path) -> None:
+    """Rename ``tmp`` to ``out``; an existing ``out`` (empty, or replaced by --overwrite) goes only after."""
+    if not out.exists():
+        os.replace(tmp, out)
+        return
+    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+    os.replace(out, old)
+    os.replace(tmp, out)
+    if old.is_dir():
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        old.unlink(missing_ok=True)
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _version() -> str:
+    from ctrkit import __version__
+
+    return __version__
+
+
+# ---- reading an export back -----------------------------------------------------------------------------
+class ExportedModel:
+    """An export directory read back for scoring: ``model(dense, values, lengths)`` -> probabilities (B,) float32
+    (numpy or CPU tensor inputs, see the module docstring); ``score(batch)`` for a Batch; ``pipeline()`` for the
+    FeaturePipeline that turns raw rows into those inputs."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+        mpath = self.directory / META_FILE
+        if not mpath.is_file():
+            raise ExportError(f"{self.directory} is not a model export (no {META_FILE}); write one with ctrkit export")
+        self.meta: dict[str, Any] = json.loads(mpath.read_text())
+        if self.meta.get("kind") != MARKER or int(self.meta.get("version", 0)) > VERSION:
+            raise ExportError(f"{mpath} is not a {MARKER} v{VERSION} file; it was written by another ctrkit version")
+        self.sparse_keys: list[str] = list(self.meta["sparse_keys"])
+        self.num_dense = int(self.meta["num_dense"])
+        self._run = program_runner(self.meta["format"], self.directory / self.meta["file"])
+
+    def __call__(self, dense: Any, values: Any, lengths: Any) -> np.ndarray:
+        dense = np.ascontiguousarray(dense, np.float32).reshape(-1, self.num_dense)
+        values, lengths = np.ascontiguousarray(values, np.int64), np.ascontiguousarray(lengths, np.int64)
+        F, B = len(self.sparse_keys), dense.shape[0]
+        if lengths.shape != (F * B,) or values.shape != (int(lengths.sum()),):
+            raise ExportError(f"{self.directory}: inputs must be dense (B, {self.num_dense}), lengths (F*B,) = "
+                              f"({F}*{B},) and values (sum of lengths,); got lengths {lengths.shape}, values "
+                              f"{values.shape}")
+        return self._run(dense, values, lengths)
+
+    def score(self, batch: Batch) -> np.ndarray:
+        """Probabilities (B,) of a Batch as the pipeline makes it (``to_batch``: batch stage applied)."""
+        kj = batch.sparse if batch.sparse.keys == self.sparse_keys else batch.sparse.select(self.sparse_keys)
+        return self(batch.dense, kj.values, kj.lengths)
+
+    def pipeline(self) -> FeaturePipeline:
+        return FeaturePipeline.load(self.directory / self.meta.get("pipeline", PIPELINE_DIR))
+
+
+def load_exported(out_dir: str | Path) -> ExportedModel:
+    """Read an export written by :func:`export_checkpoint`."""
+    return ExportedModel(out_dir)
+
+
+# ---- command line ----------------------------------------------------------------------------------------
+def add_export_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Options of ``ctrkit export``."""
+    p.add_argument("--checkpoint", required=True, help="checkpoint to export (a run's best.pt / last.pt)")
+    p.add_argument("--format", required=True, choices=FORMATS, help="torchscript (model.pt) or onnx (model.onnx)")
+    p.add_argument("--out", required=True, help="export directory: the model file, pipeline/ and export.json")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing export directory")
+    return p
+
+
+def run_export(args: argparse.Namespace) -> int:
+    """Run :func:`export_checkpoint` from parsed arguments; logs where the export went."""
+    out = export_checkpoint(args.checkpoint, args.out, args.format, overwrite=args.overwrite)
+    meta = json.loads((out / META_FILE).read_text())
+    log.info("%s: %s export of %s (inputs dense, values, lengths over %d sparse keys) -> %s", args.checkpoint,
+             args.format, meta["model"], len(meta["sparse_keys"]), out)
+    return 0
+
+
+__all__ = [
+    "FORMATS", "ExportedModel", "ScoringModule", "add_export_args", "capture", "check_exportable", "example_inputs",
+    "export_checkpoint", "load_exported", "run_export", "to_torchscript",
+]
