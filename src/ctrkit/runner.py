@@ -308,9 +308,9 @@ def run_predict(args: argparse.Namespace) -> int:
     from ctrkit.serving.predictor import Predictor
 
     out, src = Path(args.output), Path(args.input)
-    check_output_file(out, overwrite=args.overwrite, what="--output")
     if src.exists() and out.exists() and out.resolve() == src.resolve() and not args.overwrite:
         raise JobError(f"--output {out} is the --input file; write the scores elsewhere (or pass --overwrite)")
+    check_output_file(out, overwrite=args.overwrite, what="--output")
     predictor = Predictor.from_checkpoint(args.checkpoint, batch_size=args.batch_size)
     stats, n = ReadStats(), 0
     with atomic_output(out) as tmp, open(tmp, "w", newline="") as f:

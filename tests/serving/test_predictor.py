@@ -159,10 +159,11 @@ def test_predict_refuses_to_overwrite_its_input_or_an_existing_file(criteo, tmp_
     before = src.read_bytes()
     args = ["predict", "--checkpoint", str(criteo["ckpt"]), "--input", str(src)]
     assert main([*args, "--output", str(src)]) == 2
-    assert "already exists; pass --overwrite" in caplog.text and src.read_bytes() == before
+    assert "is the --input file" in caplog.text and src.read_bytes() == before
     out = tmp_path / "s.csv"
     out.write_text("keep me")
     assert main([*args, "--output", str(out)]) == 2 and out.read_text() == "keep me"
+    assert "already exists; pass --overwrite" in caplog.text
     assert main([*args, "--output", str(out), "--overwrite"]) == 0 and _read_scores(out)[0] == [1, 2, 3, 4, 5]
     assert main([*args, "--output", str(tmp_path)]) == 2 and "is a directory" in caplog.text
     assert main([*args, "--output", str(src / "x.csv")]) == 2 and f"{src} is a file" in caplog.text

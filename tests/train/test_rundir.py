@@ -67,6 +67,11 @@ def test_a_new_run_refuses_an_old_runs_directory_unless_overwrite(tmp_path):
     assert (run / "metrics.jsonl").read_text() == before
     Trainer(TinyCTR(), train, _cfg(epochs=1), valid_loader=valid, run_dir=run, overwrite=True).fit()
     assert len(_records(run)) == len(before.splitlines())  # replaced, not appended
+    fresh = tmp_path / "stopped_early_on"  # a run that stopped before any record leaves only config.yaml
+    fresh.mkdir()
+    (fresh / "config.yaml").write_text("train: {}\n")
+    Trainer(TinyCTR(), train, _cfg(epochs=1), valid_loader=valid, run_dir=fresh).fit()
+    assert (fresh / "best.pt").is_file()
 
 
 def test_a_resumed_run_writes_one_train_record_per_step(tmp_path):

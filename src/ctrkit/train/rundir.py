@@ -59,7 +59,7 @@ class RunLock:
 def check_fresh(run_dir: Path, *, overwrite: bool) -> None:
     """Refuse a new training in a directory holding another run's files; with ``overwrite``, remove them."""
     found = [n for n in RUN_FILES if (run_dir / n).exists()]
-    if not found:
+    if not any(n != "config.yaml" for n in found):  # a config alone: a run that stopped before any record
         return
     if not overwrite:
         raise TrainingError(
