@@ -158,9 +158,9 @@ def test_any_flipped_byte_is_refused_or_leaves_the_content_unchanged(tmp_path):
     _, _, path, _ = _trained(tmp_path)
     data = path.read_bytes()
     want = load_checkpoint(path)["model_state"]
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(1)  # its 400 flips include one that gives a tensor a stride of 5 (once a crash)
     refused = 0
-    for i, pos in enumerate(rng.choice(len(data), 150, replace=False)):
+    for i, pos in enumerate(rng.choice(len(data), 400, replace=False)):
         bad = bytearray(data)
         bad[pos] ^= 1 << int(rng.integers(8))
         f = tmp_path / f"f{i}.pt"
@@ -172,7 +172,7 @@ def test_any_flipped_byte_is_refused_or_leaves_the_content_unchanged(tmp_path):
             continue
         # accepted only when the flip hit bytes that carry no content (zip padding, timestamps)
         assert all(torch.equal(got[k], v) for k, v in want.items()), f"byte {pos} changed weights unnoticed"
-    assert refused > 50
+    assert refused > 200
 
 
 def _rewrite(path, dst, **changes):

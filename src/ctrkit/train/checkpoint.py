@@ -97,7 +97,8 @@ def content_digest(obj: Any) -> str:
             flat = o.detach().cpu().reshape(-1)
             h.update(f"T{o.dtype}{tuple(o.shape)}".encode())
             if flat.numel():
-                flat = flat if flat.stride(0) == 1 else flat.clone()  # e.g. an expanded tensor: stride 0
+                if flat.stride(0) != 1:  # e.g. an expanded tensor (stride 0), or strides from a damaged file
+                    flat = flat.clone(memory_format=torch.contiguous_format)
                 h.update(flat.view(torch.uint8).numpy())
         elif isinstance(o, dict):
             h.update(f"D{len(o)}".encode())
@@ -231,7 +232,11 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         )
     stored = ckpt.pop("checksum", None)
     if version >= 2:
-        actual = content_digest(ckpt)
+        try:
+            actual = content_digest(ckpt)
+        except Exception as e:  # noqa: BLE001 - a damaged file can hold tensors no digest can read
+            raise CheckpointError(f"{path} holds damaged tensors ({type(e).__name__}: {e}); it is refused, "
+                                  "not scored. Use another copy (e.g. last.pt)") from None
         if stored != actual:
             raise CheckpointError(
                 f"{path} fails its checksum (stored {stored}, content {actual}): the file was changed or "
