@@ -11,11 +11,9 @@ from __future__ import annotations
 import argparse
 import csv
 import logging
-import os
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -26,7 +24,7 @@ import torch
 from ctrkit.data.loader import BatchLoader
 from ctrkit.data.pipeline import FeaturePipeline
 from ctrkit.data.pipeline_io import pipeline_from_checkpoint, pipeline_from_store
-from ctrkit.data.store import Store
+from ctrkit.data.store import Store, atomic_file, check_replaceable, make_dir
 from ctrkit.data.vocab_agree import Vocabularies, check_same_vocabulary
 from ctrkit.errors import JobError
 from ctrkit.models.base import logits_of
@@ -310,10 +308,13 @@ def run_predict(args: argparse.Namespace) -> int:
     out, src = Path(args.output), Path(args.input)
     if src.exists() and out.exists() and out.resolve() == src.resolve() and not args.overwrite:
         raise JobError(f"--output {out} is the --input file; write the scores elsewhere (or pass --overwrite)")
-    check_output_file(out, overwrite=args.overwrite, what="--output")
+    if out.is_dir():
+        raise JobError(f"--output {out} is a directory; give a file path")
+    check_replaceable(out, args.overwrite, option="--output")
+    make_dir(out.parent, option="--output")
     predictor = Predictor.from_checkpoint(args.checkpoint, batch_size=args.batch_size)
     stats, n = ReadStats(), 0
-    with atomic_output(out) as tmp, open(tmp, "w", newline="") as f:
+    with atomic_file(out, option="--output") as tmp, open(tmp, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["line", "score"])
         for lines, scores in predictor.predict_file(src, stats):
@@ -324,36 +325,6 @@ def run_predict(args: argparse.Namespace) -> int:
                     src, stats.blank_lines)
     log.info("wrote %d scores to %s", n, out)
     return 0
-
-
-def check_output_file(path: Path, *, overwrite: bool, what: str) -> None:
-    """Refuse to replace an existing file without ``overwrite``, or to write where no file can be."""
-    if path.is_dir():
-        raise JobError(f"{what} {path} is a directory; give a file path")
-    if path.exists() and not overwrite:
-        raise JobError(f"{what} {path} already exists; pass --overwrite to replace it")
-    parent = next((p for p in path.parents if p.exists()), None)
-    if parent is not None and not parent.is_dir():
-        raise JobError(f"{what} {path} cannot be written: {parent} is a file, not a directory")
-
-
-@contextmanager
-def atomic_output(path: Path) -> Iterator[Path]:
-    """A temporary path beside ``path``, renamed onto it when the block ends without error and removed
-    otherwise (Ctrl-C included): a reader never sees a half-written file."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise JobError(f"cannot create the directory of {path}: {e.strerror}") from None
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        try:
-            yield tmp
-            os.replace(tmp, path)
-        except OSError as e:
-            raise JobError(f"cannot write {path}: {e.strerror or e}") from None
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 # ---- demo -------------------------------------------------------------------------------------------

@@ -168,7 +168,7 @@ def test_export_directory_and_its_description(tmp_path):
     assert meta["sparse_keys"] == schema.sparse_keys and meta["num_dense"] == schema.num_dense == 3
     assert [i["name"] for i in meta["inputs"]] == ["dense", "values", "lengths"] and all(
         i["meaning"] for i in meta["inputs"])
-    assert meta["checkpoint"]["sha256"] == hashlib.sha256(ckpt.read_bytes()).hexdigest()
+    assert meta["checkpoint"]["sha256"] == "sha256:" + hashlib.sha256(ckpt.read_bytes()).hexdigest()
     pipe = load_exported(out).pipeline()
     assert pipe.schema.sparse_keys == schema.sparse_keys
 

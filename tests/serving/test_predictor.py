@@ -163,7 +163,7 @@ def test_predict_refuses_to_overwrite_its_input_or_an_existing_file(criteo, tmp_
     out = tmp_path / "s.csv"
     out.write_text("keep me")
     assert main([*args, "--output", str(out)]) == 2 and out.read_text() == "keep me"
-    assert "already exists; pass --overwrite" in caplog.text
+    assert "already exists; choose another --output or pass --overwrite" in caplog.text
     assert main([*args, "--output", str(out), "--overwrite"]) == 0 and _read_scores(out)[0] == [1, 2, 3, 4, 5]
     assert main([*args, "--output", str(tmp_path)]) == 2 and "is a directory" in caplog.text
     assert main([*args, "--output", str(src / "x.csv")]) == 2 and f"{src} is a file" in caplog.text

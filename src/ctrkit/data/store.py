@@ -36,6 +36,8 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,19 +105,19 @@ def _remove(p: Path) -> None:
         p.unlink(missing_ok=True)
 
 
-def check_replaceable(path: Path, overwrite: bool) -> None:
+def check_replaceable(path: Path, overwrite: bool, option: str = "--out") -> None:
     """Raise :class:`StoreError` unless ``path`` may be written: absent or an empty directory, or with
-    ``overwrite`` a store or a regular file (see the module docstring)."""
+    ``overwrite`` a store or a regular file (see the module docstring); ``option`` names the path's option."""
     if not _exists(path) or _empty_dir(path):
         return
     if not overwrite:
-        raise StoreError(f"output {path} already exists; choose another --out or pass --overwrite")
+        raise StoreError(f"output {path} already exists; choose another {option} or pass --overwrite")
     if path.is_dir() and not (path / "manifest.json").is_file():
         raise StoreError(f"output {path} is a directory that is not a ctrkit store (no manifest.json); --overwrite "
-                         "replaces stores only: remove it yourself or choose another --out")
+                         f"replaces stores only: remove it yourself or choose another {option}")
 
 
-def make_dir(path: Path, what: str = "output directory") -> Path:
+def make_dir(path: Path, what: str = "output directory", option: str = "--out") -> Path:
     """Create directory ``path`` and its parents, or raise :class:`StoreError` naming the path and the cause
     (a regular file in the way, no permission)."""
     for q in (path, *path.parents):
@@ -123,15 +125,31 @@ def make_dir(path: Path, what: str = "output directory") -> Path:
             if not q.is_dir():
                 where = "" if q == path else f" under {q}"
                 raise StoreError(f"cannot create the {what} {path}{where}: {q} is a file, not a directory; "
-                                 "choose another --out")
+                                 f"choose another {option}")
             break
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise StoreError(f"cannot create the {what} {path} ({e.strerror or e}); choose another --out") from None
+        raise StoreError(f"cannot create the {what} {path} ({e.strerror or e}); choose another {option}") from None
     if not os.access(path, os.W_OK | os.X_OK):
-        raise StoreError(f"the {what} {path} is not writable; choose another --out or fix its permissions")
+        raise StoreError(f"the {what} {path} is not writable; choose another {option} or fix its permissions")
     return path
+
+
+@contextmanager
+def atomic_file(path: Path, option: str = "--out") -> Iterator[Path]:
+    """A temporary sibling of file ``path`` to write, renamed onto ``path`` when the block ends without error and
+    removed otherwise (Ctrl-C included): a reader never sees a half-written file. An I/O error (disk full) is a
+    :class:`StoreError` naming ``path``."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        try:
+            yield tmp
+            os.replace(tmp, path)
+        except OSError as e:
+            raise StoreError(f"cannot write {path} ({e.strerror or e}); choose another {option}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def temp_dir(near: Path, prefix: str) -> Path:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import logging
-import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -35,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from ctrkit.data.store import ColumnSpec, StoreWriter, check_replaceable, make_dir
+from ctrkit.data.store import ColumnSpec, StoreWriter, atomic_file, check_replaceable, make_dir
 from ctrkit.errors import DataError, StoreError
 from ctrkit.schema import DenseFeature, Schema, SparseFeature
 
@@ -223,20 +222,12 @@ def write_criteo_tsv(
     make_dir(path.parent)
     cards = scaled_cardinalities(scale, max_cardinality)
     opts = pacsv.WriteOptions(include_header=False, delimiter="\t", quoting_style="none")
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as raw:
-            sink = gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=1) if path.suffix == ".gz" else raw
-            for b in _blocks(n_rows, seed, cards, chunk_rows, missing_rate, sparse_missing_rate, zipf_a):
-                pacsv.write_csv(_tsv_table(b), sink, opts)
-            if sink is not raw:
-                sink.close()
-        tmp.replace(path)
-    except BaseException as e:
-        tmp.unlink(missing_ok=True)
-        if isinstance(e, OSError):
-            raise StoreError(f"cannot write {path} ({e.strerror or e}); choose another --out") from None
-        raise
+    with atomic_file(path) as tmp, open(tmp, "wb") as raw:
+        sink = gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=1) if path.suffix == ".gz" else raw
+        for b in _blocks(n_rows, seed, cards, chunk_rows, missing_rate, sparse_missing_rate, zipf_a):
+            pacsv.write_csv(_tsv_table(b), sink, opts)
+        if sink is not raw:
+            sink.close()
     log.info("wrote %d synthetic Criteo rows to %s", n_rows, path)
     return path
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import csv
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,7 @@ import torch
 
 from ctrkit.data.loader import BatchLoader
 from ctrkit.data.pipeline_io import pipeline_from_checkpoint
-from ctrkit.data.store import Store, file_checksum
+from ctrkit.data.store import Store, atomic_file, file_checksum
 from ctrkit.data.vocab_agree import GROUP_VOCAB
 from ctrkit.errors import JobError
 from ctrkit.models.base import TwoTowerModel
@@ -115,36 +114,31 @@ def recall(checkpoint: str | Path, data: str | Path | None, out: str | Path, *, 
     hist = history_of(schema, catalogue.item_feature)
     loader = BatchLoader(Store(path), batch_size, shuffle=False, prefetch=0, pipeline=pipeline)
     counts = dict.fromkeys(SOURCES, 0)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     out.parent.mkdir(parents=True, exist_ok=True)
     n = 0
-    try:
-        with open(tmp, "w", newline="") as fh, torch.no_grad():
-            w = csv.writer(fh)
-            w.writerow(["row", "user", "rank", "item", "score", "source"])
-            for batch in loader:
-                B = len(batch)
-                r, c = exclusion_pairs(catalogue, seen, batch, hist)  # the same exclusion as evaluation
-                exclude = (r.numpy(), catalogue.ids[c.numpy()])  # (query row, item id) pairs
-                scores, ids = index.search(model.encode_query(batch).float().numpy(), k, exclude)
-                source = row_sources(model, schema, batch)
-                for j in np.flatnonzero(source == 2):  # popular fallback (a few rows: per-row lookup is fine)
-                    mine = set(exclude[1][exclude[0] == j].tolist())
-                    pick = [x for x in popular[: k + len(mine)] if x not in mine][:k]
-                    ids[j] = np.pad(pick, (0, k - len(pick)), constant_values=-1)
-                    scores[j] = np.nan
-                users = (raw_keys(vocabs[user_table], batch.group_ids.numpy())
-                         if user_table in vocabs and batch.group_ids is not None else np.full(B, ""))
-                items_raw = raw_keys(vocabs[item_table], ids.reshape(-1)) if item_table in vocabs else ids.reshape(-1)
-                for c in range(3):
-                    counts[SOURCES[c]] += int((source == c).sum())
-                row = np.repeat(np.arange(n, n + B), k)
-                w.writerows(zip(row, np.repeat(users, k), np.tile(np.arange(1, k + 1), B), items_raw,
-                                (f"{s:.6f}" for s in scores.reshape(-1)), np.repeat(np.array(SOURCES)[source], k)))
-                n += B
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_file(out, option="--output") as tmp, open(tmp, "w", newline="") as fh, torch.no_grad():
+        w = csv.writer(fh)
+        w.writerow(["row", "user", "rank", "item", "score", "source"])
+        for batch in loader:
+            B = len(batch)
+            r, c = exclusion_pairs(catalogue, seen, batch, hist)  # the same exclusion as evaluation
+            exclude = (r.numpy(), catalogue.ids[c.numpy()])  # (query row, item id) pairs
+            scores, ids = index.search(model.encode_query(batch).float().numpy(), k, exclude)
+            source = row_sources(model, schema, batch)
+            for j in np.flatnonzero(source == 2):  # popular fallback (a few rows: per-row lookup is fine)
+                mine = set(exclude[1][exclude[0] == j].tolist())
+                pick = [x for x in popular[: k + len(mine)] if x not in mine][:k]
+                ids[j] = np.pad(pick, (0, k - len(pick)), constant_values=-1)
+                scores[j] = np.nan
+            users = (raw_keys(vocabs[user_table], batch.group_ids.numpy())
+                     if user_table in vocabs and batch.group_ids is not None else np.full(B, ""))
+            items_raw = raw_keys(vocabs[item_table], ids.reshape(-1)) if item_table in vocabs else ids.reshape(-1)
+            for c in range(3):
+                counts[SOURCES[c]] += int((source == c).sum())
+            row = np.repeat(np.arange(n, n + B), k)
+            w.writerows(zip(row, np.repeat(users, k), np.tile(np.arange(1, k + 1), B), items_raw,
+                            (f"{s:.6f}" for s in scores.reshape(-1)), np.repeat(np.array(SOURCES)[source], k)))
+            n += B
     log.info("recall: %d query rows x %d candidates -> %s (%s; index %s)", n, k, out, counts, index.meta["kind"])
     if counts["cold_start_features"] or counts["popular"]:
         log.warning("%d rows of unknown users were served from their features, %d from the popular items (column "

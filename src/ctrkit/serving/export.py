@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -53,10 +52,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from ctrkit import __version__
 from ctrkit.batch import Batch, KeyedJagged
 from ctrkit.data.multihot import MultiHot
 from ctrkit.data.pipeline import FeaturePipeline
 from ctrkit.data.pipeline_io import pipeline_from_checkpoint
+from ctrkit.data.store import file_checksum
 from ctrkit.errors import ConfigError, ExportError
 from ctrkit.models.base import logits_of
 from ctrkit.models.registry import get_model_class
@@ -298,7 +299,7 @@ def export_checkpoint(checkpoint_path: str | Path, out_dir: str | Path, fmt: str
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         meta = _export_into(tmp, model, name, schema, pipeline, fmt)
-        meta["checkpoint"] = {"path": str(path.resolve()), "sha256": file_sha256(path)}
+        meta["checkpoint"] = {"path": str(path.resolve()), "sha256": file_checksum(path, full=True)}
         pipeline.save(tmp / PIPELINE_DIR)
         (tmp / META_FILE).write_text(json.dumps(meta, indent=1))
         _move_into_place(tmp, out)
@@ -336,7 +337,7 @@ def _export_into(directory: Path, model: nn.Module, name: str, schema: Schema, p
         "sparse_keys": schema.sparse_keys, "num_dense": schema.num_dense, "dense_names": schema.dense_names,
         "pipeline": PIPELINE_DIR, "multi_hot": pipeline.multi_hot,
         "check": {"rows": list(CHECK_ROWS), "max_abs_diff": diff, "tolerance": TOLERANCE},
-        "torch_version": torch.__version__, "ctrkit_version": _version(),
+        "torch_version": torch.__version__, "ctrkit_version": __version__,
     }
 
 
@@ -352,20 +353,6 @@ def _move_into_place(tmp: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         old.unlink(missing_ok=True)
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _version() -> str:
-    from ctrkit import __version__
-
-    return __version__
 
 
 # ---- reading an export back -----------------------------------------------------------------------------

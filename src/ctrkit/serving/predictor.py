@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +70,6 @@ class Predictor:
                         batch_size: int = 8192) -> Predictor:
         """The model and pipeline of the checkpoint at ``path`` (verified and read without unpickling code)."""
         from ctrkit.data.pipeline_io import pipeline_from_checkpoint
-        from ctrkit.data.store import file_checksum
         from ctrkit.train.checkpoint import load_checkpoint, load_model
 
         path = Path(path)
@@ -78,7 +78,6 @@ class Predictor:
         state = ckpt.get("trainer") or {}
         info = {
             "checkpoint": str(path),
-            "checkpoint_sha256": file_checksum(path, full=True),
             "ctrkit_version": ckpt.get("ctrkit_version"),
             "model": ckpt["model"]["name"],
             "model_params": ckpt["model"]["params"],
@@ -141,8 +140,15 @@ class Predictor:
 
     def metadata(self) -> dict[str, Any]:
         """Model, schema, training metrics and checkpoint checksum (``ctrkit serve``'s /metadata)."""
-        return {**self.info, "input_columns": self.input_columns, "batch_size": self.batch_size,
-                "device": str(self.device)}
+        return {**self.info, "checkpoint_sha256": self.checkpoint_sha256, "input_columns": self.input_columns,
+                "batch_size": self.batch_size, "device": str(self.device)}
+
+    @cached_property
+    def checkpoint_sha256(self) -> str | None:
+        """sha256 of the checkpoint file, read when first asked for (not by scoring, which never needs it)."""
+        from ctrkit.data.store import file_checksum
+
+        return file_checksum(self.checkpoint, full=True) if self.checkpoint is not None else None
 
 
 def _chunks(rows: Raw, size: int, lines: np.ndarray | None = None) -> Iterator[tuple[Raw, np.ndarray]]:

@@ -18,6 +18,7 @@ import logging
 import os
 from pathlib import Path
 
+from ctrkit.data.store import atomic_file
 from ctrkit.errors import TrainingError
 
 log = logging.getLogger(__name__)
@@ -86,9 +87,8 @@ def trim_records(path: Path, step: int) -> int:
             keep.append(ln)
     dropped = len(lines) - len(keep)
     if dropped:
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        tmp.write_text("".join(keep))
-        os.replace(tmp, path)
+        with atomic_file(path, option="run.name") as tmp:
+            tmp.write_text("".join(keep))
         log.info("%s: removed %d records after step %d (the resumed run trains those steps again)",
                  path, dropped, step)
     return dropped
