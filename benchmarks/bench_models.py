@@ -92,7 +92,7 @@ def run_one(config: Path, stores: dict[str, str], seed: int, run_dir: Path, over
     ])
     s = train_from_config(cfg, progress=False)
     return {"auc": s["test"]["auc"], "logloss": s["test"]["logloss"], "seconds": s["seconds"],
-            "steps": s["steps"], "best_step": s["best_step"]}
+            "steps": s["steps"], "best_step": s["best"]["step"]}
 
 
 def mean_std(xs: list[float]) -> tuple[float, float]:

@@ -128,7 +128,7 @@ def train_one(job: dict[str, Any]) -> dict[str, Any]:
     ])
     t0 = time.perf_counter()
     s = train_from_config(cfg, progress=False)
-    return {"name": job["name"], "seed": job["seed"], "valid_ndcg@10": s["best_metric"], "best_step": s["best_step"],
+    return {"name": job["name"], "seed": job["seed"], "valid_ndcg@10": s["best"]["value"], "best_step": s["best"]["step"],
             "steps": s["steps"], "test": s["test"], "seconds": time.perf_counter() - t0}
 
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import logging
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -99,9 +100,23 @@ def retrieval_task(cfg: Config, catalogue: Any, seen: Any) -> Any:
                          sampling=r.sampling, alpha=r.alpha, metrics=cfg.train.metrics, precision=cfg.train.precision)
 
 
-def train_from_config(cfg: Config, *, resume: str | None = None, progress: bool | None = None) -> dict[str, Any]:
+def train_from_config(cfg: Config, *, resume: str | None = None, progress: bool | None = None,
+                      callbacks: Sequence[Any] = ()) -> dict[str, Any]:
     """Train ``cfg.model`` on ``cfg.data.train``; evaluate on valid during training and on test at the
-    end. Returns the trainer's summary plus ``test`` metrics, ``run_dir`` and ``seconds``."""
+    end, with the best validation checkpoint. ``callbacks``: :class:`~ctrkit.train.trainer.Callback` objects
+    (one that raises stops training). The run directory gets, besides metrics.jsonl and the checkpoints,
+    summary.json (the returned dict, see :func:`run_summary`), predictions.npz (label, score and group of the
+    test rows, else the valid rows) and report.html. ``train.threads`` sets torch's CPU threads for the run."""
+    threads = torch.get_num_threads()
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    try:
+        return _train(cfg, resume, progress, list(callbacks))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(cfg: Config, resume: str | None, progress: bool | None, callbacks: list[Any]) -> dict[str, Any]:
     from ctrkit.train.trainer import Trainer, resolve_device, seed_everything
 
     if not cfg.data.train:
@@ -137,23 +152,121 @@ def train_from_config(cfg: Config, *, resume: str | None = None, progress: bool 
     if model.needs_prefit:  # e.g. GBDT+LR fits its trees on the training rows first, DIN counts ids
         model.prefit(train)
     run_dir = _run_dir(cfg, resume)
+    if "tensorboard" in cfg.run.log:
+        from ctrkit.train.tensorboard import TensorBoardLogger
+
+        callbacks.append(TensorBoardLogger(run_dir / "tensorboard"))
     trainer = Trainer(
         model, train, cfg.train, valid_loader=valid, run_dir=run_dir, resume_from=resume, run_config=cfg,
         schema=store.schema, model_params=dict(cfg.model.params), vocab=vocab_payload(store),
         pipeline=train.pipeline.to_payload(), extra=extra, task=task, overwrite=cfg.run.overwrite,
+        callbacks=callbacks,
     )
-    summary = trainer.fit()
+    try:
+        fit = trainer.fit()
+    finally:
+        for cb in callbacks:
+            if hasattr(cb, "close"):
+                cb.close()
     best = run_dir / "best.pt"
     if best.is_file():  # score the test split with the best evaluated weights, not the last ones
         from ctrkit.train.checkpoint import load_checkpoint
 
         model.load_state_dict(load_checkpoint(best)["model_state"])
-    if test is not None:
-        summary["test"] = trainer.evaluate(test)
-    summary["run_dir"] = str(run_dir)
-    summary["seconds"] = time.perf_counter() - t0
-    summary["config"] = config_to_dict(cfg)
+    test_metrics = trainer.evaluate(test) if test is not None else None
+    rows, split = (test, "test") if test is not None else (valid, "valid")
+    predictions = None
+    if rows is not None and model.task_kind != "retrieval":
+        scores = score_rows(trainer, rows)
+        with atomic_file(run_dir / "predictions.npz", option="run.name") as tmp, open(tmp, "wb") as f:
+            np.savez(f, **scores)
+        predictions = {"split": split, "file": "predictions.npz", "rows": len(scores["score"])}
+    summary = run_summary(cfg, trainer, fit, test_metrics, predictions, time.perf_counter() - t0)
+    with atomic_file(run_dir / "summary.json", option="run.name") as tmp:
+        tmp.write_text(json.dumps(summary, indent=1, default=_json_default) + "\n")
+    _write_report(run_dir)
     return summary
+
+
+def score_rows(trainer: Any, loader: BatchLoader) -> dict[str, np.ndarray]:
+    """{label, score[, group]} of every row of ``loader``: the click probabilities of the trainer's model."""
+    model = trainer.model
+    model.eval()
+    labels, scores, groups = [], [], []
+    with torch.no_grad():
+        for batch in trainer._on_device(loader):
+            scores.append(torch.sigmoid(logits_of(model(batch)).float()).cpu().numpy())
+            labels.append(batch.labels.cpu().numpy())
+            if batch.group_ids is not None:
+                groups.append(batch.group_ids.cpu().numpy())
+    out = {"label": np.concatenate(labels).astype(np.float32), "score": np.concatenate(scores).astype(np.float32)}
+    if groups:
+        out["group"] = np.concatenate(groups).astype(np.int64)
+    return out
+
+
+def run_summary(cfg: Config, trainer: Any, fit: dict[str, Any], test: dict[str, float] | None,
+                predictions: dict[str, Any] | None, seconds: float) -> dict[str, Any]:
+    """summary.json of a run: the best validation evaluation (the checkpoint test is scored with), test metrics,
+    speed, model size, where the data came from and the resolved config."""
+    model = trainer.model
+    best = dict(fit.get("best_eval") or {})
+    params = sum(p.numel() for p in model.parameters())
+    emb = sum(p.numel() for p in model.embedding_parameters())
+    epochs = fit["epochs_completed"]
+    train_s, samples = fit["train_seconds"], fit["samples"]
+    return {
+        "model": cfg.model.name,
+        "task": "retrieval" if model.task_kind == "retrieval" else "ranking",
+        "run_dir": fit["run_dir"],
+        "best": {"step": best.pop("step", None), "epoch": best.pop("epoch", None), "metric": fit["metric"],
+                 "value": fit["best_metric"], "valid": best} if best else None,
+        "last_valid": {k: v for k, v in fit["last_eval"].items() if k != "step"},
+        **({"test": test} if test is not None else {}),
+        "epochs": epochs,
+        "steps": fit["steps"],
+        "stopped_early": fit["stopped_early"],
+        "seconds": seconds,
+        "train_seconds": train_s,
+        "seconds_per_epoch": train_s / epochs if epochs else None,
+        "samples": samples,
+        "samples_per_second": samples / train_s if train_s > 0 else None,
+        "model_size": {"parameters": params, "embedding_parameters": emb,
+                       "bytes": sum(p.numel() * p.element_size() for p in model.parameters())},
+        "data": {k: str(Path(v).resolve()) if v else None  # absolute: the report reads the stores' manifests
+                 for k, v in (("train", cfg.data.train), ("valid", cfg.data.valid), ("test", cfg.data.test))},
+        "predictions": predictions,
+        "config": config_to_dict(cfg),
+        "environment": {"device": str(trainer.device), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                        "threads": torch.get_num_threads(), "torch": torch.__version__,
+                        "ctrkit": _version()},
+    }
+
+
+def _version() -> str:
+    from ctrkit import __version__
+
+    return __version__
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, (np.integer, np.floating)):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def _write_report(run_dir: Path) -> None:
+    """report.html of the run; a report that cannot be drawn is a warning, the training stands."""
+    try:
+        from ctrkit.report import write_report
+    except ImportError as e:  # the report package is part of ctrkit; only a broken install lacks it
+        log.warning("no report for %s: %s", run_dir, e)
+        return
+    try:
+        write_report(run_dir)
+    except Exception as e:  # noqa: BLE001 - a plot failing must not lose a finished training
+        log.warning("could not write the report of %s (%s: %s); run `ctrkit report %s` to retry", run_dir,
+                    type(e).__name__, e, run_dir)
 
 
 def _run_dir(cfg: Config, resume: str | None) -> Path:
@@ -265,12 +378,15 @@ def predict_file(model: torch.nn.Module, pipeline: FeaturePipeline, path: str | 
 def run_train(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, list(getattr(args, "overrides", []) or []))
     summary = train_from_config(cfg, resume=args.resume, progress=not args.quiet)
-    valid = {k: v for k, v in summary.get("last_eval", {}).items() if k != "step"}
     sys.stdout.write(f"run: {summary['run_dir']}\n")
-    if valid:  # the last validation metrics (the trainer's summary key "last_eval")
-        sys.stdout.write("valid: " + _fmt(valid) + "\n")
+    best = summary.get("best")
+    if best:  # the evaluation whose checkpoint (best.pt) scored the test split
+        sys.stdout.write(f"best valid (epoch {best['epoch']}, step {best['step']}): {_fmt(best['valid'])}\n")
     if "test" in summary:
-        sys.stdout.write("test:  " + _fmt(summary["test"]) + "\n")
+        sys.stdout.write(f"test with {'best.pt' if best else 'the last weights'}: {_fmt(summary['test'])}\n")
+    sps = summary.get("samples_per_second")
+    sys.stdout.write(f"{summary['epochs']} epochs, {summary['seconds_per_epoch'] or 0:.1f} s/epoch"
+                     + (f", {sps:,.0f} samples/s" if sps else "") + f"; report: {summary['run_dir']}/report.html\n")
     return 0
 
 

@@ -120,7 +120,7 @@ def test_resume_continues_in_its_run_and_tests_with_best_weights(tmp_path, capsy
     from ctrkit.data.pipeline_io import pipeline_from_checkpoint
 
     want = evaluate_store(model, Store(stores["test"]), pipeline_from_checkpoint(load_checkpoint(run / "best.pt")))
-    assert f"auc={want['auc']:.5f}" in out.split("test:")[1]
+    assert f"auc={want['auc']:.5f}" in out.split("test with best.pt:")[1]
 
 
 def test_a_device_this_machine_lacks_is_a_clear_error(tmp_path):

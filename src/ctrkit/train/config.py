@@ -127,6 +127,7 @@ class TrainConfig:
     log_every: int = 50
     precision: Literal["fp32", "bf16"] = "fp32"
     device: str = "cpu"
+    threads: int | None = None  # torch intra-op CPU threads for this run (None: torch's default, the core count)
     progress: bool = True  # tqdm progress bar
     # glibc: reuse freed tensor memory across steps instead of fresh page-faulted mmaps (train/memory.py)
     keep_freed_memory: bool = True
@@ -139,6 +140,8 @@ class RunConfig:
     dir: str = "runs"
     name: str | None = None
     overwrite: bool = False  # a new run may replace the files of an earlier run of the same name
+    # extra loggers besides metrics.jsonl: "tensorboard" (run_dir/tensorboard, needs ctrkit[tensorboard])
+    log: list[Literal["tensorboard"]] = field(default_factory=list)
 
 
 @dataclass
@@ -175,6 +178,7 @@ def _check_values(cfg: Config) -> None:
         (t.eval_every is None or t.eval_every >= 1, "train.eval_every must be >= 1 (or null: every epoch)"),
         (t.checkpoint_every is None or t.checkpoint_every >= 1, "train.checkpoint_every must be >= 1"),
         (t.log_every >= 1, "train.log_every must be >= 1"),
+        (t.threads is None or t.threads >= 1, "train.threads must be >= 1 (or null: torch's default)"),
         (t.early_stopping.patience >= 0, "train.early_stopping.patience must be >= 0"),
         (t.retrieval.num_negatives >= 1, "train.retrieval.num_negatives must be >= 1"),
         (t.retrieval.alpha >= 0, "train.retrieval.alpha must be >= 0"),

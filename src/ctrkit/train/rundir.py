@@ -16,6 +16,7 @@ import fcntl
 import json
 import logging
 import os
+import shutil
 from pathlib import Path
 
 from ctrkit.data.store import atomic_file
@@ -23,7 +24,10 @@ from ctrkit.errors import TrainingError
 
 log = logging.getLogger(__name__)
 
-RUN_FILES = ("metrics.jsonl", "best.pt", "last.pt", "config.yaml")
+# what a run writes: files, then folders (the report's plots, TensorBoard's events)
+RUN_FILES = ("metrics.jsonl", "best.pt", "last.pt", "config.yaml", "summary.json", "predictions.npz",
+             "report.html")
+RUN_DIRS = ("report", "tensorboard")
 
 
 class RunLock:
@@ -59,7 +63,7 @@ class RunLock:
 
 def check_fresh(run_dir: Path, *, overwrite: bool) -> None:
     """Refuse a new training in a directory holding another run's files; with ``overwrite``, remove them."""
-    found = [n for n in RUN_FILES if (run_dir / n).exists()]
+    found = [n for n in (*RUN_FILES, *RUN_DIRS) if (run_dir / n).exists()]
     if not any(n != "config.yaml" for n in found):  # a config alone: a run that stopped before any record
         return
     if not overwrite:
@@ -68,7 +72,8 @@ def check_fresh(run_dir: Path, *, overwrite: bool) -> None:
             f"--resume {run_dir / 'last.pt'}, give another run.name, or set run.overwrite=true to replace it"
         )
     for n in found:
-        (run_dir / n).unlink()
+        path = run_dir / n
+        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
     log.warning("run.overwrite: removed %s from %s", ", ".join(found), run_dir)
 
 

@@ -42,6 +42,7 @@ import json
 import logging
 import math
 import random
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -84,6 +85,8 @@ class Callback:
     def on_step(self, trainer: Trainer, step: int, loss: torch.Tensor) -> None: ...
     def on_eval(self, trainer: Trainer, metrics: dict[str, float]) -> None: ...
     def on_epoch_end(self, trainer: Trainer, epoch: int) -> None: ...
+    def on_record(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        """Every record written to metrics.jsonl (train and eval), as written; called without a run dir too."""
 
 
 def resolve_device(spec: str) -> torch.device:
@@ -191,6 +194,9 @@ class Trainer:
         self.bad_evals = 0
         self.stopped_early = False
         self.last_eval: dict[str, float] = {}
+        self.best_eval: dict[str, float] = {}  # the best evaluation's record: step, epoch and valid metrics
+        self.train_seconds = 0.0  # time in training steps (evaluation and checkpoints excluded), over resumes
+        self.samples = 0  # training rows seen, over resumes
         self._loader_state: dict[str, Any] | None = None
         self._pbar: Any = None
         if resume_from is not None:
@@ -236,10 +242,12 @@ class Trainer:
                     self._loader_state = None
                 self.module.train()
                 seen = 0
+                tick = time.perf_counter()
                 for batch in self.train_loader:
                     seen += 1
                     loss, logs = self._train_step(batch)
                     self.step += 1
+                    self.samples += len(batch)
                     running += loss.detach().double()
                     for k, v in logs.items():
                         part = running_parts.get(k)
@@ -259,17 +267,22 @@ class Trainer:
                         running_n = 0
                         self._pbar.set_postfix(self._postfix(avg), refresh=False)
                         self._log({"kind": "train", "step": self.step, "epoch": epoch, "loss": avg, **parts})
-                    evaluated = False
+                    paused = False  # evaluated or checkpointed: not training time
                     if cfg.eval_every is not None and self.step % cfg.eval_every == 0:
+                        self._clock(tick)
                         self._evaluate_and_checkpoint()
-                        evaluated = True
-                    if (not evaluated and cfg.checkpoint_every is not None
-                            and self.step % cfg.checkpoint_every == 0):
+                        paused = True
+                    elif cfg.checkpoint_every is not None and self.step % cfg.checkpoint_every == 0:
+                        self._clock(tick)
                         self._save("last.pt")
+                        paused = True
                     for cb in self.callbacks:
                         cb.on_step(self, self.step, loss)
+                    if paused:  # the clock restarts after the evaluation / checkpoint and the callbacks
+                        tick = time.perf_counter()
                     if self._done():
                         break
+                self._clock(tick)
                 if seen == 0 and self.step == 0:
                     raise TrainingError(f"training data is empty: epoch {epoch} produced no batches")
                 if self.stopped_early or (cfg.max_steps is not None and self.step >= cfg.max_steps):
@@ -293,6 +306,10 @@ class Trainer:
         """The task's metrics of the model on ``loader`` (its train/eval mode restored afterwards)."""
         return self.task.evaluate(self.module, self._on_device(loader))
 
+    def _clock(self, since: float) -> None:
+        """Add the time since ``since`` (a ``time.perf_counter()``) to the training time."""
+        self.train_seconds += time.perf_counter() - since
+
     def _on_device(self, loader: Iterable[Batch]) -> Iterator[Batch]:
         for batch in loader:
             yield batch.to(self.device) if self.device.type != "cpu" else batch
@@ -306,6 +323,10 @@ class Trainer:
             "best_step": self.best_step,
             "metric": self.config.early_stopping.metric,
             "last_eval": dict(self.last_eval),
+            "best_eval": dict(self.best_eval),
+            "train_seconds": self.train_seconds,
+            "samples": self.samples,
+            "epochs_completed": self.epoch + 1 if self.epoch_complete else self.epoch,
             "run_dir": str(self.run_dir) if self.run_dir else None,
         }
 
@@ -359,6 +380,7 @@ class Trainer:
                 improved = value < self.best_metric - es.min_delta
         if improved:
             self.best_metric, self.best_step, self.bad_evals = float(value), self.step, 0
+            self.best_eval = {"step": self.step, "epoch": self.epoch, **metrics}
         else:
             self.bad_evals += 1
         if es.patience > 0 and self.bad_evals >= es.patience:
@@ -366,15 +388,16 @@ class Trainer:
             log.info("early stopping at step %d: %s did not improve for %d evaluations (best %.6g at %s)",
                      self.step, es.metric, self.bad_evals, self.best_metric or float("nan"), self.best_step)
         self._log({"kind": "eval", "step": self.step, "epoch": self.epoch, **metrics,
-                   "best": self.best_metric, "stopped_early": self.stopped_early})
+                   "best": self.best_metric, "stopped_early": self.stopped_early,
+                   "train_seconds": round(self.train_seconds, 4), "samples": self.samples})
         if self._pbar is not None:
             self._pbar.set_postfix({**self._postfix(None), **{k: round(v, 4) for k, v in metrics.items()}},
                                    refresh=False)
-        for cb in self.callbacks:
-            cb.on_eval(self, metrics)
         if improved:
             self._save("best.pt")
         self._save("last.pt")
+        for cb in self.callbacks:  # after the checkpoints: a callback that stops the run leaves them written
+            cb.on_eval(self, metrics)
 
     def _done(self) -> bool:
         return self.stopped_early or (self.config.max_steps is not None and self.step >= self.config.max_steps)
@@ -398,6 +421,9 @@ class Trainer:
             "bad_evals": self.bad_evals,
             "stopped_early": self.stopped_early,
             "last_eval": dict(self.last_eval),
+            "best_eval": dict(self.best_eval),
+            "train_seconds": self.train_seconds,
+            "samples": self.samples,
             "rng": rng_state(),
         }
 
@@ -432,6 +458,9 @@ class Trainer:
         self.bad_evals = int(state["bad_evals"])
         self.stopped_early = bool(state.get("stopped_early", False))
         self.last_eval = dict(state.get("last_eval") or {})
+        self.best_eval = dict(state.get("best_eval") or {})
+        self.train_seconds = float(state.get("train_seconds", 0.0))
+        self.samples = int(state.get("samples", 0))
         self._loader_state = None if self.epoch_complete else state["loader"]
         set_rng_state(state["rng"])
         log.info("resumed from %s at epoch %d, step %d", path, self.epoch, self.step)
@@ -465,7 +494,8 @@ class Trainer:
         (self.run_dir / "config.yaml").write_text(yaml.safe_dump(self._config_dict(), sort_keys=False))
 
     def _log(self, record: dict[str, Any]) -> None:
-        if self.run_dir is None:
-            return
-        with open(self.run_dir / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
+        if self.run_dir is not None:
+            with open(self.run_dir / "metrics.jsonl", "a") as f:
+                f.write(json.dumps(record) + "\n")
+        for cb in self.callbacks:
+            cb.on_record(self, record)

@@ -1,0 +1,163 @@
+"""What every training run leaves besides its checkpoints: summary.json, predictions.npz, and what
+`ctrkit train` prints; ``train.threads``; callbacks through the Python API."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from ctrkit.cli import main
+from ctrkit.data.criteo import preprocess_criteo
+from ctrkit.data.pipeline_io import pipeline_from_checkpoint
+from ctrkit.data.store import Store
+from ctrkit.errors import TrainingError
+from ctrkit.metrics import roc_auc
+from ctrkit.runner import SAMPLE, evaluate_store, predict_store, train_from_config
+from ctrkit.train.checkpoint import load_checkpoint, load_model
+from ctrkit.train.config import load_config
+from ctrkit.train.trainer import Callback
+
+EPOCHS = 3
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    d = tmp_path_factory.mktemp("summary")
+    return d, preprocess_criteo(SAMPLE, d / "criteo", split="0.8,0.1,0.1", seed=0, min_freq=8, embedding_dim=8)
+
+
+def _cfg(d, stores, name, *extra):
+    return load_config("configs/criteo/deepfm.yaml", [
+        f"data.train={stores['train']}", f"data.valid={stores['valid']}", f"data.test={stores['test']}",
+        f"run.dir={d / 'runs'}", f"run.name={name}", f"train.epochs={EPOCHS}", "train.progress=false",
+        "train.early_stopping.patience=0", "data.batch_size=256", *extra])
+
+
+@pytest.fixture(scope="module")
+def run(stores):
+    d, st = stores
+    rc = main(["train", "--config", "configs/criteo/deepfm.yaml", "--quiet", f"--data.train={st['train']}",
+               f"--data.valid={st['valid']}", f"--data.test={st['test']}", f"--run.dir={d / 'runs'}",
+               "--run.name=cli", f"--train.epochs={EPOCHS}", "--train.early_stopping.patience=0",
+               "--data.batch_size=256", "--train.lr=0.01"])  # a high lr: valid AUC peaks before the last epoch
+    assert rc == 0
+    run_dir = d / "runs" / "cli"
+    return run_dir, json.loads((run_dir / "summary.json").read_text()), st
+
+
+def test_summary_names_the_best_valid_evaluation(run):
+    run_dir, s, _ = run
+    evals = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in evals if r["kind"] == "eval"]
+    assert len(evals) == EPOCHS
+    best = max(evals, key=lambda r: r["auc"])
+    assert s["best"]["metric"] == "auc" and s["best"]["value"] == best["auc"]
+    assert (s["best"]["step"], s["best"]["epoch"]) == (best["step"], best["epoch"])
+    assert s["best"]["valid"] == {k: best[k] for k in ("auc", "logloss")}
+    assert s["last_valid"] == {k: evals[-1][k] for k in ("auc", "logloss")}
+    assert load_checkpoint(run_dir / "best.pt")["trainer"]["step"] == best["step"]
+
+
+def test_summary_test_metrics_are_the_best_checkpoints(run):
+    run_dir, s, st = run
+    model, _, _ = load_model(run_dir / "best.pt")
+    ckpt = load_checkpoint(run_dir / "best.pt")
+    got = evaluate_store(model, Store(st["test"]), pipeline_from_checkpoint(ckpt))
+    assert s["test"]["auc"] == pytest.approx(got["auc"], abs=1e-9)
+    assert s["test"]["logloss"] == pytest.approx(got["logloss"], abs=1e-6)
+
+
+def test_summary_speed_and_size(run):
+    run_dir, s, st = run
+    n_train = Store(st["train"]).num_rows
+    assert s["epochs"] == EPOCHS and s["samples"] == EPOCHS * n_train
+    assert 0 < s["train_seconds"] < s["seconds"]
+    assert s["seconds_per_epoch"] == pytest.approx(s["train_seconds"] / EPOCHS)
+    assert s["samples_per_second"] == pytest.approx(s["samples"] / s["train_seconds"])
+    state = load_checkpoint(run_dir / "best.pt")["model_state"]
+    assert s["model_size"]["parameters"] == sum(v.numel() for v in state.values() if v.is_floating_point())
+    assert s["model_size"]["bytes"] == 4 * s["model_size"]["parameters"]  # fp32
+    assert 0 < s["model_size"]["embedding_parameters"] < s["model_size"]["parameters"]
+    assert s["data"] == {k: str(Path(v).resolve()) for k, v in st.items()}
+    assert s["config"]["model"]["name"] == "deepfm" and s["model"] == "deepfm" and s["task"] == "ranking"
+    assert s["environment"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    evals = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    last = [r for r in evals if r["kind"] == "eval"][-1]
+    assert last["samples"] == s["samples"] and last["train_seconds"] == pytest.approx(s["train_seconds"], abs=1e-3)
+
+
+def test_predictions_are_the_best_checkpoints_test_scores(run):
+    run_dir, s, st = run
+    p = np.load(run_dir / "predictions.npz")
+    model, _, _ = load_model(run_dir / "best.pt")
+    pipeline = pipeline_from_checkpoint(load_checkpoint(run_dir / "best.pt"))
+    want = predict_store(model, Store(st["test"]), pipeline=pipeline)
+    assert s["predictions"] == {"split": "test", "file": "predictions.npz", "rows": len(want)}
+    np.testing.assert_allclose(p["score"], want, atol=1e-6)
+    np.testing.assert_array_equal(p["label"], np.asarray(Store(st["test"])["label"]))
+    assert roc_auc(p["score"], p["label"]) == pytest.approx(s["test"]["auc"], abs=1e-6)
+
+
+def test_train_prints_the_best_valid_evaluation_beside_test(stores, capsys):
+    d, st = stores
+    rc = main(["train", "--config", "configs/criteo/deepfm.yaml", "--quiet", f"--data.train={st['train']}",
+               f"--data.valid={st['valid']}", f"--data.test={st['test']}", f"--run.dir={d / 'runs'}",
+               "--run.name=printed", "--train.epochs=2", "--data.batch_size=256"])
+    out = capsys.readouterr().out
+    s = json.loads((d / "runs/printed/summary.json").read_text())
+    b = s["best"]
+    assert rc == 0
+    assert (f"best valid (epoch {b['epoch']}, step {b['step']}): auc={b['valid']['auc']:.5f}  "
+            f"logloss={b['valid']['logloss']:.5f}") in out
+    assert f"test with best.pt: auc={s['test']['auc']:.5f}" in out
+    assert "s/epoch" in out and "samples/s" in out
+
+
+def test_threads_option_applies_to_the_run_only(stores):
+    d, st = stores
+    before = torch.get_num_threads()
+    seen = []
+
+    class Threads(Callback):
+        def on_epoch_end(self, trainer, epoch):
+            seen.append(torch.get_num_threads())
+
+    s = train_from_config(_cfg(d, st, "threads", "train.threads=1", "train.epochs=1"), callbacks=[Threads()])
+    assert seen == [1] and s["environment"]["threads"] == 1
+    assert torch.get_num_threads() == before
+
+
+def test_callbacks_see_every_record_as_written(stores):
+    d, st = stores
+
+    class Records(Callback):
+        def __init__(self):
+            self.records = []
+
+        def on_record(self, trainer, record):
+            self.records.append(record)
+
+    cb = Records()
+    s = train_from_config(_cfg(d, st, "callbacks", "train.epochs=2", "train.log_every=5"), callbacks=[cb])
+    on_disk = [json.loads(ln) for ln in (d / "runs/callbacks/metrics.jsonl").read_text().splitlines()]
+    assert cb.records == on_disk and sum(r["kind"] == "eval" for r in on_disk) == 2
+    assert s["steps"] == on_disk[-1]["step"]
+
+
+def test_a_raising_callback_stops_training_and_frees_the_run(stores):
+    d, st = stores
+
+    class Stop(Callback):
+        def on_eval(self, trainer, metrics):
+            raise TrainingError("stop here")
+
+    with pytest.raises(TrainingError, match="stop here"):
+        train_from_config(_cfg(d, st, "stopped"), callbacks=[Stop()])
+    assert not (d / "runs/stopped/summary.json").exists()
+    # the lock is released: the same run can be resumed at once
+    s = train_from_config(_cfg(d, st, "stopped"), resume=str(d / "runs/stopped/last.pt"))
+    assert s["epochs"] == EPOCHS
