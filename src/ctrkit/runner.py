@@ -27,7 +27,7 @@ from ctrkit.data.pipeline import FeaturePipeline
 from ctrkit.data.pipeline_io import pipeline_from_checkpoint, pipeline_from_store
 from ctrkit.data.store import Store, atomic_file, check_replaceable, make_dir
 from ctrkit.data.vocab_agree import Vocabularies, check_same_vocabulary
-from ctrkit.errors import JobError
+from ctrkit.errors import JobError, missing_path
 from ctrkit.models.base import logits_of
 from ctrkit.models.registry import check_model_params, create_model
 from ctrkit.train.config import Config, config_to_dict, load_config
@@ -44,7 +44,8 @@ def _loader(path: str | None, cfg: Config, *, train: bool, what: str,
     if not path:
         return None
     if not Path(path).exists():
-        raise JobError(f"data.{what}: store {path} does not exist; create it with `ctrkit preprocess`")
+        raise JobError(missing_path(path, f"data.{what}: store", f"Create it with `ctrkit preprocess ... --out DIR` "
+                                    f"and set data.{what}=DIR/{what}"))
     d = cfg.data
     store = Store(path)
     pipeline = pipeline if pipeline is not None else training_pipeline(store, cfg)

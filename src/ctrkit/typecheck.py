@@ -37,8 +37,19 @@ _NONE = {"null", "none", "~", ""}
 _SCALARS = (bool, int, float, str)
 
 
+# what users of DeepCTR / FuxiCTR / Keras call some of ctrkit's options (too far apart for a spelling match)
+ALIASES = {"learning_rate": "lr", "lr_rate": "lr", "num_epochs": "epochs", "n_epochs": "epochs", "epoch": "epochs",
+           "optimizer": "dense_optimizer", "l2_reg": "weight_decay", "l2": "weight_decay",
+           "embedding_regularizer": "embedding_l2", "emb_lr": "embedding_lr", "patience": "early_stopping",
+           "bs": "batch_size", "batchsize": "batch_size", "model_name": "name", "model": "name"}
+
+
 def suggest(name: str, valid: list[str] | set[str] | tuple[str, ...] | dict[str, Any]) -> str:
-    """" (did you mean 'x'?)" for the closest valid name, or the list of valid names."""
+    """" (did you mean 'x'?)" for the closest valid name (a known alias, else by spelling), or the list of
+    valid names."""
+    alias = ALIASES.get(name.lower())
+    if alias in valid:
+        return f" (did you mean {alias!r}?)"
     close = difflib.get_close_matches(name, list(valid), n=1, cutoff=0.5)
     if close:
         return f" (did you mean {close[0]!r}?)"

@@ -74,6 +74,7 @@ from ctrkit.data.rows import (
 )
 from ctrkit.data.store import SplitOutput
 from ctrkit.data.vocab import MODES, check_vocab_options, save_vocabularies
+from ctrkit.errors import missing_path
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +192,7 @@ def resolve_inputs(inputs: str | Path | Sequence[str | Path]) -> list[Path]:
             files.append(p)
     for f in files:
         if not f.exists():
-            raise DataError(f"input file {f} does not exist")
+            raise DataError(missing_path(f, "input file"))
         if not f.is_file():
             raise DataError(f"input {f} is not a regular file")
         if f.stat().st_size == 0:
@@ -225,7 +226,7 @@ def preprocess_criteo(
     chunk_rows: int = 1 << 14,
     max_bad_fraction: float = 0.001,
     vocab_from: str | Path | None = None,
-    embedding_dim: int | str = "auto",
+    embedding_dim: int | str = 16,
     overwrite: bool = False,
     shard_bytes: int = 256 << 20,
     progress: bool | None = None,
@@ -434,7 +435,9 @@ def add_preprocess_criteo_args(p: argparse.ArgumentParser) -> argparse.ArgumentP
     p.add_argument("--max-bad-fraction", type=float, default=0.001,
                    help="fail when more than this fraction of a file's rows are malformed")
     p.add_argument("--vocab-from", default=None, help="store whose vocabularies to reuse (unseen values -> 1)")
-    p.add_argument("--embedding-dim", default="auto", help="embedding dim of every feature, or 'auto'")
+    p.add_argument("--embedding-dim", default="16",
+                   help="embedding dim of every feature (one dim: what every model of the zoo takes), or 'auto' "
+                        "(per feature, by vocabulary size: dlrm, FM-style and attention models refuse mixed dims)")
     p.add_argument("--overwrite", action="store_true", help="replace existing output stores")
     return p
 

@@ -23,6 +23,7 @@ from ctrkit.data.criteo_parse import NUM_FIELDS, parse_block
 from ctrkit.data.pipeline import CRITEO, FeaturePipeline
 from ctrkit.data.rows import BadRows, DataError
 from ctrkit.data.tabular_read import header, iter_batches
+from ctrkit.errors import missing_path
 
 _AVG_LINE_BYTES = 256
 _NON_EMPTY_LINE = re.compile(rb"(?m)^(?=[^\n])")
@@ -49,7 +50,7 @@ def iter_raw(pipe: FeaturePipeline, path: str | Path, rows: int = 8192,
     """Raw chunks of ``path`` in input order (see the module docstring); malformed rows are an error."""
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"input file {path} does not exist")
+        raise DataError(missing_path(path, "input file"))
     stats = stats if stats is not None else ReadStats()
     if pipe.kind == CRITEO:
         yield from _criteo(path, rows, stats)

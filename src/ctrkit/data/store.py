@@ -369,9 +369,7 @@ class Store:
         self.path = Path(path)
         mpath = self.path / "manifest.json"
         if not mpath.is_file():
-            raise StoreError(
-                f"{self.path} is not a ctrkit store (no manifest.json); create one with `ctrkit preprocess`"
-            )
+            raise StoreError(_not_a_store(self.path))
         try:
             self.manifest: dict[str, Any] = json.loads(mpath.read_text())
         except json.JSONDecodeError as e:
@@ -441,6 +439,18 @@ class Store:
 
     def __repr__(self) -> str:
         return f"Store({str(self.path)!r}, rows={self.num_rows}, columns={len(self._cols)})"
+
+
+def _not_a_store(path: Path) -> str:
+    """Why ``path`` is not a store, and which path to give instead."""
+    splits = [n for n in ("train", "valid", "test") if (path / n / "manifest.json").is_file()]
+    if splits:
+        return (f"{path} is the folder `ctrkit preprocess` wrote, not one store; give its splits: "
+                + ", ".join(f"data.{n}={path / n}" for n in splits))
+    if path.is_file():
+        return (f"{path} is a file, not a ctrkit store; preprocess it first (`ctrkit preprocess criteo|table "
+                f"{path} --out DIR`) and give DIR/train, DIR/valid and DIR/test")
+    return f"{path} is not a ctrkit store (no manifest.json); create one with `ctrkit preprocess`"
 
 
 def remove_stale_splits(out: str | Path, written: Any, splits: tuple[str, ...]) -> list[Path]:

@@ -43,6 +43,7 @@ from torch import nn
 from ctrkit.batch import KeyedJagged
 from ctrkit.errors import IdOutOfRangeError, LayerConfigError
 from ctrkit.nn.embedding_interface import EmbeddingCollection, PooledEmbeddings, PoolGroup
+from ctrkit.nn.table_memory import check_tables_fit
 from ctrkit.schema import Schema, SchemaError, SequenceFeature, SparseFeature, TableSpec
 
 __all__ = ["EmbeddingBagCollection", "EmbeddingCollection", "PooledEmbeddings", "make_embeddings"]
@@ -128,6 +129,7 @@ class EmbeddingBagCollection(EmbeddingCollection):
         for t in tables:
             self.row_offset[t.name] = rows_per_dim.get(t.embedding_dim, 0)
             rows_per_dim[t.embedding_dim] = self.row_offset[t.name] + t.num_embeddings
+        check_tables_fit(tables)  # before allocating: a clear error instead of an allocator failure / OOM kill
         for d, n in rows_per_dim.items():
             self.register_parameter(_fused_name(d), nn.Parameter(torch.empty(n, d)))
 

@@ -57,7 +57,8 @@ class FieldEmbedding(nn.Module):
         if len(dims) != 1:
             raise ConfigError(
                 f"{self.model} needs one embedding dim for every field, but the schema has {self.dims}; "
-                "set the same embedding_dim on every sparse feature"
+                "preprocess with one dimension for every table (`ctrkit preprocess criteo ... --embedding-dim 16`; "
+                "a table schema: the same embedding_dim on every sparse feature)"
             )
         return dims.pop()
 

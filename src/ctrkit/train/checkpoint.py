@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ctrkit.errors import CheckpointError
+from ctrkit.errors import CheckpointError, missing_path
 
 FORMAT = "ctrkit-checkpoint"
 VERSION = 2
@@ -212,7 +212,8 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     """Read a checkpoint with ``torch.load(weights_only=True)`` and check its format marker."""
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(f"no checkpoint file at {path}")
+        raise CheckpointError(missing_path(path, "checkpoint file", "A training run writes best.pt and last.pt "
+                                           "into its run directory (run.dir/run.name, printed by `ctrkit train`)"))
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # torch raises many types for a bad file

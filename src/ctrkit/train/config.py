@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 import yaml
 
-from ctrkit.errors import ConfigError
+from ctrkit.errors import ConfigError, missing_path
 from ctrkit.typecheck import CliValue, build, suggest
 
 DenseOptimizer = Literal["adam", "adamw", "sgd", "adagrad"]
@@ -261,7 +261,8 @@ def read_config_file(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[st
     """
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"config file {p} does not exist")
+        raise ConfigError(missing_path(p, "config file", "The shipped configs are under configs/<dataset>/<model>.yaml "
+                                       "in the ctrkit checkout"))
     data = _read_yaml(p)
     chain = (*_chain, p.resolve())
     defaults = data.pop("defaults", None)
