@@ -124,12 +124,13 @@ def test_parquet_lists_split_column_weight_and_log(tmp_path: Path) -> None:
     assert set(res) == {"train", "test"}
     te = Store(res["test"])
     assert te["label"].tolist() == [1.0, 0.0] and te["weight"].tolist() == [1.0, 3.0]
-    # item vocab (int keys): 10,20,30 (train rows' items then hist), 50 (hist), 40, 60 ... in feed order
+    # item vocab (int keys) of the train rows only: items 10, 20, 30 and hist tokens, first appearance in feed
+    # order (the chunk's item column, then its hist tokens); 40 and 60 appear only in test rows -> id 1 (unseen)
     v = load_vocabularies(res["test"])["item"]
-    ids = dict(zip(v.keys.tolist(), v.ids.tolist()))
-    assert te["item"].tolist() == [0, ids[40]]
+    assert dict(zip(v.keys.tolist(), v.ids.tolist())) == {10: 2, 20: 3, 30: 4, 50: 5}
+    assert te["item"].tolist() == [0, 1]
     hv, ho = te["hist"]
-    assert hv.tolist() == [ids[40], ids[60]] and ho.tolist() == [0, 1, 2]
+    assert hv.tolist() == [1, 1] and ho.tolist() == [0, 1, 2]
     tr = Store(res["train"])
     rows = sorted(zip(tr["weight"].tolist(), tr["cnt"].tolist()))
     want = sorted([(1.0, math.log(3)), (2.0, -2.0), (0.5, math.log(13)), (1.0, math.log(3))])

@@ -176,6 +176,30 @@ def test_unpooled_history(name):
     assert same == (expect == "ignores"), f"{name} should {expect.rstrip('s')} the unpooled history"
 
 
+@pytest.mark.parametrize("name", list_models())
+def test_no_dense_features(name):
+    """Every model trains on a schema without dense features (batch.dense is (B, 0)): finite loss, a gradient
+    for every parameter, and each row's logit independent of its batch."""
+    base = schema_for(name)
+    schema = Schema(dense=[], sparse=base.sparse, sequence=base.sequence)
+    data = dict(data_for(name))
+    data["dense"] = data["dense"][:, :0]
+    model = build(name, VARIANTS.get(name, [{}])[0], data=data, schema=schema)
+    batch = make_batch(data, slice(0, 64), schema)
+    assert batch.dense.shape == (64, 0)
+    loss, _ = CTRTask().bind(model).loss(model, batch)
+    assert torch.isfinite(loss)
+    loss.backward()
+    missing = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    assert not missing, f"{name}: parameters without gradient: {missing}"
+    model.eval()
+    with torch.no_grad():
+        full = logits_of(model(batch))
+        alone = torch.stack([logits_of(model(make_batch(data, slice(i, i + 1), schema)))[0] for i in (0, 17, 63)])
+    assert full.shape == (64,) and torch.isfinite(full).all()
+    torch.testing.assert_close(alone, full[[0, 17, 63]], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("name, params", cases())
 def test_checkpoint_round_trip(name, params):
     data = data_for(name)

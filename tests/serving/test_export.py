@@ -112,6 +112,23 @@ def test_a_model_reading_some_of_the_keys_exports(tmp_path):
         exported(batch.dense, batch.sparse.values, batch.sparse.lengths[:-1])
 
 
+@pytest.mark.parametrize("fmt", ["torchscript", "onnx"])
+def test_a_model_without_dense_features_exports_and_scores(fmt, tmp_path):
+    """DLRM on a schema with no dense features (batch.dense is (B, 0)): the export scores as eager."""
+    base = schema_for("dlrm")
+    schema = Schema(dense=[], sparse=base.sparse, sequence=base.sequence)
+    data = dict(planted_data(60, seed=3, schema=base))
+    data["dense"] = data["dense"][:, :0]
+    params = VARIANTS["dlrm"][0]
+    torch.manual_seed(0)
+    model = create_model("dlrm", schema, **params).eval()
+    ckpt = save_checkpoint(tmp_path / "m.pt", model=model, model_params=params, schema=schema)
+    exported = load_exported(export_checkpoint(ckpt, tmp_path / "e", fmt))
+    batch = make_batch(data, slice(0, 23), schema)
+    assert batch.dense.shape == (23, 0) and exported.num_dense == 0
+    np.testing.assert_allclose(exported.score(batch), eager(model, batch), rtol=0, atol=1e-5)
+
+
 class JaggedOps(torch.nn.Module):
     """select (a permutation that drops a key), to_padded and bag_sums of a KeyedJagged over keys a, b, c; B is
     read from ``dense`` (B, 1), as in ScoringModule."""

@@ -30,20 +30,28 @@ together (:class:`~ctrkit.data.store.SplitOutput`): a failure or Ctrl-C leaves `
 
 These rules are :class:`~ctrkit.data.pipeline.FeaturePipeline`'s (kind ``table``): this module reads,
 splits and shuffles, the pipeline fits and transforms, and every store holds the fitted pipeline in
-``<store>/pipeline``. ``vocab_from`` reuses another store's pipeline: its vocabularies and its dense
-statistics (a standardized column is scaled with the training data's mean and std).
+``<store>/pipeline``. The pipeline is fitted on the train rows only: the split (fractions per line number,
+or the split column) is decided before a row is parsed, valid / test rows wait raw on disk
+(:class:`~ctrkit.data.tabular_read.RawSpill`) and are mapped once the pipeline is fitted (values train never
+saw -> 1). Explicit ``valid`` / ``test`` files (``--valid`` / ``--test``) are mapped the same way, the whole
+input being train. ``vocab_from`` reuses another store's pipeline: its vocabularies and its dense statistics
+(a standardized column is scaled with the training data's mean and std).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from ctrkit.data.pipeline import FeaturePipeline
+from ctrkit.data.pipeline_encode import Encoded, as_columns
 from ctrkit.data.pipeline_io import PIPELINE_DIR, reuse_fitted, write_split_store
 from ctrkit.data.rows import (
     BadRows,
@@ -57,18 +65,55 @@ from ctrkit.data.rows import (
     stream_key,
 )
 from ctrkit.data.store import SplitOutput
-from ctrkit.data.tabular_read import SPLITS, iter_batches, load_spec
+from ctrkit.data.tabular_read import (
+    SPLITS,
+    RawSpill,
+    TableSpecYaml,
+    header,
+    iter_batches,
+    load_spec,
+    to_string,
+)
 from ctrkit.data.vocab import MODES, check_vocab_options, save_vocabularies
 
 log = logging.getLogger(__name__)
 
 # ---- the pipeline -------------------------------------------------------------------------------------------
+DEFAULT_SPLIT = "0.8,0.1,0.1"
+
+
+@dataclass(eq=False)  # hashed by identity: several splits may share one source
+class _Source:
+    """One input file of the run: its bad rows and log-clamp counts (the stats of the stores it feeds)."""
+
+    path: Path
+    bad: BadRows
+    clamped: np.ndarray  # (Nd,)
+
+
+def _raw_split(t: pa.Table, lines: np.ndarray, spec: TableSpecYaml, fractions: tuple[float, float, float],
+               key_split: int) -> np.ndarray:
+    """Split code of every raw row (0 train, 1 valid, 2 test) before any value is parsed, so that only train
+    rows reach the vocabularies. A split-column value that is not train / valid / test reads -1 (the row goes
+    with train, whose encode reports it bad). Fractions draw per line number, as after parsing."""
+    if not spec.split_column:
+        return assign_split(row_uniform(key_split, lines), fractions)
+    col = as_columns(t.select([spec.split_column]))[spec.split_column]
+    sv = to_string(col, lines, np.zeros(len(lines), bool), BadRows("split", keep=0), spec.split_column)
+    code = np.full(len(lines), -1, np.int8)
+    for i, name in enumerate(SPLITS):
+        code[pc.equal(sv.fill_null(""), name).to_numpy(zero_copy_only=False)] = i
+    return code
+
+
 def preprocess_table(
     input: str | Path,
     schema_yaml: str | Path | dict[str, Any],
     out: str | Path,
     *,
-    split: str | None = "0.8,0.1,0.1",
+    split: str | None = None,
+    valid: str | Path | None = None,
+    test: str | Path | None = None,
     seed: int = 0,
     min_freq: int | None = None,
     max_vocab: int | None = None,
@@ -84,19 +129,43 @@ def preprocess_table(
     ``out/{train,valid,test}``.
 
     Split: the spec's ``split_column`` if set (values train / valid / test), else ``split`` fractions
-    (seeded per row); ``split=None`` or "1" writes only ``train``. Train is shuffled on disk; valid /
-    test keep input order. ``min_freq`` / ``max_vocab`` / ``embedding_dim`` default to the spec's
-    ``options`` (a sparse entry's own ``min_freq`` / ``embedding_dim`` win). Returns {split: path}.
+    (seeded per row; default 0.8,0.1,0.1; "1" writes only ``train``), else, with ``valid`` / ``test`` files
+    (either or both), the whole input is train and those files are the valid / test stores. The pipeline
+    (vocabularies, dense statistics) is fitted on the train rows only; valid / test rows are then mapped
+    with it (values train never saw -> id 1, as with ``vocab_from``). Train is shuffled on disk; valid / test
+    keep input order. ``min_freq`` / ``max_vocab`` / ``embedding_dim`` default to the spec's ``options`` (a
+    sparse entry's own ``min_freq`` / ``embedding_dim`` win). Returns {split: path}.
     """
     spec = load_spec(schema_yaml)
     path, out = Path(input), Path(out)
+    files = {name: Path(f) for name, f in (("valid", valid), ("test", test)) if f is not None}
+    if files and split not in (None, "1", "1.0"):
+        raise DataError(f"split={split!r} (--split) cannot be combined with explicit valid / test files "
+                        "(--valid / --test): with them the whole input is the training set. Drop --split, or "
+                        "drop --valid / --test to split the input by fractions")
+    if files and spec.split_column:
+        raise DataError(f"the spec's split_column {spec.split_column!r} cannot be combined with explicit valid / "
+                        "test files (--valid / --test); remove split_column from the spec, or drop --valid / --test")
+    for name, f in files.items():  # fail before the long pass over the training file
+        if not f.is_file():
+            raise DataError(f"{name} file {f} (--{name}) does not exist")
+        have = header(f)
+        missing = [c for c in spec.columns() if c not in have]
+        if missing:
+            raise DataError(f"{name} file {f} (--{name}): columns {missing} named in the schema are not in it; "
+                            f"it has {have}")
+    if spec.split_column and split is not None:
+        log.warning("split=%r (--split) is not used: the spec's split_column %r decides the split", split,
+                    spec.split_column)
+    if split is None:
+        split = "1" if files else DEFAULT_SPLIT
     o = spec.options
     min_freq = int(min_freq if min_freq is not None else o.get("min_freq", 1))
     max_vocab = max_vocab if max_vocab is not None else o.get("max_vocab")
     max_vocab_mode = o.get("max_vocab_mode", max_vocab_mode)
     embedding_dim = embedding_dim if embedding_dim is not None else o.get("embedding_dim", "auto")
     check_vocab_options(min_freq, max_vocab, max_vocab_mode)
-    fractions = parse_split(split) if split not in (None, "1", "1.0") else (1.0, 0.0, 0.0)
+    fractions = parse_split(split) if split not in ("1", "1.0") else (1.0, 0.0, 0.0)
 
     pipe = FeaturePipeline.table(spec, min_freq=min_freq, max_vocab=max_vocab, max_vocab_mode=max_vocab_mode,
                                  embedding_dim=embedding_dim)
@@ -109,8 +178,9 @@ def preprocess_table(
     spill_cols = pipe.spill_columns()
     n_single = sum(not e.get("multi_valued") for e in spec.sparse)
 
-    bad = BadRows(str(path))
-    clamped = np.zeros(len(spec.dense), np.int64)
+    main = _Source(path, BadRows(str(path)), np.zeros(len(spec.dense), np.int64))
+    source = {s: main for s in SPLITS} | {s: _Source(f, BadRows(str(f)), np.zeros(len(spec.dense), np.int64))
+                                          for s, f in files.items()}
     pos_rows = np.zeros(3, np.int64)
     key_split, key_shard = stream_key(seed, 11), stream_key(seed, 12)
     est_rows = path.stat().st_size / (8 if path.suffix == ".gz" else 32) if path.exists() else 1  # gzip: ~4x
@@ -121,13 +191,10 @@ def preprocess_table(
         roll = max(1, shard_bytes // row_bytes)  # valid / test keep input order in shards of bounded size
         spills = [ShardSpill(tmp / "train", k_train, spill_cols)] + [
             ShardSpill(tmp / s, 1, spill_cols, roll_rows=roll) for s in SPLITS[1:]]
-        for t, lines in iter_batches(path, spec.columns(), batch_rows, bad):
-            bad.total += t.num_rows
-            enc = encoder.encode(t, lines=lines, bad=bad)
-            clamped += enc.clamped
-            code = enc.split if spec.split_column else assign_split(row_uniform(key_split, enc.lines), fractions)
-            if fitter is not None:
-                fitter.add_dense_stats(enc.dense[code == 0])
+
+        def add(enc: Encoded, code: np.ndarray, src: _Source) -> None:
+            """Encoded rows -> the spills of their splits (``code`` [n]: 0 train, 1 valid, 2 test)."""
+            src.clamped += enc.clamped
             for s in range(3):
                 sel = np.flatnonzero(code == s)
                 if len(sel) == 0:
@@ -139,27 +206,57 @@ def preprocess_table(
                     shard = (splitmix64(enc.lines[sel].astype(np.uint64) + np.uint64(key_shard))
                              % np.uint64(k_train)).astype(np.int64)
                 spills[s].add(part, shard)
-        if bad.total == 0:
-            raise DataError(f"input file {path} contains no rows")
-        bad.check(max_bad_fraction)
+
+        def code_of(enc: Encoded) -> np.ndarray:
+            return enc.split if spec.split_column else assign_split(row_uniform(key_split, enc.lines), fractions)
+
+        # pass 1: the input; with a fitter, valid / test rows wait raw (they must not enter the vocabularies)
+        held = RawSpill(tmp / "held-out.arrows") if fitter is not None and not files else None
+        for t, lines in iter_batches(path, spec.columns(), batch_rows, main.bad):
+            main.bad.total += t.num_rows
+            if held is not None:
+                later = _raw_split(t, lines, spec, fractions, key_split) > 0
+                if later.any():
+                    held.add(t.filter(pa.array(later)), lines[later])
+                    t, lines = t.filter(pa.array(~later)), lines[~later]
+            if t.num_rows == 0:
+                continue
+            enc = encoder.encode(t, lines=lines, bad=main.bad)
+            code = code_of(enc)
+            if fitter is not None:
+                fitter.add_dense_stats(enc.dense[code == 0])
+            add(enc, code, main)
 
         # ---- the fitted pipeline: vocabularies (store/vocab, as Arrow), dense statistics, schema -------------
         if fitter is not None:
             fitter.finish()
+        # pass 2: valid / test rows through the fitted pipeline (final ids: unseen values -> 1)
+        for t, lines in held if held is not None else ():
+            enc = pipe.encode(t, lines=lines, bad=main.bad)
+            add(enc, code_of(enc), main)
+        for name, f in files.items():
+            src = source[name]
+            for t, lines in iter_batches(f, spec.columns(), batch_rows, src.bad):
+                src.bad.total += t.num_rows
+                enc = pipe.encode(t, lines=lines, bad=src.bad)
+                add(enc, np.full(len(enc), SPLITS.index(name), np.int8), src)
+        for src in dict.fromkeys(source.values()):
+            if src.bad.total == 0:
+                raise DataError(f"input file {src.path} contains no rows")
+            src.bad.check(max_bad_fraction)
+
         vocabs = pipe.vocabs_
-        save_vocabularies(tmp / "vocab", vocabs, fitted_on=str(path) if fitter is not None
+        fitted_on = f"{path} (train rows)" if fractions[0] < 1 or spec.split_column else str(path)
+        save_vocabularies(tmp / "vocab", vocabs, fitted_on=fitted_on if fitter is not None
                           else f"copied from {vocab_from}")
         pipe.save(tmp / PIPELINE_DIR)
         sizes = {t: v.size for t, v in vocabs.items()}
         dense_stats = {e["name"]: {"transform": e["transform"], "mean": float(pipe.mean_[j]),
                                    "std": float(pipe.std_[j])} for j, e in enumerate(spec.dense)}
         rows = {s: int(sp.rows.sum()) for s, sp in zip(SPLITS, spills)}
-        stats_common = {"input_rows": bad.total, "bad_rows": bad.bad,
-                        "first_bad_lines": [{"file": str(path), "line": n, "reason": r} for n, r in bad.first],
-                        "clamped_dense": {e["name"]: int(clamped[j]) for j, e in enumerate(spec.dense)},
-                        "vocab_sizes": sizes, "split_rows": rows}
-        options = {"split": split, "seed": seed, "min_freq": min_freq, "max_vocab": max_vocab,
-                   "max_vocab_mode": max_vocab_mode, "embedding_dim": embedding_dim,
+        options = {"split": None if files else split, "valid": str(files["valid"]) if "valid" in files else None,
+                   "test": str(files["test"]) if "test" in files else None, "seed": seed, "min_freq": min_freq,
+                   "max_vocab": max_vocab, "max_vocab_mode": max_vocab_mode, "embedding_dim": embedding_dim,
                    "max_bad_fraction": max_bad_fraction, "vocab_from": str(vocab_from) if vocab_from else None}
 
         written: list[str] = []
@@ -167,17 +264,24 @@ def preprocess_table(
         for s, (name, spill) in enumerate(zip(SPLITS, spills)):
             if rows[name] == 0:
                 continue
-            meta = {"preprocessing": {"kind": "table", "split": name, "input": str(path), "options": options,
+            src = source[name]
+            stats = {"input_rows": src.bad.total, "bad_rows": src.bad.bad,
+                     "first_bad_lines": [{"file": str(src.path), "line": n, "reason": r} for n, r in src.bad.first],
+                     "clamped_dense": {e["name"]: int(src.clamped[j]) for j, e in enumerate(spec.dense)},
+                     "vocab_sizes": sizes, "split_rows": rows}
+            meta = {"preprocessing": {"kind": "table", "split": name, "input": str(src.path), "options": options,
                                       "spec": {"label": spec.label, "label_threshold": spec.label_threshold,
                                                "dense": spec.dense, "sparse": spec.sparse, "sequence": spec.sequence},
                                       "dense_stats": dense_stats, "tables": pipe.table_of},
-                    "stats": {**stats_common, "rows": rows[name], "label_rate": float(pos_rows[s] / max(rows[name], 1))}}
+                    "stats": {**stats, "rows": rows[name], "label_rate": float(pos_rows[s] / max(rows[name], 1))}}
             written.append(name)
+            # train rows hold the fitter's provisional ids; valid / test rows were encoded by the fitted pipeline
             write_split_store(
                 output.stage(name), pipe, spill, shuffle_seed=shuffle_key if s == 0 else None,
-                luts=fitter.luts if fitter is not None else None, fitted_dir=tmp, meta=meta)
+                luts=fitter.luts if fitter is not None and s == 0 else None, fitted_dir=tmp, meta=meta)
         result = output.publish(written)  # with overwrite, also away: a previous run's splits not written now
-    log.info("table %s: %d rows (%d bad) -> %s", path, bad.total, bad.bad, {k: rows[k] for k in result})
+    log.info("table %s: %d rows (%d bad) -> %s%s", path, main.bad.total, main.bad.bad, {k: rows[k] for k in result},
+             "".join(f"; {n} from {f}" for n, f in files.items()))
     return result
 
 
@@ -187,7 +291,12 @@ def add_preprocess_table_args(p: argparse.ArgumentParser) -> argparse.ArgumentPa
     p.add_argument("input", help="CSV (with header; plain or compressed: .csv.gz) or Parquet file")
     p.add_argument("--schema", required=True, help="YAML feature spec (see examples/movielens_100k.yaml)")
     p.add_argument("--out", required=True, help="output directory; stores go to OUT/train, OUT/valid, OUT/test")
-    p.add_argument("--split", default="0.8,0.1,0.1", help="train,valid,test fractions ('1' = train only)")
+    p.add_argument("--split", default=None,
+                   help=f"train,valid,test fractions of INPUT (default {DEFAULT_SPLIT}; '1' = train only)")
+    p.add_argument("--valid", default=None, metavar="FILE",
+                   help="validation file (same columns as INPUT), mapped with the pipeline fitted on INPUT; "
+                        "INPUT is then all train (not with --split or a spec split_column)")
+    p.add_argument("--test", default=None, metavar="FILE", help="test file, as --valid")
     p.add_argument("--seed", type=int, default=0, help="seed of the split and the shuffle")
     p.add_argument("--min-freq", type=int, default=None, help="values seen fewer times map to id 1 (rare)")
     p.add_argument("--max-vocab", type=int, default=None, help="cap every vocabulary at this many ids")
@@ -203,8 +312,8 @@ def add_preprocess_table_args(p: argparse.ArgumentParser) -> argparse.ArgumentPa
 def run_preprocess_table(args: argparse.Namespace) -> dict[str, Path]:
     """Run :func:`preprocess_table` from parsed arguments."""
     return preprocess_table(
-        args.input, args.schema, args.out, split=args.split, seed=args.seed, min_freq=args.min_freq,
-        max_vocab=args.max_vocab, max_vocab_mode=args.max_vocab_mode, embedding_dim=args.embedding_dim,
-        batch_rows=args.batch_rows, max_bad_fraction=args.max_bad_fraction, vocab_from=args.vocab_from,
-        overwrite=args.overwrite,
+        args.input, args.schema, args.out, split=args.split, valid=args.valid, test=args.test, seed=args.seed,
+        min_freq=args.min_freq, max_vocab=args.max_vocab, max_vocab_mode=args.max_vocab_mode,
+        embedding_dim=args.embedding_dim, batch_rows=args.batch_rows, max_bad_fraction=args.max_bad_fraction,
+        vocab_from=args.vocab_from, overwrite=args.overwrite,
     )

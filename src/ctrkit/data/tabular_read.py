@@ -1,6 +1,7 @@
 """The spec and column readers of :mod:`ctrkit.data.tabular`: YAML feature spec parsing and validation,
-CSV / Parquet batch reading with bad-row accounting, and the per-column converters (text, numbers,
-delimited tokens, last-``max_len`` truncation) the pipeline applies to every batch."""
+CSV / Parquet batch reading with bad-row accounting, the per-column converters (text, numbers,
+delimited tokens, last-``max_len`` truncation) the pipeline applies to every batch, and :class:`RawSpill`
+(raw rows parked on disk until the pipeline is fitted)."""
 
 from __future__ import annotations
 
@@ -334,3 +335,47 @@ def kind_of(col: pa.Array) -> str:
 def is_list_or_int(col: pa.Array) -> bool:
     t = col.type
     return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_integer(t)
+
+
+class RawSpill:
+    """Raw rows (as read, with their line numbers) kept on disk in an Arrow IPC stream and read back in
+    order: the valid / test rows of a fraction split wait here until the pipeline is fitted on train."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.rows = Path(path), 0
+        self._line_col = "__ctrkit_line__"
+        self._sink: Any = None
+        self._writer: Any = None
+        self._schema: pa.Schema | None = None
+
+    def add(self, t: pa.Table, lines: np.ndarray) -> None:
+        """Append the rows of ``t`` read at ``lines`` [n]."""
+        if t.num_rows == 0:
+            return
+        while self._schema is None and self._line_col in t.column_names:
+            self._line_col += "_"
+        t = t.append_column(self._line_col, pa.array(np.asarray(lines, np.int64)))
+        if self._schema is None:
+            self._schema = t.schema
+            self._sink = pa.OSFile(str(self.path), "wb")
+            self._writer = pa.ipc.new_stream(self._sink, t.schema)
+        elif t.schema != self._schema:
+            t = t.cast(self._schema)
+        self._writer.write_table(t)
+        self.rows += t.num_rows
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._sink.close()
+            self._writer = None
+
+    def __iter__(self) -> Iterator[tuple[pa.Table, np.ndarray]]:
+        """(batch table, its line numbers [n]) in the order they were added."""
+        self.close()
+        if self.rows == 0:
+            return
+        with pa.memory_map(str(self.path)) as src:
+            for b in pa.ipc.open_stream(src):
+                lines = b.column(self._line_col).to_numpy(zero_copy_only=False)
+                yield pa.Table.from_batches([b.drop_columns([self._line_col])]), lines

@@ -12,6 +12,10 @@ top MLP maps the result to one logit.
 Interaction arches: ``dot`` (pairwise dot products, seed 001 §2), ``dcn`` (a cross net over the
 flattened (F + 1)·D vector: ``dcn_type`` = full | low_rank | vector | low_rank_mixture, seed 001 §3)
 and ``projection`` (two MLP branches multiplied, seed 001 §4).
+
+Without dense features there is no DenseArch: the interaction runs over the F sparse vectors alone and
+the over arch reads its output alone (dot: the F(F-1)/2 pairwise dots, so F >= 2; dcn: the cross net over
+F·D; projection: the F1·F2 products); see :mod:`ctrkit.nn.interaction`.
 """
 
 from __future__ import annotations
@@ -74,8 +78,6 @@ class DLRM(CTRModel):
         super().__init__()
         if interaction not in INTERACTIONS:
             raise ConfigError(f"dlrm: interaction {interaction!r} is not one of {INTERACTIONS}")
-        if schema.num_dense == 0:
-            raise ConfigError("dlrm needs at least one dense feature (its DenseArch feeds the interaction)")
         self.sparse_keys = schema.pooled_keys
         self.sparse_arch = make_embeddings(schema, self.sparse_keys)  # an EmbeddingBagCollection
         dims = {schema.embedding_dim(k) for k in self.sparse_keys}
@@ -84,15 +86,21 @@ class DLRM(CTRModel):
             raise ConfigError(f"dlrm needs one embedding dim for every sparse feature; the schema has {per}")
         D = dims.pop()
         F = len(self.sparse_keys)
-        self.dense_arch = MLP(schema.num_dense, [*dense_arch, D])  # (B, Nd) -> (B, D)
+        has_dense = schema.num_dense > 0
+        if not has_dense and interaction == "dot" and F < 2:
+            raise ConfigError(f"dlrm without dense features and interaction 'dot' needs at least two sparse "
+                              f"features (one pair to multiply); the schema has {list(self.sparse_keys)}; add "
+                              "a feature or use interaction 'dcn' or 'projection'")
+        # (B, Nd) -> (B, D); None without dense features: the interaction then reads the sparse vectors alone
+        self.dense_arch = MLP(schema.num_dense, [*dense_arch, D]) if has_dense else None
         if interaction == "dot":
-            self.interaction_arch: nn.Module = DotInteraction(F, D)
+            self.interaction_arch: nn.Module = DotInteraction(F, D, with_dense=has_dense)
         elif interaction == "dcn":
-            cross = _crossnet(dcn_type, (F + 1) * D, dcn_layers, dcn_rank, dcn_experts, dcn_activation)
-            self.interaction_arch = DCNInteraction(F, D, cross)
+            cross = _crossnet(dcn_type, (F + int(has_dense)) * D, dcn_layers, dcn_rank, dcn_experts, dcn_activation)
+            self.interaction_arch = DCNInteraction(F, D, cross, with_dense=has_dense)
         else:
             self.interaction_arch = ProjectionInteraction(
-                F, D, list(projection_branch1), list(projection_branch2)
+                F, D, list(projection_branch1), list(projection_branch2), with_dense=has_dense
             )
         self.over_arch = nn.Sequential(
             MLP(self.interaction_arch.out_features, list(over_arch)),
@@ -100,7 +108,7 @@ class DLRM(CTRModel):
         )
 
     def forward(self, batch: Batch) -> torch.Tensor:
-        dense = self.dense_arch(batch.dense)  # (B, D)
+        dense = self.dense_arch(batch.dense) if self.dense_arch is not None else None  # (B, D) or None
         kj = batch.sparse if batch.sparse.keys == self.sparse_keys else batch.sparse.select(self.sparse_keys)
         sparse = self.sparse_arch(kj).stacked()  # (B, F, D)
         z = self.interaction_arch(dense, sparse)  # (B, N)

@@ -7,6 +7,10 @@ All three start from ``C = cat(dense.unsqueeze(1), sparse)`` of shape ``[B, F+1,
 - ``DCNInteraction``: a cross net over ``C`` flattened: ``out = (F+1) D``.
 - ``ProjectionInteraction``: two MLP branches over flattened C give ``Y [B, F1, D]`` and
   ``Z [B, D, F2]``; ``out = cat(dense, flat(Y Z)) = D + F1 F2`` (D=128, F1=2, F2=4 -> 136).
+
+Built with ``with_dense=False`` (a model without dense features) they take ``dense=None`` and run over the
+sparse rows alone: ``C = sparse [B, F, D]``, and nothing stands in the dense vector's place in the output
+(dot: ``F(F-1)/2`` pairs, F >= 2; dcn: ``F D``; projection: ``F1 F2``).
 """
 
 from __future__ import annotations
@@ -21,7 +25,17 @@ from ctrkit.nn.activation import ActivationSpec
 from ctrkit.nn.mlp import MLP
 
 
-def _check_inputs(name: str, dense: torch.Tensor, sparse: torch.Tensor, F: int, D: int) -> None:
+def _check_inputs(name: str, dense: torch.Tensor | None, sparse: torch.Tensor, F: int, D: int,
+                  with_dense: bool = True) -> None:
+    if not with_dense:
+        if dense is not None or sparse.dim() != 3 or sparse.shape[1:] != (F, D):
+            raise LayerConfigError(
+                f"{name} was built with_dense=False: it expects dense=None and sparse [B, {F}, {D}], got "
+                f"{None if dense is None else tuple(dense.shape)} and {tuple(sparse.shape)}")
+        return
+    if dense is None:
+        raise LayerConfigError(f"{name} was built with_dense=True but got dense=None; build it with_dense=False "
+                               "for a model without dense features")
     if dense.dim() != 2 or sparse.dim() != 3 or sparse.shape[1:] != (F, D) or dense.shape[1] != D:
         raise LayerConfigError(
             f"{name} expects dense [B, {D}] and sparse [B, {F}, {D}], got {tuple(dense.shape)} and "
@@ -29,56 +43,71 @@ def _check_inputs(name: str, dense: torch.Tensor, sparse: torch.Tensor, F: int, 
         )
 
 
+def _combined(dense: torch.Tensor | None, sparse: torch.Tensor) -> torch.Tensor:
+    """``C``: the dense vector as row 0 above the F sparse rows, or the sparse rows alone without one."""
+    return sparse if dense is None else torch.cat((dense.unsqueeze(1), sparse), dim=1)  # (B, F(+1), D)
+
+
 class DotInteraction(nn.Module):
     """Pairwise dot products (seed 001 §2): ``[B, D], [B, F, D] -> [B, D + F(F+1)/2]``.
 
     ``y = [d, (c_i · c_j for 0 <= i < j <= F)]`` with ``c_0 = d`` and ``c_{f+1} = s_f``. The pairs are
-    read from the flattened ``[B, (F+1)^2]`` Gram matrix with one precomputed flat index.
+    read from the flattened ``[B, (F+1)^2]`` Gram matrix with one precomputed flat index. With
+    ``with_dense=False``: ``None, [B, F, D] -> [B, F(F-1)/2]``, ``y = (s_i · s_j for 0 <= i < j < F)``.
     """
 
-    def __init__(self, num_sparse_features: int, embedding_dim: int) -> None:
+    def __init__(self, num_sparse_features: int, embedding_dim: int, *, with_dense: bool = True) -> None:
         super().__init__()
         self.num_sparse_features = F = int(num_sparse_features)
         self.embedding_dim = D = int(embedding_dim)
+        self.with_dense = bool(with_dense)
         if F < 1 or D < 1:
             raise LayerConfigError(f"DotInteraction needs num_sparse_features >= 1 and embedding_dim >= 1, got {F}, {D}")
-        i, j = torch.triu_indices(F + 1, F + 1, offset=1)
-        self.register_buffer("flat_index", i * (F + 1) + j, persistent=False)  # (F(F+1)/2,)
-        self.out_features = D + F * (F + 1) // 2
+        n = F + 1 if self.with_dense else F  # rows of C
+        if n < 2:
+            raise LayerConfigError("DotInteraction with_dense=False needs num_sparse_features >= 2 (one pair to "
+                                   f"multiply), got {F}")
+        i, j = torch.triu_indices(n, n, offset=1)
+        self.register_buffer("flat_index", i * n + j, persistent=False)  # (n(n-1)/2,)
+        self.out_features = (D if self.with_dense else 0) + n * (n - 1) // 2
 
-    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
-        _check_inputs("DotInteraction", dense, sparse, self.num_sparse_features, self.embedding_dim)
-        B = dense.shape[0]
-        combined = torch.cat((dense.unsqueeze(1), sparse), dim=1)  # (B, F+1, D)
-        gram = torch.bmm(combined, combined.transpose(1, 2))  # (B, F+1, F+1)
-        pairs = gram.view(B, -1).index_select(1, self.flat_index)  # (B, F(F+1)/2)
-        return torch.cat((dense, pairs), dim=1)  # (B, D + F(F+1)/2)
+    def forward(self, dense: torch.Tensor | None, sparse: torch.Tensor) -> torch.Tensor:
+        _check_inputs("DotInteraction", dense, sparse, self.num_sparse_features, self.embedding_dim, self.with_dense)
+        B = sparse.shape[0]
+        combined = _combined(dense, sparse)  # (B, n, D), n = F+1 (F without dense)
+        gram = torch.bmm(combined, combined.transpose(1, 2))  # (B, n, n)
+        pairs = gram.view(B, -1).index_select(1, self.flat_index)  # (B, n(n-1)/2)
+        return pairs if dense is None else torch.cat((dense, pairs), dim=1)  # (B, [D +] n(n-1)/2)
 
 
 class DCNInteraction(nn.Module):
     """Cross net over the flattened combined features (seed 001 §3): ``-> [B, (F+1) D]``.
 
-    ``crossnet`` is any ``[B, N] -> [B, N]`` module with N = (F+1) D (CrossNet, LowRankCrossNet, ...).
+    ``crossnet`` is any ``[B, N] -> [B, N]`` module with N = (F+1) D (CrossNet, LowRankCrossNet, ...);
+    with ``with_dense=False`` N = F D, over the sparse rows alone.
     """
 
-    def __init__(self, num_sparse_features: int, embedding_dim: int, crossnet: nn.Module) -> None:
+    def __init__(self, num_sparse_features: int, embedding_dim: int, crossnet: nn.Module, *,
+                 with_dense: bool = True) -> None:
         super().__init__()
         self.num_sparse_features = int(num_sparse_features)
         self.embedding_dim = int(embedding_dim)
-        N = (self.num_sparse_features + 1) * self.embedding_dim
+        self.with_dense = bool(with_dense)
+        rows = self.num_sparse_features + int(self.with_dense)
+        N = rows * self.embedding_dim
         n_in = getattr(crossnet, "in_features", N)
         if n_in != N:
             raise LayerConfigError(
-                f"DCNInteraction: crossnet has in_features={n_in}, but (F+1)*D = "
-                f"({self.num_sparse_features}+1)*{self.embedding_dim} = {N}"
+                f"DCNInteraction: crossnet has in_features={n_in}, but {'(F+1)' if self.with_dense else 'F'}*D = "
+                f"{rows}*{self.embedding_dim} = {N}"
             )
         self.crossnet = crossnet
         self.out_features = N
 
-    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
-        _check_inputs("DCNInteraction", dense, sparse, self.num_sparse_features, self.embedding_dim)
-        combined = torch.cat((dense.unsqueeze(1), sparse), dim=1)  # (B, F+1, D)
-        return self.crossnet(combined.reshape(dense.shape[0], -1))  # (B, (F+1) D)
+    def forward(self, dense: torch.Tensor | None, sparse: torch.Tensor) -> torch.Tensor:
+        _check_inputs("DCNInteraction", dense, sparse, self.num_sparse_features, self.embedding_dim, self.with_dense)
+        combined = _combined(dense, sparse)  # (B, F(+1), D)
+        return self.crossnet(combined.reshape(sparse.shape[0], -1))  # (B, N)
 
 
 class ProjectionInteraction(nn.Module):
@@ -87,7 +116,8 @@ class ProjectionInteraction(nn.Module):
     ``Y = branch1(flat C).view(B, F1, D)``, ``Z = branch2(flat C).view(B, D, F2)``,
     ``out = cat(dense, flat(Y Z))`` of width ``D + F1 F2``. Each branch is an MLP over
     ``(F+1) D`` inputs with the given layer sizes (activation after every layer, as torchrec's MLP);
-    the last size of each branch must be a multiple of D.
+    the last size of each branch must be a multiple of D. With ``with_dense=False``: C is the sparse
+    rows alone (branches over ``F D`` inputs) and ``out = flat(Y Z)``, of width ``F1 F2``.
     """
 
     def __init__(
@@ -98,10 +128,13 @@ class ProjectionInteraction(nn.Module):
         interaction_branch2_layer_sizes: Sequence[int],
         *,
         activation: ActivationSpec = "relu",
+        with_dense: bool = True,
     ) -> None:
         super().__init__()
         self.num_sparse_features = F = int(num_sparse_features)
         self.embedding_dim = D = int(embedding_dim)
+        self.with_dense = bool(with_dense)
+        rows = F + int(self.with_dense)
         projected = []
         for name, sizes in (("interaction_branch1_layer_sizes", interaction_branch1_layer_sizes),
                             ("interaction_branch2_layer_sizes", interaction_branch2_layer_sizes)):
@@ -114,15 +147,16 @@ class ProjectionInteraction(nn.Module):
                 )
             projected.append(sizes[-1] // D)
         self.F1, self.F2 = projected
-        self.branch1 = MLP((F + 1) * D, interaction_branch1_layer_sizes, activation=activation)
-        self.branch2 = MLP((F + 1) * D, interaction_branch2_layer_sizes, activation=activation)
-        self.out_features = D + self.F1 * self.F2
+        self.branch1 = MLP(rows * D, interaction_branch1_layer_sizes, activation=activation)
+        self.branch2 = MLP(rows * D, interaction_branch2_layer_sizes, activation=activation)
+        self.out_features = (D if self.with_dense else 0) + self.F1 * self.F2
 
-    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
-        _check_inputs("ProjectionInteraction", dense, sparse, self.num_sparse_features, self.embedding_dim)
-        B, D = dense.shape
-        flat = torch.cat((dense.unsqueeze(1), sparse), dim=1).reshape(B, -1)  # (B, (F+1) D)
+    def forward(self, dense: torch.Tensor | None, sparse: torch.Tensor) -> torch.Tensor:
+        _check_inputs("ProjectionInteraction", dense, sparse, self.num_sparse_features, self.embedding_dim,
+                      self.with_dense)
+        B, D = sparse.shape[0], self.embedding_dim
+        flat = _combined(dense, sparse).reshape(B, -1)  # (B, (F+1) D), (B, F D) without dense
         y = self.branch1(flat).view(B, self.F1, D)  # (B, F1, D)
         z = self.branch2(flat).view(B, D, self.F2)  # (B, D, F2)
         inter = torch.bmm(y, z).reshape(B, -1)  # (B, F1 F2)
-        return torch.cat((dense, inter), dim=1)  # (B, D + F1 F2)
+        return inter if dense is None else torch.cat((dense, inter), dim=1)  # (B, [D +] F1 F2)

@@ -374,7 +374,8 @@ class ExportedModel:
         self._run = program_runner(self.meta["format"], self.directory / self.meta["file"])
 
     def __call__(self, dense: Any, values: Any, lengths: Any) -> np.ndarray:
-        dense = np.ascontiguousarray(dense, np.float32).reshape(-1, self.num_dense)
+        dense = np.ascontiguousarray(dense, np.float32)
+        dense = dense.reshape(-1, self.num_dense) if self.num_dense else dense.reshape(len(dense), 0)  # (B, I)
         values, lengths = np.ascontiguousarray(values, np.int64), np.ascontiguousarray(lengths, np.int64)
         F, B = len(self.sparse_keys), dense.shape[0]
         if lengths.shape != (F * B,) or values.shape != (int(lengths.sum()),):
