@@ -17,7 +17,13 @@ install: $(BIN)/ctrkit
 demo: install
 	$(BIN)/ctrkit demo
 
+# tests/report renders run reports in headless Chromium (Debian package chromium): installed when missing,
+# as root or through sudo.
+APT_CHROMIUM := apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
+
 test: install
+	@command -v chromium >/dev/null 2>&1 || { echo "installing chromium (for tests/report)"; \
+	  if [ "$$(id -u)" = 0 ]; then $(APT_CHROMIUM); else sudo sh -c '$(APT_CHROMIUM)'; fi; }
 	$(BIN)/python -m pytest -q
 
 lint: install
