@@ -71,8 +71,10 @@ def prepare(dataset: str, out: Path, split_seed: int = 0) -> dict[str, str]:
 
 def config_paths(dataset: str, models: list[str] | None) -> dict[str, Path]:
     """{model: configs/<dataset>/<model>.yaml} for ``models`` (default: every config of the dataset)."""
+    from ctrkit.tune import SPACE_SUFFIX
+
     folder = REPO / "configs" / dataset
-    found = {p.stem: p for p in sorted(folder.glob("*.yaml"))}
+    found = {p.stem: p for p in sorted(folder.glob("*.yaml")) if not p.name.endswith(SPACE_SUFFIX)}
     if not models:
         return found
     missing = [m for m in models if m not in found]

@@ -61,7 +61,9 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", required=True, help="YAML config (see configs/)")
     p.add_argument("--resume", help="checkpoint to resume from (exact, mid-epoch)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=runner.run_train)
+    p.add_argument("--log", action="append", choices=["tensorboard"],
+                   help="a logger besides metrics.jsonl (run.log): tensorboard writes RUN_DIR/tensorboard")
+    p.set_defaults(func=_run_train)
 
     e = sub.add_parser("evaluate", help="evaluate a checkpoint on a store")
     e.add_argument("--checkpoint", required=True)
@@ -81,6 +83,22 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--out", default="demo_out", help="working directory")
     d.add_argument("--epochs", type=int, default=6)
     d.set_defaults(func=runner.run_demo)
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    from ctrkit import runner
+
+    if args.log:  # --log tensorboard is the override run.log=[tensorboard], after the others
+        args.overrides = [*(args.overrides or []), f"run.log=[{','.join(dict.fromkeys(args.log))}]"]
+    return runner.run_train(args)
+
+
+def _add_tune(sub: argparse._SubParsersAction) -> None:
+    from ctrkit import tune
+
+    p = sub.add_parser("tune", help="hyper-parameter search with Optuna over a config's search space (resumable)")
+    tune.add_tune_args(p)
+    p.set_defaults(func=tune.run_tune)
 
 
 def _add_recall(sub: argparse._SubParsersAction) -> None:
@@ -117,8 +135,17 @@ def _run_serve(args: argparse.Namespace) -> int:
     return run_serve(args)
 
 
+def _add_report(sub: argparse._SubParsersAction) -> None:
+    from ctrkit.report import cli as report_cli  # light: matplotlib is imported only when a report is written
+
+    p = sub.add_parser("report", help="HTML report of a run (plots, metrics, data), or several runs compared")
+    report_cli.add_report_args(p)
+    p.set_defaults(func=report_cli.cli_run)
+
+
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
-    _add_preprocess, _add_synth, _add_run_commands, _add_recall, _add_serve, _add_export, _add_models,
+    _add_preprocess, _add_synth, _add_run_commands, _add_recall, _add_serve, _add_export, _add_models, _add_tune,
+    _add_report,
 ]
 
 
@@ -137,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
     )
     args.overrides = extra
-    if extra and args.command != "train":
+    if extra and args.command not in ("train", "tune"):  # config overrides
         build_parser().error(f"unrecognized arguments: {' '.join(extra)}")
     from ctrkit.errors import CtrkitError
 

@@ -18,9 +18,11 @@ from ctrkit.data.store import Store
 from ctrkit.data.tabular import preprocess_table
 from ctrkit.models.registry import create_model, get_model_class, list_models
 from ctrkit.train.config import load_config, read_config_file
+from ctrkit.tune import SPACE_SUFFIX
 
 REPO = Path(__file__).resolve().parents[2]
-CONFIGS = sorted(p for p in (REPO / "configs").glob("*/*.yaml") if not p.parent.name.startswith("_"))
+CONFIGS = sorted(p for p in (REPO / "configs").glob("*/*.yaml")  # search spaces (tune) lie beside the configs
+                 if not p.parent.name.startswith("_") and not p.name.endswith(SPACE_SUFFIX))
 BASES = sorted((REPO / "configs" / "_base").glob("*.yaml"))
 DATASETS = ("criteo", "movielens")
 BEHAVIOUR_DATASETS = ("beauty", "taobao")  # behaviour stores: configs of the behaviour models

@@ -1,0 +1,402 @@
+"""Hyper-parameter search: ``ctrkit tune --config C --trials N`` runs an Optuna study (TPE, pruning) over a config.
+
+The search space is YAML beside the config (``deepfm.search.yaml`` for ``deepfm.yaml``; or ``--space``)::
+
+    metric: auc                  # the objective, best valid value of a trial (default: train.early_stopping.metric)
+    pruner: {kind: median, startup_trials: 3, warmup_evals: 1}   # or {kind: none}
+    params:                      # config key paths, as in overrides
+      train.lr: {low: 1.0e-4, high: 1.0e-2, log: true}       # also step: 0.1, int: true (train.epochs)
+      model.params.dnn_hidden: {choices: [[256, 128], [400, 400, 400]]}
+
+Each key is checked first (an unknown one names the closest) and a config built with each range end and choice.
+The study directory (``--study-dir``, default ``<run.dir>/tune/<dataset>-<model>``) holds ``study.db`` (SQLite:
+rerun the command to resume), ``trials/trial-<n>/`` (normal run dirs) and ``best.yaml`` (``ctrkit train --config``).
+
+- The objective is a trial's best *valid* metric (``summary["best"]["value"]``; tune makes the metric
+  ``train.early_stopping.metric``, by which best.pt is chosen); test is never looked at.
+- A trial reports the metric after each evaluation at step = its index (0, 1, ...): epoch by epoch, any batch size.
+- TPE samples at random for its first ``min(10, max(2, N // 2))`` trials, seeded ``seed + trials so far``.
+- ``--trials N`` counts finished (complete or pruned) trials, resumed ones too. One tune per study directory
+  (a lock): a RUNNING trial found at start was left by a killed process; it is marked FAIL and run again. A
+  resumed study keeps its config and search space; a TrainingError (a non-finite loss) fails one trial only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import logging
+import math
+import re
+import sys
+import typing
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from ctrkit.data.store import atomic_file
+from ctrkit.errors import ConfigError, JobError, TrainingError
+from ctrkit.metrics import higher_is_better
+from ctrkit.models.registry import check_model_params, model_params
+from ctrkit.runner import train_from_config
+from ctrkit.train.config import Config, apply_overrides, config_from_dict, config_to_dict, read_config_file
+from ctrkit.train.rundir import RunLock
+from ctrkit.train.trainer import Callback
+from ctrkit.typecheck import build, suggest
+
+log = logging.getLogger(__name__)
+
+BEST_MARK = "# written by ctrkit tune"  # the first line of a best.yaml that tune may replace
+FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
+@dataclass
+class ParamRange:
+    """One searched key: a range ``low``..``high`` (``log`` scale, ``step``, ``int``) or a list of ``choices``."""
+
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    step: float | None = None
+    int: bool = False
+    choices: list[Any] | None = None
+
+
+@dataclass
+class PrunerSpec:
+    """``median``: stop a trial worse than the median of the finished ones at the same evaluation, once
+    ``startup_trials`` finished, never before ``warmup_evals`` evaluations; ``none``: run every trial to its end."""
+
+    kind: Literal["median", "none"] = "median"
+    startup_trials: int = 3
+    warmup_evals: int = 1
+
+
+@dataclass
+class SearchSpace:
+    metric: str | None = None
+    pruner: PrunerSpec = field(default_factory=PrunerSpec)
+    params: dict[str, ParamRange] = field(default_factory=dict)
+
+
+SPACE_SUFFIX = ".search.yaml"  # a config's search space lies beside it: deepfm.yaml -> deepfm.search.yaml
+
+
+def default_space_path(config: str | Path) -> Path:
+    """``configs/criteo/deepfm.yaml`` -> ``configs/criteo/deepfm.search.yaml``."""
+    return Path(config).with_suffix(SPACE_SUFFIX)
+
+
+# ---- the search space -------------------------------------------------------------------------------------
+def load_search_space(path: str | Path, base: dict[str, Any]) -> SearchSpace:
+    """The search space of ``path``, every key and value checked against ``base`` (a config's nested dict)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"search space {p} does not exist; write one (see configs/criteo/deepfm.search.yaml) "
+                          "or pass --space PATH")
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"search space {p} is not valid YAML: {e}") from None
+    if not isinstance(raw, dict) or not raw.get("params"):
+        raise ConfigError(f"search space {p} must be a mapping with a non-empty 'params' block, e.g. "
+                          "params: {train.lr: {low: 1.0e-4, high: 1.0e-2, log: true}}")
+    try:
+        space = build(SearchSpace, raw)
+        model = config_from_dict(copy.deepcopy(base)).model.name
+        for key, spec in space.params.items():
+            if spec.choices is not None:  # PyYAML reads 1e-3 (no dot) as text
+                spec.choices = [float(c) if isinstance(c, str) and FLOAT_TEXT.fullmatch(c) else c for c in spec.choices]
+            _check_range(key, spec)
+            _check_key(key, model)
+            ends = [int(spec.low), int(spec.high)] if spec.int else [spec.low, spec.high]  # type: ignore[arg-type]
+            for value in spec.choices if spec.choices is not None else ends:
+                _check_value(base, key, value)
+    except ConfigError as e:
+        raise ConfigError(f"search space {p}: {e}") from None
+    if min(space.pruner.startup_trials, space.pruner.warmup_evals) < 0:
+        raise ConfigError(f"search space {p}: pruner.startup_trials and pruner.warmup_evals must be >= 0")
+    return space
+
+
+def _check_range(key: str, s: ParamRange) -> None:
+    ranged = s.low is not None or s.high is not None or s.log or s.step is not None or s.int
+    checks = [(s.choices is None or (bool(s.choices) and not ranged), "give a non-empty 'choices' list alone"),
+              (s.choices is not None or (s.low is not None and s.high is not None),
+               "give 'low' and 'high' (a range) or 'choices' (a list)")]
+    if s.choices is None and s.low is not None and s.high is not None:
+        whole = [v for v in (s.low, s.high, s.step) if v is not None]
+        checks += [(s.low <= s.high, f"low {s.low} is above high {s.high}"),
+                   (not s.log or (s.low > 0 and s.step is None), "a log range needs low > 0 and no step"),
+                   (s.step is None or s.step > 0, "step must be > 0"),
+                   (not s.int or all(float(v).is_integer() for v in whole), f"an int range needs whole numbers: {whole}")]
+    for ok, msg in checks:
+        if not ok:
+            raise ConfigError(f"params {key!r}: {msg}")
+
+
+def _check_key(key: str, model: str) -> None:
+    """``key`` names a config value: a leaf of the config dataclasses, or ``model.params.<parameter>``."""
+    parts, cls = key.split("."), Config
+    for i, part in enumerate(parts):
+        here, rest, names = ".".join(parts[: i + 1]), parts[i + 1:], [f.name for f in dataclasses.fields(cls)]
+        if part not in names:
+            raise ConfigError(f"params {key!r}: unknown config key {here!r}{suggest(part, names)}")
+        tp = typing.get_type_hints(cls)[part]
+        if dataclasses.is_dataclass(tp):
+            cls = tp  # type: ignore[assignment]
+            continue
+        if here == "model.params":
+            name, valid = ".".join(rest), list(model_params(model))
+            if name not in valid:
+                raise ConfigError(f"params {key!r}: model {model!r} has no parameter {name!r}{suggest(name, valid)}")
+        elif rest:
+            raise ConfigError(f"params {key!r}: {here!r} is a value, it has no key {rest[0]!r}")
+        return
+    raise ConfigError(f"params {key!r} is a block of the config; name one of its keys ({key}.<key>)")
+
+
+def _check_value(base: dict[str, Any], key: str, value: Any) -> None:
+    try:
+        cfg = config_from_dict(with_values(base, {key: value}))
+        check_model_params(cfg.model.name, cfg.model.params)
+    except ConfigError as e:
+        hint = "; write int: true for a range of whole numbers" if "expects int" in str(e) else ""
+        raise ConfigError(f"params {key!r}: the value {value!r} makes a bad config: {e}{hint}") from None
+
+
+def with_values(base: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    """A copy of the nested config dict ``base`` with each dotted key of ``values`` set."""
+    data = copy.deepcopy(base)
+    for key, value in values.items():
+        *path, last = key.split(".")
+        node = data
+        for part in path:
+            node[part] = node.get(part) or {}
+            node = node[part]
+        node[last] = value
+    return data
+
+
+def _suggest(trial: Any, key: str, s: ParamRange) -> Any:
+    if s.choices is not None:  # optuna's categorical values are scalars: lists travel as JSON text
+        if all(c is None or isinstance(c, (bool, int, float, str)) for c in s.choices):
+            return trial.suggest_categorical(key, s.choices)
+        return json.loads(trial.suggest_categorical(key, [json.dumps(c) for c in s.choices]))
+    if s.int:
+        return trial.suggest_int(key, int(s.low), int(s.high), step=int(s.step or 1), log=s.log)
+    return trial.suggest_float(key, s.low, s.high, step=s.step, log=s.log)
+
+
+# ---- the study ---------------------------------------------------------------------------------------------
+@dataclass
+class TuneResult:
+    study: str
+    storage: Path
+    metric: str
+    best: Any  # the best optuna FrozenTrial: number, value, user_attrs "values" and "run_dir"
+    best_config: Path
+    counts: dict[str, int]  # trials by state: complete, pruned, fail, finished (complete + pruned)
+
+
+class _PruneOnEval(Callback):
+    """Reports the valid ``metric`` of every evaluation to the trial; raises TrialPruned when the pruner says so."""
+
+    def __init__(self, trial: Any, metric: str) -> None:
+        self.trial, self.metric, self.evals = trial, metric, 0
+
+    def on_eval(self, trainer: Any, metrics: dict[str, float]) -> None:
+        import optuna
+
+        value, index = metrics.get(self.metric), self.evals
+        self.evals += 1
+        if value is None or not math.isfinite(value):
+            return
+        self.trial.report(value, index)
+        if self.trial.should_prune():
+            raise optuna.TrialPruned(f"valid {self.metric}={value:.6f} at evaluation {index} (step {trainer.step})")
+
+
+def _check_best_file(path: Path) -> None:
+    if path.exists() and (not path.is_file() or not path.read_text().startswith(BEST_MARK)):
+        raise JobError(f"{path} exists and was not written by ctrkit tune; move it away or choose another "
+                       "--study-dir (tune only replaces its own best.yaml)")
+
+
+def _check_same_setup(study: Any, setup: dict[str, Any], study_dir: Path) -> None:
+    """A resumed study goes on with the config and search space it started with (stored in the study)."""
+    setup, old = json.loads(json.dumps(setup)), study.user_attrs.get("setup")
+    if old is None:
+        study.set_user_attr("setup", setup)
+    elif old != setup:
+        keys = [f"{part}.{k}" for part, new in setup.items() for k in new.keys() | old[part].keys()
+                if new.get(k) != old[part].get(k)]
+        raise JobError(f"--study-dir {study_dir} holds a study of another setup ({', '.join(sorted(keys))} differ); "
+                       "resume it with its config, overrides and search space, or choose another --study-dir")
+
+
+def _fail_stale_trials(study: Any, storage: Any, n_params: int) -> None:
+    """Trials left RUNNING by a killed ``ctrkit tune``: FAIL, their parameters queued to run again."""
+    from optuna.trial import TrialState
+
+    study_id = storage.get_study_id_from_name(study.study_name)
+    waiting = [t.params for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))]
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
+        storage.set_trial_user_attr(trial_id, "stopped", "left RUNNING by a process that ended; a later run failed it")
+        storage.set_trial_state_values(trial_id, TrialState.FAIL)
+        again = len(t.params) == n_params and t.params not in waiting
+        if again:
+            study.enqueue_trial(t.params)
+            waiting.append(t.params)
+        log.warning("trial %d was left RUNNING by a tune that stopped (killed?): marked FAIL%s", t.number,
+                    "; its parameters run again as a new trial" if again else "")
+
+
+def tune(config: str | Path, trials: int, *, space: str | Path | None = None, study_dir: str | Path | None = None,
+         timeout: float | None = None, seed: int = 0, overrides: Sequence[str] = ()) -> TuneResult:
+    """Run (or resume) the study of ``config`` until it holds ``trials`` finished trials; see the module docstring."""
+    try:
+        import optuna
+    except ImportError as e:
+        raise JobError(f"ctrkit tune needs Optuna ({e}); pip install 'ctrkit[tune]'") from None
+    if trials < 1:
+        raise ConfigError(f"--trials must be >= 1, got {trials}")
+    base = apply_overrides(read_config_file(config), list(overrides))
+    cfg = config_from_dict(copy.deepcopy(base))
+    if not cfg.data.valid:
+        raise ConfigError("data.valid is not set: tune's objective is the best valid metric; give a valid store")
+    spec = load_search_space(Path(space) if space is not None else default_space_path(config), base)
+    metric = spec.metric or cfg.train.early_stopping.metric
+    base = with_values(base, {"train.early_stopping.metric": metric,
+                              "train.metrics": list(dict.fromkeys([*cfg.train.metrics, metric]))})
+    cfg = config_from_dict(copy.deepcopy(base))
+    name = f"{Path(config).resolve().parent.name}-{Path(config).stem}"  # criteo-deepfm
+    root = Path(study_dir) if study_dir is not None else Path(cfg.run.dir) / "tune" / name
+    root.mkdir(parents=True, exist_ok=True)
+    _check_best_file(root / "best.yaml")
+    try:  # one tune per study directory: a RUNNING trial found at start is stale
+        lock = RunLock(root).acquire()
+    except TrainingError:
+        pid = (root / ".lock").read_text().strip() or "?"
+        raise JobError(f"--study-dir {root} is in use by another ctrkit tune (pid {pid}); wait for it or choose "
+                       "another --study-dir") from None
+    level = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # tune logs each trial itself
+    try:
+        return _run_study(name, root, base, cfg, spec, trials, timeout, seed)
+    finally:
+        optuna.logging.set_verbosity(level)
+        lock.release()
+
+
+def _run_study(name: str, root: Path, base: dict[str, Any], cfg: Config, spec: SearchSpace, trials: int,
+               timeout: float | None, seed: int) -> TuneResult:
+    import optuna
+
+    db, trials_dir, best_path = root / "study.db", root / "trials", root / "best.yaml"
+    if not db.exists() and trials_dir.is_dir() and any(trials_dir.iterdir()):
+        raise JobError(f"--study-dir {root} holds trials but no study.db; choose another --study-dir")
+    storage = optuna.storages.RDBStorage(f"sqlite:///{db.resolve()}")
+    if others := [n for n in optuna.study.get_all_study_names(storage) if n != name]:
+        raise JobError(f"--study-dir {root} holds the study {others[0]!r}, not {name!r}; choose another --study-dir")
+    es = cfg.train.early_stopping
+    maximise = higher_is_better(es.metric) if es.mode == "auto" else es.mode == "max"
+    p = spec.pruner
+    pruner = (optuna.pruners.MedianPruner(n_startup_trials=p.startup_trials, n_warmup_steps=p.warmup_evals)
+              if p.kind == "median" else optuna.pruners.NopPruner())
+    study = optuna.create_study(storage=storage, study_name=name, load_if_exists=True,
+                                direction="maximize" if maximise else "minimize", pruner=pruner)
+    setup = {k: v for k, v in config_to_dict(cfg).items() if k != "run"}  # run.*: where, not what
+    setup["train"].pop("threads")  # how fast, not what
+    _check_same_setup(study, {"config": setup, "space": dataclasses.asdict(spec)}, root)
+    _fail_stale_trials(study, storage, len(spec.params))
+    study.sampler = optuna.samplers.TPESampler(seed=seed + len(study.trials),
+                                               n_startup_trials=min(10, max(2, trials // 2)))
+    remaining = trials - _count(study)["finished"]
+    log.info("study %s in %s: %d trials finished, %d to run; objective: best valid %s (%s)", name, db,
+             trials - remaining, max(remaining, 0), es.metric, "max" if maximise else "min")
+
+    def objective(trial: Any) -> float:
+        values = {key: _suggest(trial, key, s) for key, s in spec.params.items()}
+        run_dir = trials_dir / f"trial-{trial.number}"
+        trial.set_user_attr("values", values)
+        trial.set_user_attr("run_dir", str(run_dir))
+        log.info("trial %d: %s", trial.number, _fmt_values(values))
+        trial_cfg = config_from_dict(with_values(base, {**values, "run.dir": str(trials_dir),
+                                                        "run.name": run_dir.name, "train.progress": False}))
+        summary = train_from_config(trial_cfg, progress=False, callbacks=[_PruneOnEval(trial, es.metric)])
+        value = (summary.get("best") or {}).get("value")
+        if value is None or not math.isfinite(value):
+            raise TrainingError(f"trial {trial.number}: no finite valid {es.metric} was computed (run {run_dir})")
+        return float(value)
+
+    if remaining > 0:
+        study.optimize(objective, n_trials=remaining, timeout=timeout, catch=(TrainingError,), callbacks=[_log_trial])
+    counts = _count(study)
+    if counts["complete"] == 0:
+        raise JobError(f"no trial of study {name} completed ({counts}); see the log and the run directories "
+                       f"under {trials_dir}")
+    best = study.best_trial
+    values = best.user_attrs["values"]
+    text = yaml.safe_dump(config_to_dict(config_from_dict(with_values(base, values))), sort_keys=False)
+    _check_best_file(best_path)
+    with atomic_file(best_path, option="--study-dir") as tmp:
+        tmp.write_text(f"{BEST_MARK}: study {name} ({db}), trial {best.number}, valid {es.metric}="
+                       f"{best.value:.6f}\n# {_fmt_values(values)}\n{text}")
+    return TuneResult(name, db, es.metric, best, best_path, counts)
+
+
+def _count(study: Any) -> dict[str, int]:
+    states = [t.state.name.lower() for t in study.get_trials(deepcopy=False)]
+    n = {k: states.count(k) for k in ("complete", "pruned", "fail")}
+    return {**n, "finished": n["complete"] + n["pruned"]}
+
+
+def _log_trial(study: Any, trial: Any) -> None:
+    state, values = trial.state.name.lower(), trial.intermediate_values
+    if state == "complete":
+        log.info("trial %d complete in %.1fs: valid %.6f (best: trial %d, %.6f)", trial.number,
+                 trial.duration.total_seconds(), trial.value, study.best_trial.number, study.best_value)
+    elif state == "pruned":
+        log.info("trial %d pruned after %d evaluations (valid %.6f)", trial.number, len(values), values[max(values)])
+    else:
+        log.warning("trial %d %s (run %s)", trial.number, state, trial.user_attrs.get("run_dir"))
+
+
+def _fmt_values(values: dict[str, Any]) -> str:
+    return "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items())
+
+
+# ---- CLI -----------------------------------------------------------------------------------------------
+def add_tune_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True, help="YAML config whose keys are searched (see configs/)")
+    p.add_argument("--trials", type=int, required=True, help="finished trials the study should hold (resumes count)")
+    p.add_argument("--space", help="search space YAML (default: <config stem>.search.yaml beside the config)")
+    p.add_argument("--study-dir", help="study.db, trials/ and best.yaml (default: <run.dir>/tune/<dataset>-<model>)")
+    p.add_argument("--timeout", type=float, help="stop starting trials after this many seconds")
+    p.add_argument("--seed", type=int, default=0, help="the sampler's seed")
+    p.add_argument("--log", action="append", choices=["tensorboard"], help="extra logger of every trial")
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    """``ctrkit tune``: the best trial and its config on stdout; Ctrl-C keeps the study for a rerun."""
+    overrides = [*(getattr(args, "overrides", None) or []), *([f"run.log=[{','.join(args.log)}]"] if args.log else [])]
+    try:
+        r = tune(args.config, args.trials, space=args.space, study_dir=args.study_dir, timeout=args.timeout,
+                 seed=args.seed, overrides=overrides)
+    except KeyboardInterrupt:
+        log.error("interrupted (Ctrl-C); the study is kept: run the same command again to resume it")
+        return 130
+    c, b = r.counts, r.best
+    sys.stdout.write(f"study {r.study}: {c['finished']} trials finished ({c['complete']} complete, {c['pruned']} "
+                     f"pruned), {c['fail']} failed; {r.storage}\n"
+                     f"best: trial {b.number}, valid {r.metric}={b.value:.6f} (run {b.user_attrs['run_dir']})\n"
+                     f"params: {_fmt_values(b.user_attrs['values'])}\n"
+                     f"best config: {r.best_config} (ctrkit train --config {r.best_config})\n")
+    return 0
