@@ -42,7 +42,7 @@ def test_train_prints_valid_and_test_metrics(trained, capsys):
                f"--data.test={trained / 'criteo/test'}", f"--run.dir={trained / 'runs'}", "--run.name=p",
                "--train.epochs=1", "--model.params.dense_arch=[8]", "--model.params.over_arch=[8]"])
     out = capsys.readouterr().out
-    assert rc == 0 and "best valid (epoch 0, step " in out and "test with best.pt: auc=" in out
+    assert rc == 0 and "best valid (epoch 1 of 1, step " in out and "test with best.pt: auc=" in out
 
 
 def test_evaluate(trained, capsys):

@@ -111,7 +111,7 @@ def test_train_prints_the_best_valid_evaluation_beside_test(stores, capsys):
     s = json.loads((d / "runs/printed/summary.json").read_text())
     b = s["best"]
     assert rc == 0
-    assert (f"best valid (epoch {b['epoch']}, step {b['step']}): auc={b['valid']['auc']:.5f}  "
+    assert (f"best valid (epoch {b['epoch'] + 1} of 2, step {b['step']}): auc={b['valid']['auc']:.5f}  "
             f"logloss={b['valid']['logloss']:.5f}") in out
     assert f"test with best.pt: auc={s['test']['auc']:.5f}" in out
     assert "s/epoch" in out and "samples/s" in out

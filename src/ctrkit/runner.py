@@ -382,7 +382,8 @@ def run_train(args: argparse.Namespace) -> int:
     sys.stdout.write(f"run: {summary['run_dir']}\n")
     best = summary.get("best")
     if best:  # the evaluation whose checkpoint (best.pt) scored the test split
-        sys.stdout.write(f"best valid (epoch {best['epoch']}, step {best['step']}): {_fmt(best['valid'])}\n")
+        sys.stdout.write(f"best valid (epoch {best['epoch'] + 1} of {summary['epochs']}, step {best['step']}): "
+                         f"{_fmt(best['valid'])}\n")  # epochs counted from 1 here, from 0 in the records
     if "test" in summary:
         sys.stdout.write(f"test with {'best.pt' if best else 'the last weights'}: {_fmt(summary['test'])}\n")
     sps = summary.get("samples_per_second")
