@@ -145,10 +145,14 @@ def test_config_builds_its_model_and_scores_a_batch(path: Path, stores: dict[str
 @pytest.mark.parametrize("dataset", DATASETS + BEHAVIOUR_DATASETS + RETRIEVAL_DATASETS)
 def test_zoo_configs_of_a_dataset_share_data_and_base(dataset: str) -> None:
     """Side-by-side numbers need the same batches and budget: the data block, epochs, dense optimizer
-    and early stopping are equal across a dataset's zoo configs (the lead's criteo/dlrm.yaml excepted)."""
+    and early stopping are equal across a dataset's zoo configs (the lead's criteo/dlrm.yaml excepted, and lr,
+    which is trained to its convex optimum -- tests/models/test_lr_optimum.py -- on the same stores)."""
     cfgs = {p.stem: load_config(p) for p in CONFIGS if p.parent.name == dataset}
     if dataset == "criteo":
         cfgs.pop("dlrm", None)
+    if (lr := cfgs.pop("lr", None)) is not None:
+        c = next(iter(cfgs.values()))
+        assert (lr.data.train, lr.data.valid, lr.data.test) == (c.data.train, c.data.valid, c.data.test)
     base = {(repr(c.data), c.train.epochs, c.train.lr, c.train.dense_optimizer, c.train.sparse_optimizer,
              repr(c.train.early_stopping)) for c in cfgs.values()}
     assert len(base) == 1, base
@@ -164,7 +168,11 @@ def test_zoo_configs_inherit_their_dataset_base_and_keep_only_what_differs(datas
     for path in (p for p in CONFIGS if p.parent.name == dataset):
         raw = yaml.safe_load(path.read_text())
         assert raw["defaults"] == [f"../_base/{dataset}.yaml"], path
-        assert "data" not in raw and "run" not in raw, f"{path} repeats a block of its base"
+        assert "run" not in raw, f"{path} repeats a block of its base"
+        if path.stem == "lr":  # its own batch size (criteo: full batch) for the convex optimum
+            assert set(raw.get("data", {})) <= {"batch_size"}, path
+            continue
+        assert "data" not in raw, f"{path} repeats a block of its base"
         repeated = {k for k, v in raw.get("train", {}).items() if base["train"].get(k) == v}
         assert not repeated, f"{path} repeats train keys of its base: {sorted(repeated)}"
         assert load_config(path).data == load_config(base_file).data
