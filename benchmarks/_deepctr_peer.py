@@ -16,6 +16,7 @@ the test predictions to ``--out`` and prints one line ``PEER_RESULT {json}``.
 """
 
 import argparse
+import functools
 import json
 import time
 
@@ -77,7 +78,16 @@ def main():
     elif a.model == "AFM":  # AFM's interaction part takes sparse features only; dense ones stay in the linear part
         model = zoo.AFM(cols, [c for c in cols if not isinstance(c, DenseFeat)], **params, **common)
     elif a.model == "MLR":
-        model = zoo.MLR(cols, **params, **common)
+        # DeepCTR-Torch 0.3.0's MLR takes seed= but does not pass it on to BaseModel.__init__, which seeds
+        # torch with its own default (1024): every --seed would build and shuffle identically (std 0 over
+        # seeds). Hand BaseModel the seed, as every other model here does.
+        from deepctr_torch.models.basemodel import BaseModel
+        base_init = BaseModel.__init__
+        BaseModel.__init__ = functools.partialmethod(base_init, seed=a.seed)
+        try:
+            model = zoo.MLR(cols, **params, **common)
+        finally:
+            BaseModel.__init__ = base_init
     else:
         model = getattr(zoo, a.model)(cols, cols, **params, **common)
     emb = [p for n, p in model.named_parameters() if "embedding_dict" in n]

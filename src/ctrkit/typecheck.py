@@ -41,6 +41,7 @@ _SCALARS = (bool, int, float, str)
 ALIASES = {"learning_rate": "lr", "lr_rate": "lr", "num_epochs": "epochs", "n_epochs": "epochs", "epoch": "epochs",
            "optimizer": "dense_optimizer", "l2_reg": "weight_decay", "l2": "weight_decay",
            "embedding_regularizer": "embedding_l2", "emb_lr": "embedding_lr", "patience": "early_stopping",
+           "ema": "ema_decay", "ema_momentum": "ema_decay", "model_ema_decay": "ema_decay",
            "bs": "batch_size", "batchsize": "batch_size", "model_name": "name", "model": "name"}
 
 

@@ -113,6 +113,8 @@ class TrainConfig:
     ftrl_l1: float = 0.0
     ftrl_l2: float = 0.0
     grad_clip: float | None = None  # max global L2 norm of dense gradients
+    # evaluate, checkpoint and keep a moving average of the weights (train/averaging.py); ~1/(1-d) steps
+    ema_decay: float | None = None
     eval_every: int | None = None  # steps between evaluations; None: at the end of every epoch
     checkpoint_every: int | None = None  # steps between last.pt saves (besides every evaluation)
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)

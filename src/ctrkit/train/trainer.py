@@ -4,6 +4,7 @@ One optimizer step reads top to bottom::
 
     loss, logs = task.loss(module, batch)      # CTRTask: BCE + the model's aux losses + penalties
     zero_grad(set_to_none) -> backward -> NaN/Inf guard -> clip dense grads -> optimizer step
+    -> fold the weights into their moving average (train.ema_decay only)
 
 Decisions worth knowing:
 
@@ -28,6 +29,9 @@ Decisions worth knowing:
   position (``loader.state_dict()``), early-stopping state and the python / numpy / torch RNG
   states. Resuming from it and running on gives bit-identical weights to a run that never stopped
   (dropout and shuffling included), provided the loader's order depends only on (seed, epoch).
+- Weight averaging (``ema_decay``, :mod:`ctrkit.train.averaging`): after each optimizer step the
+  weights enter a debiased moving average; evaluation and every checkpoint's ``model_state`` use the
+  average (the trained weights ride in the trainer state for resume) and ``fit`` leaves it in the model.
 - bf16 (``precision="bf16"``) runs the forward pass under CPU/CUDA autocast; the loss is computed
   in float32 and the parameters and optimizer states stay float32.
 - Run directory (locked while training, :mod:`ctrkit.train.rundir`): ``config.yaml`` (resolved), ``metrics.jsonl`` (one JSON object per log step,
@@ -44,6 +48,7 @@ import math
 import random
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -57,6 +62,7 @@ from ctrkit.batch import Batch
 from ctrkit.errors import ConfigError, TrainingError
 from ctrkit.metrics import higher_is_better
 from ctrkit.models.base import CTRModel
+from ctrkit.train.averaging import WeightAverage
 from ctrkit.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from ctrkit.train.config import TrainConfig, config_to_dict
 from ctrkit.train.memory import keep_freed_memory
@@ -185,6 +191,9 @@ class Trainer:
 
         seed_everything(config.seed)
         self.optimizer: OptimizerSet = build_optimizers(self.model, config)
+        # train.ema_decay: evaluation, checkpoints and the model fit() leaves hold the weights' moving average
+        self.average = (WeightAverage(self.model, config.ema_decay, self.optimizer.embedding_params)
+                        if config.ema_decay is not None else None)
         # progress state (all restored on resume)
         self.epoch = 0
         self.step = 0
@@ -211,9 +220,15 @@ class Trainer:
                 "training data is empty: the train loader yields no batches (empty store, or "
                 "batch_size larger than the data with drop_last=True)"
             )
+        if self.average is not None and self.average.finalized:
+            raise TrainingError("fit() already ran with train.ema_decay and left the averaged weights in the model; "
+                                "to train on, resume a new Trainer from the run's last.pt")
         self._prepare_run_dir()
         try:
-            return self._fit(n_batches)
+            summary = self._fit(n_batches)
+            if self.average is not None:
+                self.average.finalize()  # the trained model is the average (as evaluated and checkpointed)
+            return summary
         finally:
             if self._lock is not None:
                 self._lock.release()
@@ -303,8 +318,16 @@ class Trainer:
         return self.summary()
 
     def evaluate(self, loader: Iterable[Batch]) -> dict[str, float]:
-        """The task's metrics of the model on ``loader`` (its train/eval mode restored afterwards)."""
-        return self.task.evaluate(self.module, self._on_device(loader))
+        """The task's metrics of the model on ``loader`` (its train/eval mode restored afterwards); during
+        training with ``train.ema_decay``, of the averaged weights."""
+        with self._averaged_weights():
+            return self.task.evaluate(self.module, self._on_device(loader))
+
+    def _averaged_weights(self) -> AbstractContextManager[None]:
+        """The model holds the moving average inside the block while training with train.ema_decay."""
+        if self.average is None or self.average.finalized:
+            return nullcontext()
+        return self.average.applied_weights()
 
     def _clock(self, since: float) -> None:
         """Add the time since ``since`` (a ``time.perf_counter()``) to the training time."""
@@ -341,7 +364,11 @@ class Trainer:
             self._raise_non_finite(loss)
         if self.config.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(self.optimizer.dense_params, self.config.grad_clip)
+        if self.average is not None:
+            self.average.before_step()
         self.optimizer.step()
+        if self.average is not None:
+            self.average.after_step()
         return loss, logs
 
     def _raise_non_finite(self, loss: torch.Tensor) -> None:
@@ -363,6 +390,10 @@ class Trainer:
 
     # ---- evaluation, early stopping, checkpoints ------------------------------------------------------
     def _evaluate_and_checkpoint(self) -> None:
+        with self._averaged_weights():  # evaluated and saved: the same (averaged) weights
+            self._evaluate_and_checkpoint_now()
+
+    def _evaluate_and_checkpoint_now(self) -> None:
         if self.valid_loader is None:
             self._save("last.pt")
             return
@@ -425,15 +456,19 @@ class Trainer:
             "train_seconds": self.train_seconds,
             "samples": self.samples,
             "rng": rng_state(),
+            "weight_average": self.average.state_dict() if self.average is not None else None,
         }
 
     def save_checkpoint(self, path: str | Path) -> Path:
-        return save_checkpoint(
-            path, model=self.model, model_name=self.model_name, model_params=self.model_params,
-            schema=self.schema, config=self._config_dict(), optimizer=self.optimizer,
-            trainer_state=self.trainer_state(), vocab=self.vocab, pipeline=self.pipeline,
-            extra=self.extra,
-        )
+        """Model weights (the moving average with train.ema_decay; the trained weights then go in the
+        trainer state), optimizer and trainer state, config, schema and vocabulary."""
+        with self._averaged_weights():
+            return save_checkpoint(
+                path, model=self.model, model_name=self.model_name, model_params=self.model_params,
+                schema=self.schema, config=self._config_dict(), optimizer=self.optimizer,
+                trainer_state=self.trainer_state(), vocab=self.vocab, pipeline=self.pipeline,
+                extra=self.extra,
+            )
 
     def _save(self, name: str) -> None:
         if self.run_dir is not None:
@@ -450,6 +485,14 @@ class Trainer:
             self.optimizer.load_state_dict(ckpt["optimizer"])
         except (RuntimeError, ValueError, KeyError) as e:
             raise TrainingError(f"cannot resume from {path}: it does not match this model: {e}") from e
+        averaging = state.get("weight_average")
+        if (averaging is None) != (self.average is None):
+            raise TrainingError(
+                f"cannot resume from {path}: it was trained "
+                + (f"with train.ema_decay={averaging['decay']}; resume with that value" if averaging is not None
+                   else "without weight averaging; resume with train.ema_decay=null (or start a new run)"))
+        if self.average is not None:
+            self.average.load_state_dict(averaging)  # the model gets its trained weights back
         self.epoch = int(state["epoch"])
         self.step = int(state["step"])
         self.epoch_complete = bool(state["epoch_complete"])
