@@ -129,6 +129,15 @@ def test_cli_reference_lists_every_command_and_option() -> None:
                 assert f"`{action.option_strings[-1]}`" in body, (path, action.option_strings)
 
 
+def test_cli_module_docstring_names_every_command() -> None:
+    from ctrkit import cli
+
+    first = cli.__doc__.split("\n\n", 1)[0]
+    named = set(re.findall(r"[a-z]+", first.split("``", 1)[1]))
+    top = {path[0] for path, _, _ in cli_reference.walk(build_parser()) if len(path) == 1}
+    assert top <= named, sorted(top - named)
+
+
 def test_render_of_a_small_parser() -> None:
     p = argparse.ArgumentParser(prog="toy")
     sub = p.add_subparsers(dest="cmd")

@@ -1,4 +1,5 @@
-"""Command line: ``ctrkit preprocess | synth | train | evaluate | predict | recall | serve | export | models | demo``.
+"""Command line: ``ctrkit preprocess | synth | train | evaluate | predict | demo | recall | serve | export | models |
+tune | report``.
 
 Every sub-command lives in the module that does the work; this file only wires arguments to it.
 Errors of ctrkit's own kinds (bad config, bad data, bad store) are printed as one line and exit 2.
