@@ -94,6 +94,7 @@ def linear_by_loops(model_linear, batch: Batch, ids: np.ndarray, keys=("a", "b",
     ("pnn", {"product_units": 0}, "pnn: product_units"),
     ("mlr", {"regions": 0}, "mlr: regions"),
     ("mlr", {"l1": -1.0}, "mlr: l1"),
+    ("mlr", {"init_std": 0.0}, "mlr: init_std"),
     ("gbdt_lr", {"sparse_as": "onehot"}, "gbdt_lr: unknown sparse_as='onehot'"),
     ("gbdt_lr", {"num_leaves": 1}, "gbdt_lr: needs num_trees >= 1 and num_leaves >= 2"),
     ("wide_deep", {"crosses": (("user", "tags"),)}, "wide_deep: crosses entry"),
@@ -200,6 +201,17 @@ def test_mlr_equals_explicit_mixture_and_is_stable():
         assert torch.isfinite(model(batch)).all() and (model(batch) > 90).all()
         model.bias[m:] = -100.0
         assert (model(batch) < -90).all()
+
+
+def test_mlr_init_std_starts_every_region_weight_small():
+    torch.manual_seed(0)
+    small = create_model("mlr", tiny_schema(), regions=4, init_std=1e-4)
+    weights = torch.cat([small.sparse.table_weight(k).reshape(-1) for k in "abc"] + [small.dense.weight.reshape(-1)])
+    assert 0.5e-4 < float(weights.std()) < 2e-4 and float(weights.abs().max()) < 1e-3
+    default = create_model("mlr", tiny_schema(), regions=4)  # uniform tables: far larger starting weights
+    assert float(default.sparse.table_weight("a").abs().max()) > 1e-2
+    batch, _ = tiny_batch()
+    torch.testing.assert_close(small(batch), torch.zeros(len(batch)), rtol=0, atol=1e-3)  # every logit starts ~0
 
 
 def test_mlr_penalty_group_formula_and_task_loss():

@@ -43,10 +43,14 @@ from ctrkit.schema import Schema
 
 @register_model("mlr")
 class MLR(CTRModel):
-    """``regions``: m; ``l1`` / ``l2`` / ``l21``: penalty weights of the "regions" group (:meth:`param_groups`)."""
+    """``regions``: m; ``l1`` / ``l2`` / ``l21``: penalty weights of the "regions" group (:meth:`param_groups`);
+    ``init_std``: the region weights (id rows and dense weights) start N(0, init_std²) when given (DeepCTR's
+    MLR: 1e-4, so every region starts at logit ~0 and gate ~1/m whatever the seed), else the tables start
+    U(±√(1/rows)) (torchrec's default) and the dense weight at nn.Linear's default."""
 
     def __init__(
-        self, schema: Schema, *, regions: int = 12, l1: float = 0.0, l2: float = 0.0, l21: float = 0.0
+        self, schema: Schema, *, regions: int = 12, l1: float = 0.0, l2: float = 0.0, l21: float = 0.0,
+        init_std: float | None = None,
     ) -> None:
         super().__init__()
         if regions < 1:
@@ -54,12 +58,17 @@ class MLR(CTRModel):
         for name, value in (("l1", l1), ("l2", l2), ("l21", l21)):
             if value < 0:
                 raise ConfigError(f"mlr: {name} must be >= 0, got {value}")
+        if init_std is not None and not init_std > 0:
+            raise ConfigError(f"mlr: init_std must be > 0 (or null for the uniform start), got {init_std}")
         self.regions, self.l1, self.l2, self.l21 = int(regions), float(l1), float(l2), float(l21)
         m2 = 2 * self.regions
         self.keys = schema.pooled_keys
         # the schema's tables, 2m wide: (u_1..u_m, w_1..w_m) per id
-        self.sparse = make_embeddings(schema, self.keys, dim=m2) if self.keys else None
+        init = {} if init_std is None else {"init": "normal", "std": float(init_std)}
+        self.sparse = make_embeddings(schema, self.keys, dim=m2, **init) if self.keys else None
         self.dense = nn.Linear(schema.num_dense, m2, bias=False) if schema.num_dense else None
+        if self.dense is not None and init_std is not None:
+            nn.init.normal_(self.dense.weight, std=float(init_std))
         if self.sparse is None and self.dense is None:
             raise ConfigError("mlr needs at least one sparse or dense feature in the schema")
         self.bias = nn.Parameter(torch.zeros(m2))
