@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_trainer import Crash, MemLoader, TinyCTR, _cfg, _loaders, make_data
+from test_trainer import MemLoader, TinyCTR, _cfg, _loaders, make_data, resume_after_kill
 
 from ctrkit.errors import ConfigError
 from ctrkit.metrics import roc_auc
@@ -88,19 +88,7 @@ def test_average_differs_from_the_trained_weights():
 @pytest.mark.parametrize("kill_at", [7, 25])  # mid-epoch 0, and mid-epoch 1 after an eval
 def test_resume_with_averaging_is_exact(tmp_path, kill_at):
     cfg = _cfg(epochs=2, eval_every=10, checkpoint_every=1, sparse_optimizer="sparse_adam", ema_decay=0.9)
-
-    def run(run_dir, callbacks=(), resume=None, init_seed=0):
-        torch.manual_seed(init_seed)
-        train, valid = _loaders(n_train=1000)
-        return Trainer(TinyCTR(), train, cfg, valid_loader=valid, run_dir=run_dir, callbacks=callbacks,
-                       resume_from=resume)
-
-    full = run(tmp_path / "full")
-    full_summary = full.fit()
-    with pytest.raises(KeyboardInterrupt):
-        run(tmp_path / "cut", callbacks=[Crash(kill_at)]).fit()
-    resumed = run(tmp_path / "cut", resume=tmp_path / "cut" / "last.pt", init_seed=99)
-    summary = resumed.fit()
+    full, full_summary, resumed, summary, _ = resume_after_kill(tmp_path, cfg, kill_at)
     assert summary["steps"] == full_summary["steps"] == 32
     for (name, p), q in zip(full.model.named_parameters(), resumed.model.parameters(), strict=True):
         torch.testing.assert_close(q, p, rtol=0, atol=1e-6, msg=name)

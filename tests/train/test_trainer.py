@@ -286,9 +286,10 @@ class GradNorm(Callback):
         self.norms.append(float(g.norm()))
 
 
-@pytest.mark.parametrize("kill_at", [7, 25])  # mid-epoch 0, and mid-epoch 1 after an eval
-def test_resume_is_exact(tmp_path, kill_at):
-    cfg = _cfg(epochs=2, eval_every=10, checkpoint_every=1, sparse_optimizer="adagrad")
+def resume_after_kill(tmp_path, cfg: TrainConfig, kill_at: int):
+    """One run straight through (tmp_path/full) and one killed at step ``kill_at`` and resumed from its
+    last.pt (tmp_path/cut, model built from another seed) -> (full trainer, its summary, resumed trainer, its
+    summary, the run() that builds a trainer)."""
 
     def run(run_dir, callbacks=(), resume=None, init_seed=0):
         torch.manual_seed(init_seed)
@@ -302,7 +303,13 @@ def test_resume_is_exact(tmp_path, kill_at):
         run(tmp_path / "cut", callbacks=[Crash(kill_at)]).fit()
     assert load_checkpoint(tmp_path / "cut" / "last.pt")["trainer"]["step"] == kill_at
     resumed = run(tmp_path / "cut", resume=tmp_path / "cut" / "last.pt", init_seed=99)
-    summary = resumed.fit()
+    return full, full_summary, resumed, resumed.fit(), run
+
+
+@pytest.mark.parametrize("kill_at", [7, 25])  # mid-epoch 0, and mid-epoch 1 after an eval
+def test_resume_is_exact(tmp_path, kill_at):
+    cfg = _cfg(epochs=2, eval_every=10, checkpoint_every=1, sparse_optimizer="adagrad")
+    full, full_summary, resumed, summary, run = resume_after_kill(tmp_path, cfg, kill_at)
     assert summary["steps"] == full_summary["steps"] == 2 * 16
     for (name, p), q in zip(full.model.named_parameters(), resumed.model.parameters()):
         assert torch.equal(p, q), name

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from ctrkit.errors import ConfigError, TrainingError
+from ctrkit.train.optim import coalesce_rows, nonzero_rows
 
 
 def check_decay(decay: float) -> float:
@@ -82,10 +83,14 @@ class WeightAverage:
         since their accumulator was last current)."""
         self._touched = {}
         for i in self.row_index:
-            grad = self.params[i].grad
-            if grad is None:
+            p = self.params[i]
+            if p.grad is None:
                 continue
-            rows = _rows_of(grad)
+            if p.grad.is_sparse:  # coalesced once, here: the optimizer's own coalescing is then a no-op
+                p.grad = coalesce_rows(p.grad)
+                rows = p.grad.indices()[0]
+            else:
+                rows = nonzero_rows(p.grad)
             if rows.numel():
                 self._catch_up(i, rows)
                 self._touched[i] = rows
@@ -108,18 +113,20 @@ class WeightAverage:
     def _catch_up(self, i: int, rows: torch.Tensor | None = None) -> None:
         """acc <- d^k acc + (1 - d^k) w for the rows (all if None) whose accumulator misses k updates."""
         p, acc, cur = self.params[i].detach(), self.acc[i], self.current[i]
-        if rows is None:
-            behind = (self.updates - cur).to(acc.dtype)
-            keep = torch.pow(torch.tensor(self.decay, dtype=acc.dtype, device=acc.device), behind)
-            keep = keep.view(-1, *([1] * (acc.dim() - 1)))
-            acc.mul_(keep).add_(p * (1.0 - keep))
-            cur.fill_(self.updates)
-            return
-        behind = (self.updates - cur[rows]).to(acc.dtype)
+        if rows is not None:
+            p, acc_rows, cur_rows = p[rows], acc[rows], cur[rows]
+        else:
+            acc_rows, cur_rows = acc, cur
+        behind = (self.updates - cur_rows).to(acc.dtype)
         keep = torch.pow(torch.tensor(self.decay, dtype=acc.dtype, device=acc.device), behind)
         keep = keep.view(-1, *([1] * (acc.dim() - 1)))
-        acc.index_copy_(0, rows, acc[rows] * keep + p[rows] * (1.0 - keep))
-        cur[rows] = self.updates
+        caught_up = acc_rows * keep + p * (1.0 - keep)
+        if rows is None:
+            acc.copy_(caught_up)
+            cur.fill_(self.updates)
+        else:
+            acc.index_copy_(0, rows, caught_up)
+            cur[rows] = self.updates
 
     # ---- reading the average -----------------------------------------------------------------------------
     @torch.no_grad()
@@ -192,10 +199,3 @@ class WeightAverage:
         for cur in self.current.values():
             cur.fill_(self.updates)
 
-
-def _rows_of(grad: torch.Tensor) -> torch.Tensor:
-    """The distinct rows a sparse or dense gradient of a table touches (a dense one: its non-zero rows)."""
-    if grad.is_sparse:
-        rows = grad._indices()[0] if not grad.is_coalesced() else grad.indices()[0]
-        return torch.unique(rows)
-    return grad.reshape(grad.shape[0], -1).ne(0).any(1).nonzero().squeeze(1)

@@ -77,8 +77,13 @@ def _touched_rows(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if grad.is_sparse:
         g = coalesce_rows(grad)
         return g.indices()[0], g.values()
-    rows = grad.reshape(grad.shape[0], -1).ne(0).any(1).nonzero().squeeze(1)  # (R',)
+    rows = nonzero_rows(grad)
     return rows, grad[rows]
+
+
+def nonzero_rows(grad: torch.Tensor) -> torch.Tensor:
+    """The rows (R',) ascending of a dense [R, ...] table gradient with any non-zero entry."""
+    return grad.reshape(grad.shape[0], -1).ne(0).any(1).nonzero().squeeze(1)
 
 
 class RowWiseAdagrad(torch.optim.Optimizer):
