@@ -23,7 +23,7 @@ from ctrkit.models._towers import check_min, layer_options
 from ctrkit.models.base import CTRModel
 from ctrkit.models.registry import ConfigError, register_model
 from ctrkit.nn.attention import AFMAttention
-from ctrkit.nn.inputs import FieldEmbedding, LinearTerm
+from ctrkit.nn.inputs import ZOO_INIT_STD, FieldEmbedding, LinearTerm
 from ctrkit.schema import Schema
 
 
@@ -31,9 +31,12 @@ from ctrkit.schema import Schema
 class AFM(CTRModel):
     """Linear part + attention-pooled pairwise interactions (``attention_dim`` A, ``attention_dropout``)."""
 
-    def __init__(self, schema: Schema, *, attention_dim: int = 16, attention_dropout: float = 0.0) -> None:
+    def __init__(
+        self, schema: Schema, *, attention_dim: int = 16, attention_dropout: float = 0.0,
+        embedding_init_std: float | None = ZOO_INIT_STD,
+    ) -> None:
         super().__init__()
-        self.embedding = FieldEmbedding(schema, model="afm")
+        self.embedding = FieldEmbedding(schema, model="afm", init_std=embedding_init_std)
         d = self.embedding.embedding_dim  # ConfigError naming afm when dims differ
         f = self.embedding.num_fields
         if f < 2:

@@ -25,7 +25,7 @@ from ctrkit.models._towers import DNNOptions, TowerHead, check_min, dnn_options,
 from ctrkit.models.base import CTRModel
 from ctrkit.models.registry import ConfigError, register_model
 from ctrkit.nn.attention import MultiHeadSelfAttention
-from ctrkit.nn.inputs import FieldEmbedding
+from ctrkit.nn.inputs import ZOO_INIT_STD, FieldEmbedding
 from ctrkit.schema import Schema
 
 
@@ -38,6 +38,7 @@ class AutoInt(CTRModel):
         self,
         schema: Schema,
         *,
+        embedding_init_std: float | None = ZOO_INIT_STD,
         attention_layers: int = 3,
         num_heads: int = 2,
         head_dim: int | None = None,
@@ -51,7 +52,7 @@ class AutoInt(CTRModel):
         tower = dnn_options(self, dnn)  # checked even when autoint_plus=False leaves them unused
         check_min("autoint", "attention_layers", attention_layers, 1)
         check_min("autoint", "num_heads", num_heads, 1)
-        self.embedding = FieldEmbedding(schema, model="autoint")
+        self.embedding = FieldEmbedding(schema, model="autoint", init_std=embedding_init_std)
         d = self.embedding.embedding_dim  # ConfigError naming autoint when dims differ
         f = self.embedding.num_fields
         nd = schema.num_dense

@@ -24,7 +24,7 @@ from ctrkit.models._towers import DNNOptions, TowerHead, check_min, dnn_options
 from ctrkit.models.base import CTRModel
 from ctrkit.models.registry import register_model
 from ctrkit.nn.crossnet import VectorCrossNet
-from ctrkit.nn.inputs import FieldEmbedding
+from ctrkit.nn.inputs import ZOO_INIT_STD, FieldEmbedding
 from ctrkit.schema import Schema
 
 
@@ -36,12 +36,13 @@ class DCN(CTRModel):
         self,
         schema: Schema,
         *,
+        embedding_init_std: float | None = ZOO_INIT_STD,
         cross_layers: int = 3,
         **dnn: Unpack[DNNOptions],
     ) -> None:
         super().__init__()
         check_min("dcn", "cross_layers", cross_layers, 1)
-        self.embedding = FieldEmbedding(schema, model="dcn")
+        self.embedding = FieldEmbedding(schema, model="dcn", init_std=embedding_init_std)
         n = self.embedding.out_features + schema.num_dense
         self.cross = VectorCrossNet(n, num_layers=cross_layers)  # (B, N) -> (B, N)
         # logit = w^T [cross(x0); MLP(x0)] + b, or over the cross net alone for dnn_hidden=()

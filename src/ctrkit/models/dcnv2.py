@@ -26,7 +26,7 @@ from ctrkit.models._towers import DNNOptions, TowerHead, check_choice, check_min
 from ctrkit.models.base import CTRModel
 from ctrkit.models.registry import register_model
 from ctrkit.nn.crossnet import CrossNet, LowRankMixtureCrossNet
-from ctrkit.nn.inputs import FieldEmbedding
+from ctrkit.nn.inputs import ZOO_INIT_STD, FieldEmbedding
 from ctrkit.schema import Schema
 
 CROSS_TYPES = ("matrix", "mix")
@@ -42,6 +42,7 @@ class DCNv2(CTRModel):
         self,
         schema: Schema,
         *,
+        embedding_init_std: float | None = ZOO_INIT_STD,
         cross_type: Literal["matrix", "mix"] = "matrix",
         cross_layers: int = 3,
         rank: int = 32,
@@ -55,7 +56,7 @@ class DCNv2(CTRModel):
         check_choice("dcnv2", "structure", structure, STRUCTURES)
         check_min("dcnv2", "cross_layers", cross_layers, 1)
         self.structure = structure
-        self.embedding = FieldEmbedding(schema, model="dcnv2")
+        self.embedding = FieldEmbedding(schema, model="dcnv2", init_std=embedding_init_std)
         n = self.embedding.out_features + schema.num_dense
         if cross_type == "matrix":
             self.cross: nn.Module = CrossNet(n, num_layers=cross_layers)  # (B, N) -> (B, N)

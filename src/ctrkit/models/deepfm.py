@@ -25,7 +25,7 @@ from ctrkit.models._towers import DNNOptions, TowerHead
 from ctrkit.models.base import CTRModel
 from ctrkit.models.registry import register_model
 from ctrkit.nn.fm import FMInteraction
-from ctrkit.nn.inputs import FieldEmbedding, LinearTerm
+from ctrkit.nn.inputs import ZOO_INIT_STD, FieldEmbedding, LinearTerm
 from ctrkit.schema import Schema
 
 
@@ -37,11 +37,12 @@ class DeepFM(CTRModel):
         self,
         schema: Schema,
         *,
+        embedding_init_std: float | None = ZOO_INIT_STD,
         bias: bool = True,
         **dnn: Unpack[DNNOptions],
     ) -> None:
         super().__init__()
-        self.embedding = FieldEmbedding(schema, model="deepfm")
+        self.embedding = FieldEmbedding(schema, model="deepfm", init_std=embedding_init_std)
         d = self.embedding.embedding_dim  # ConfigError naming deepfm when dims differ
         self.linear = LinearTerm(schema, bias=False)  # (B,)
         self.fm = FMInteraction()  # (B, F, D) -> (B, 1)

@@ -28,7 +28,7 @@ from ctrkit.batch import Batch
 from ctrkit.models._towers import DNNOptions, TowerHead, check_choice, layer_options
 from ctrkit.models.base import CTRModel
 from ctrkit.models.registry import ConfigError, register_model
-from ctrkit.nn.inputs import FieldEmbedding, LinearTerm
+from ctrkit.nn.inputs import ZOO_INIT_STD, FieldEmbedding, LinearTerm
 from ctrkit.nn.senet import SENET, BilinearInteraction
 from ctrkit.schema import Schema
 
@@ -44,6 +44,7 @@ class FiBiNET(CTRModel):
         self,
         schema: Schema,
         *,
+        embedding_init_std: float | None = ZOO_INIT_STD,
         bilinear_type: Literal["field_all", "field_each", "field_interaction"] = "field_interaction",
         reduction_ratio: float = 3.0,
         senet_pooling: Literal["mean", "max"] = "mean",
@@ -52,7 +53,7 @@ class FiBiNET(CTRModel):
         super().__init__()
         check_choice("fibinet", "bilinear_type", bilinear_type, BILINEAR_TYPES)
         check_choice("fibinet", "senet_pooling", senet_pooling, POOLINGS)
-        self.embedding = FieldEmbedding(schema, model="fibinet")
+        self.embedding = FieldEmbedding(schema, model="fibinet", init_std=embedding_init_std)
         d = self.embedding.embedding_dim  # ConfigError naming fibinet when dims differ
         f = self.embedding.num_fields
         if f < 2:

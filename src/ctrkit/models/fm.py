@@ -28,10 +28,12 @@ from ctrkit.schema import Schema
 class FM(CTRModel):
     """FM over the schema's pooled sparse fields (+ dense fields). Needs one embedding dim D."""
 
-    def __init__(self, schema: Schema, *, dense_interaction: bool = True) -> None:
+    def __init__(
+        self, schema: Schema, *, dense_interaction: bool = True, embedding_init_std: float | None = ZOO_INIT_STD
+    ) -> None:
         super().__init__()
         self.linear = LinearTerm(schema)
-        self.embedding = FieldEmbedding(schema, model="fm")
+        self.embedding = FieldEmbedding(schema, model="fm", init_std=embedding_init_std)
         D = self.embedding.embedding_dim
         n_dense = schema.num_dense if dense_interaction else 0
         if self.embedding.num_fields + n_dense < 2:
@@ -42,7 +44,7 @@ class FM(CTRModel):
         # latent vector of each dense value: e_j = v_j * x_j
         self.dense_vectors = nn.Parameter(torch.empty(n_dense, D)) if n_dense else None
         if self.dense_vectors is not None:
-            nn.init.normal_(self.dense_vectors, std=ZOO_INIT_STD)
+            nn.init.normal_(self.dense_vectors, std=embedding_init_std or ZOO_INIT_STD)
         self.interaction = FMInteraction()
 
     def field_embeddings(self, batch: Batch) -> torch.Tensor:

@@ -26,7 +26,7 @@ from ctrkit.models._towers import DNNOptions, TowerHead, check_min
 from ctrkit.models.base import CTRModel
 from ctrkit.models.registry import ConfigError, register_model
 from ctrkit.nn.fm import BiInteractionPooling
-from ctrkit.nn.inputs import FieldEmbedding, LinearTerm
+from ctrkit.nn.inputs import ZOO_INIT_STD, FieldEmbedding, LinearTerm
 from ctrkit.schema import Schema
 
 
@@ -39,12 +39,13 @@ class NFM(CTRModel):
         self,
         schema: Schema,
         *,
+        embedding_init_std: float | None = ZOO_INIT_STD,
         bi_dropout: float = 0.0,
         bi_batch_norm: bool = True,
         **dnn: Unpack[DNNOptions],
     ) -> None:
         super().__init__()
-        self.embedding = FieldEmbedding(schema, model="nfm")
+        self.embedding = FieldEmbedding(schema, model="nfm", init_std=embedding_init_std)
         d = self.embedding.embedding_dim  # ConfigError naming nfm when dims differ
         if self.embedding.num_fields < 2:
             raise ConfigError(f"nfm needs at least 2 sparse fields for bi-interaction pooling, "

@@ -21,7 +21,7 @@ from ctrkit.batch import Batch
 from ctrkit.models._towers import DNNOptions, TowerHead
 from ctrkit.models.base import CTRModel
 from ctrkit.models.registry import ConfigError, register_model
-from ctrkit.nn.inputs import FieldEmbedding
+from ctrkit.nn.inputs import ZOO_INIT_STD, FieldEmbedding
 from ctrkit.nn.product import PNNProductLayer
 from ctrkit.schema import Schema
 
@@ -40,6 +40,7 @@ class PNN(CTRModel):
         self,
         schema: Schema,
         *,
+        embedding_init_std: float | None = ZOO_INIT_STD,
         product: Literal["inner", "outer", "both"] = "inner",
         product_units: int = 64,
         **dnn: Unpack[DNNOptions],
@@ -49,7 +50,7 @@ class PNN(CTRModel):
             raise ConfigError(f"pnn: product {product!r} is not one of {PRODUCTS}")
         if product_units < 1:
             raise ConfigError(f"pnn: product_units must be >= 1, got {product_units}")
-        self.embedding = FieldEmbedding(schema, model="pnn")
+        self.embedding = FieldEmbedding(schema, model="pnn", init_std=embedding_init_std)
         F, D = self.embedding.num_fields, self.embedding.embedding_dim
         if F < 2:
             raise ConfigError(f"pnn needs at least 2 sparse fields for its products; the schema has {F}")

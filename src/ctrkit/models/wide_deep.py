@@ -29,7 +29,7 @@ from ctrkit.models._towers import DNNOptions, TowerHead
 from ctrkit.models.base import CTRModel, ParamGroup
 from ctrkit.models.registry import ConfigError, register_model
 from ctrkit.nn.embedding import make_embeddings
-from ctrkit.nn.inputs import FieldEmbedding, LinearTerm
+from ctrkit.nn.inputs import ZOO_INIT_STD, FieldEmbedding, LinearTerm
 from ctrkit.schema import Schema, SparseFeature, TableSpec
 
 _KNUTH = 0x9E3779B97F4A7C15 - (1 << 64)  # the golden-ratio multiplier as a signed int64
@@ -61,6 +61,7 @@ class WideDeep(CTRModel):
         self,
         schema: Schema,
         *,
+        embedding_init_std: float | None = ZOO_INIT_STD,
         crosses: tuple[tuple[str, str], ...] = (),
         cross_buckets: int = 100_000,
         **dnn: Unpack[DNNOptions],
@@ -88,7 +89,7 @@ class WideDeep(CTRModel):
             if self.crosses else None
         )
         self.linear = LinearTerm(schema)
-        self.embedding = FieldEmbedding(schema, model="wide_deep")
+        self.embedding = FieldEmbedding(schema, model="wide_deep", init_std=embedding_init_std)
         self.deep = TowerHead(self, self.embedding.out_features + schema.num_dense, dnn,
                               bias=False)  # (B, ΣD + Nd) -> (B,); the bias lives in the wide part
 

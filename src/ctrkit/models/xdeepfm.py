@@ -27,7 +27,7 @@ from ctrkit.models._towers import DNNOptions, TowerHead, layer_options
 from ctrkit.models.base import CTRModel
 from ctrkit.models.registry import register_model
 from ctrkit.nn.cin import CIN
-from ctrkit.nn.inputs import FieldEmbedding, LinearTerm
+from ctrkit.nn.inputs import ZOO_INIT_STD, FieldEmbedding, LinearTerm
 from ctrkit.schema import Schema
 
 
@@ -39,13 +39,14 @@ class XDeepFM(CTRModel):
         self,
         schema: Schema,
         *,
+        embedding_init_std: float | None = ZOO_INIT_STD,
         cin_layer_sizes: tuple[int, ...] = (128, 128),
         split_half: bool = True,
         cin_activation: str = "identity",
         **dnn: Unpack[DNNOptions],
     ) -> None:
         super().__init__()
-        self.embedding = FieldEmbedding(schema, model="xdeepfm")
+        self.embedding = FieldEmbedding(schema, model="xdeepfm", init_std=embedding_init_std)
         d = self.embedding.embedding_dim  # ConfigError naming xdeepfm when dims differ
         f = self.embedding.num_fields
         self.linear = LinearTerm(schema)  # (B,)

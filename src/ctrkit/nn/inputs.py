@@ -29,7 +29,9 @@ ZOO_INIT_STD = 0.01
 
 
 class FieldEmbedding(nn.Module):
-    """Pooled field embeddings of ``keys`` (default: ``schema.pooled_keys``), initialised N(0, init_std^2).
+    """Pooled field embeddings of ``keys`` (default: ``schema.pooled_keys``), initialised N(0, init_std^2)
+    (``init_std=None``: torchrec's uniform start). The zoo models expose ``init_std`` as their
+    ``embedding_init_std`` parameter.
 
     ``forward(batch)`` -> (B, F, D); needs one embedding dim across the fields (``model`` names the
     caller in the error). ``concat(batch)`` -> (B, sum of dims) works for any dims.
@@ -43,6 +45,9 @@ class FieldEmbedding(nn.Module):
         self.keys = list(keys) if keys is not None else schema.pooled_keys
         if not self.keys:
             raise ConfigError(f"{model} needs at least one sparse feature in the schema")
+        if init_std is not None and not init_std > 0:
+            raise ConfigError(f"{model}: embedding_init_std must be > 0 (or null for torchrec's uniform "
+                              f"U(±sqrt(1/rows)) start), got {init_std}")
         self.ebc = make_embeddings(schema, self.keys, init="uniform" if init_std is None else "normal",
                                    std=init_std)
         self.dims = {k: schema.embedding_dim(k) for k in self.keys}
