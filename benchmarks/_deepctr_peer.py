@@ -3,7 +3,7 @@
     ~/.cache/ctrkit-peers/venv-deepctr/bin/python benchmarks/_deepctr_peer.py --data DIR --model DeepFM \
         --seed 0 --epochs 4 --batch-size 256 --lr 1e-3 --embedding-lr 1e-3 --params '{"dnn_hidden_units": [256, 128]}'
 
-Reads ``DIR/meta.json`` and ``DIR/{train,test}.npz`` written by deepctr_compare.py from the ctrkit stores
+Reads ``DIR/meta.json`` and ``DIR/{train,valid,test}.npz`` written by deepctr_compare.py from the ctrkit stores
 (so the data is identical): dense columns (float32), single-valued sparse ids, multi-valued / sequence
 features as 0-padded id matrices (0 is never a real id in a ctrkit store's jagged column, so DeepCTR's
 ``value != 0`` mask gives the same bags). Multi-valued features become VarLenSparseFeat with combiner
@@ -12,12 +12,13 @@ mean; a sequence sharing a table gets ``embedding_name`` of the shared feature.
 Trains with the library's own ``model.fit`` (no validation: validation_split=0, no validation_data),
 timed around ``fit`` only, with ``torch.optim.Adam`` (embedding tables at ``--embedding-lr``, the rest at
 ``--lr``) and DeepCTR's default regularisation (l2_reg_embedding / l2_reg_linear 1e-5 etc.), then writes
-the test predictions to ``--out`` and prints one line ``PEER_RESULT {json}``.
+the test predictions (and the valid ones, ``pred_valid``, when ``DIR/valid.npz`` exists) to ``--out`` and prints one line ``PEER_RESULT {json}``.
 """
 
 import argparse
 import functools
 import json
+import os
 import time
 
 import numpy as np
@@ -98,8 +99,10 @@ def main():
     t0 = time.perf_counter()
     model.fit(x_train, y_train, batch_size=a.batch_size, epochs=a.epochs, verbose=0, shuffle=True)
     seconds = time.perf_counter() - t0
-    pred = model.predict(x_test, batch_size=4096).reshape(-1)
-    np.savez(a.out, pred=pred)
+    preds = {"pred": model.predict(x_test, batch_size=4096).reshape(-1)}
+    if os.path.exists(f"{a.data}/valid.npz"):  # scored for choosing defaults on valid, never on test
+        preds["pred_valid"] = model.predict(inputs("valid")[0], batch_size=4096).reshape(-1)
+    np.savez(a.out, **preds)
     print("PEER_RESULT " + json.dumps({
         "model": a.model, "seed": a.seed, "fit_seconds": seconds, "version": deepctr_torch.__version__,
         "torch": torch.__version__, "threads": torch.get_num_threads(),

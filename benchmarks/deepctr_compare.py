@@ -4,7 +4,7 @@
                                          [--recipes matched config] [--epochs N] [--threads 1]
                                          [--peer-python PATH] [--out DIR]
 
-The dataset is preprocessed once by ctrkit (as in bench_models.py) and its train / test stores are
+The dataset is preprocessed once by ctrkit (as in bench_models.py) and its train / valid / test stores are
 exported to .npz (dense columns, single-valued ids, multi-valued and sequence features as 0-padded id
 matrices); the DeepCTR side (benchmarks/_deepctr_peer.py, run in a subprocess with the DeepCTR venv's
 python, installed by /work/shared/bench/install.sh) reads exactly those arrays. Multi-valued genres and
@@ -22,7 +22,9 @@ touches, ``embedding_l2 = 2e-5 / batch_size`` (the gradient of 1e-5 ||w||^2 is 2
 
 Time: the fit loop only, the same on both sides: DeepCTR's ``model.fit`` (which includes building its
 TensorDataset) vs ctrkit's ``Trainer.fit`` (loader built before the clock starts). Metrics: both sides'
-test probabilities scored here with sklearn (roc_auc_score, log_loss).
+test probabilities scored here with sklearn (roc_auc_score, log_loss). Every run is scored on the valid
+split too (``config``: its best epoch's valid AUC, as logged), and the table gives each side's valid std next
+to the test figures: defaults are chosen on those, the test column only reports.
 
 Two ctrkit recipes per seed against one DeepCTR run per seed (``--recipes``, both by default):
 
@@ -140,7 +142,7 @@ def _padded(values: np.ndarray, offsets: np.ndarray, max_len: int) -> np.ndarray
 
 
 def export(stores: dict[str, str], out: Path) -> dict[str, Any]:
-    """Write ``out/{train,test}.npz`` + ``out/meta.json`` from ctrkit stores -> the meta dict."""
+    """Write ``out/{train,valid,test}.npz`` + ``out/meta.json`` from ctrkit stores -> the meta dict."""
     from ctrkit.data.store import Store
 
     train = Store(stores["train"])
@@ -163,7 +165,7 @@ def export(stores: dict[str, str], out: Path) -> dict[str, Any]:
         f["max_len"] = max(int(np.diff(Store(p)[f["name"]][1]).max(initial=1)) for p in stores.values())
     meta = {"dense": list(schema.dense_names), "sparse": sparse, "varlen": varlen, "embedding_dim": dims.pop()}
     out.mkdir(parents=True, exist_ok=True)
-    for split in ("train", "test"):
+    for split in [k for k in ("train", "valid", "test") if k in stores]:
         s = Store(stores[split])
         arrays = {"label": np.asarray(s[schema.label], dtype=np.float32),
                   "dense": np.stack([np.asarray(s[n], dtype=np.float32) for n in meta["dense"]], 1)
@@ -179,7 +181,7 @@ def export(stores: dict[str, str], out: Path) -> dict[str, Any]:
 
 
 def run_ctrkit(config: Path, stores: dict[str, str], seed: int, epochs: int) -> dict[str, Any]:
-    """Fit ``config`` for ``epochs`` with no validation -> {pred, fit_seconds, params} (pred: test probs)."""
+    """Fit ``config`` for ``epochs`` with no validation -> {pred, pred_valid, fit_seconds, params} (probs)."""
     from ctrkit.data.loader import BatchLoader
     from ctrkit.data.store import Store
     from ctrkit.models.registry import create_model
@@ -199,7 +201,9 @@ def run_ctrkit(config: Path, stores: dict[str, str], seed: int, epochs: int) -> 
     trainer.fit()
     seconds = time.perf_counter() - t0
     pred = predict_store(model, Store(stores["test"]), 4096)
-    return {"pred": pred, "fit_seconds": seconds, "params": sum(p.numel() for p in model.parameters())}
+    pred_valid = predict_store(model, Store(stores["valid"]), 4096)
+    return {"pred": pred, "pred_valid": pred_valid, "fit_seconds": seconds,
+            "params": sum(p.numel() for p in model.parameters())}
 
 
 def run_ctrkit_config(config: Path, stores: dict[str, str], seed: int, run_dir: Path) -> dict[str, Any]:
@@ -231,7 +235,8 @@ def run_peer(python: Path, data: Path, model: str, params: dict[str, Any], cfg: 
         sys.stderr.write(f"DeepCTR peer failed ({' '.join(cmd)}):\n{proc.stderr[-3000:]}\n")
         return {"error": err}
     res = json.loads(lines[-1].split(" ", 1)[1])
-    res["pred"] = np.load(out)["pred"]
+    saved = np.load(out)
+    res["pred"], res["pred_valid"] = saved["pred"], saved["pred_valid"]
     return res
 
 
@@ -276,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         data = out / "npz"
         meta = export(stores, data)
         y = np.load(data / "test.npz")["label"]
+        y_valid = np.load(data / "valid.npz")["label"]
         sys.stdout.write(f"{a.dataset}: {len(meta['dense'])} dense, {len(meta['sparse'])} sparse, "
                          f"{len(meta['varlen'])} varlen features; {len(y)} test rows; epochs={epochs}; "
                          f"threads={a.threads}; seeds={a.seeds}; recipes={a.recipes}; torch {torch.__version__}, "
@@ -300,7 +306,9 @@ def main(argv: list[str] | None = None) -> int:
                     if not np.array_equal(runs["config"].pop("label"), y):
                         raise SystemExit(f"{m} seed {seed}: the run's test rows are not the exported ones")
                 for side, r in runs.items():
-                    rows[m][side].append({**score(y, r.pop("pred")), **r})
+                    # valid AUC: what defaults are chosen on (config: its best epoch's, as logged)
+                    va = score(y_valid, r.pop("pred_valid"))["auc"] if "pred_valid" in r else r.pop("valid_auc")
+                    rows[m][side].append({**score(y, r.pop("pred")), "valid_auc": va, **r})
                 line = " | ".join(f"{LABEL[side]} AUC {rows[m][side][-1]['auc']:.4f} "
                                   f"{rows[m][side][-1]['fit_seconds']:.1f}s" for side in sides)
                 sys.stdout.write(f"  {m:<10} seed {seed}: {line}\n")
@@ -308,16 +316,18 @@ def main(argv: list[str] | None = None) -> int:
     summary = {m: summarise(r) for m, r in rows.items()}
     write_table(a.dataset, a.seeds, epochs, sides, summary)
     pooled = pooled_std(summary, sides)
+    pooled_valid = pooled_std(summary, sides, "valid_auc")
     if pooled:
-        sys.stdout.write("pooled std of test AUC over the models (root mean variance): "
-                         + "  ".join(f"{LABEL[side]} {v:.4f}" for side, v in pooled.items()) + "\n")
+        sys.stdout.write("pooled std over the models (root mean variance): test AUC "
+                         + "  ".join(f"{LABEL[side]} {v:.4f}" for side, v in pooled.items()) + ";  valid AUC "
+                         + "  ".join(f"{LABEL[side]} {v:.4f}" for side, v in pooled_valid.items()) + "\n")
     for m, err in failed.items():
         sys.stdout.write(f"{m:<11}DeepCTR {PEERS[m]} failed on this data: {err}\n")
     sys.stdout.write("RESULT " + json.dumps({
         "dataset": a.dataset, "seeds": a.seeds, "recipes": a.recipes, "epochs": epochs, "threads": a.threads,
         "embedding_dim": meta["embedding_dim"], "torch": torch.__version__, "cpu_capability": cpu,
         "models": {m: {"peer": PEERS[m], **s, "runs": rows[m]} for m, s in summary.items()},
-        "pooled_auc_std": pooled,
+        "pooled_auc_std": pooled, "pooled_valid_auc_std": pooled_valid,
         "peer_failed": failed}) + "\n")
     return 0
 
@@ -328,7 +338,7 @@ def summarise(r: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     ``r``: side ("deepctr", "matched", "config") -> one result per seed."""
     out: dict[str, Any] = {}
     for side, runs in r.items():
-        for k in ("auc", "logloss", "fit_seconds"):
+        for k in ("auc", "logloss", "fit_seconds", "valid_auc"):
             out[f"{side}_{k}_mean"], out[f"{side}_{k}_std"] = mean_std([x[k] for x in runs])
     if "matched" in r:  # the like-for-like targets: AUC within the slack, faster fit
         out["delta_auc"] = out["matched_auc_mean"] - out["deepctr_auc_mean"]
@@ -350,12 +360,13 @@ def summarise(r: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     return out
 
 
-def pooled_std(summary: dict[str, Any], sides: list[str]) -> dict[str, float]:
-    """Per side, sqrt(mean over models of the test-AUC variance): the zoo's spread as one figure, which five
-    or ten seeds estimate far more steadily than any one model's std."""
+def pooled_std(summary: dict[str, Any], sides: list[str], metric: str = "auc") -> dict[str, float]:
+    """Per side, sqrt(mean over models of the variance of ``metric`` (test "auc" or "valid_auc")): the zoo's
+    spread as one figure, which five or ten seeds estimate far more steadily than any one model's std."""
     if not summary:
         return {}
-    return {side: float(np.sqrt(np.mean([summary[m][f"{side}_auc_std"] ** 2 for m in summary]))) for side in sides}
+    return {side: float(np.sqrt(np.mean([summary[m][f"{side}_{metric}_std"] ** 2 for m in summary])))
+            for side in sides}
 
 
 def spread_p(ours: list[float], peer: list[float]) -> float | None:
@@ -376,11 +387,13 @@ def write_table(dataset: str, seeds: list[int], epochs: int, sides: list[str], s
     sys.stdout.write(f"\n{dataset}, test split, test AUC mean±std over {len(seeds)} seeds {seeds}; DeepCTR and "
                      f"'matched': {epochs} epochs, no validation; 'config': the config as it ships "
                      f"(early stopping on valid)\n")
-    sys.stdout.write(f"{'model':<11}" + "".join(f"{LABEL[s] + ' AUC':>{w}}" for s in sides) + "  spread (std <= DeepCTR; p: F test of 'wider')"
+    sys.stdout.write(f"{'model':<11}" + "".join(f"{LABEL[s] + ' AUC':>{w}}" for s in sides)
+                     + f"  {'valid std ' + '/'.join(sides):<{10 + 7 * len(sides)}}" + "  spread (std <= DeepCTR; p: F test of 'wider')"
                      + ("  matched: dAUC  LL ctrkit/DeepCTR  fit s ctrkit/DeepCTR  speed x  target" if "matched" in sides
                         else "") + "\n")
     for m, s in summary.items():
         cells = "".join(f"{s[f'{side}_auc_mean']:.4f}±{s[f'{side}_auc_std']:.4f}".rjust(w) for side in sides)
+        cells += "  valid std " + "/".join(f"{s[f'{side}_valid_auc_std']:.4f}" for side in sides)
         spread = " ".join(f"{side} {v}" + ("" if s["spread_p"][side] is None else f" p={s['spread_p'][side]:.2f}")
                           for side, v in s["spread"].items())
         matched = ""
