@@ -231,6 +231,8 @@ def to_string(col: pa.Array, lines: np.ndarray, bad_rows: np.ndarray, bad: BadRo
     """A column as text: binary -> string, numbers -> their text. Rows holding invalid UTF-8, or a value
     that is no single value (a list, a mapping: rows given as dicts of nested data) are marked bad and read
     as null (a per-value check only on failure)."""
+    if isinstance(col, np.ndarray):  # integers kept as numpy (pipeline_encode._normal's fast path)
+        col = pa.array(col)
     t = col.type
     if pa.types.is_string(t) or pa.types.is_large_string(t):
         return col
@@ -286,6 +288,8 @@ def tokens(col: pa.Array, delimiter: str, lines: np.ndarray, bad_rows: np.ndarra
     """A multi-valued column (delimited string or list) -> (flat values, lengths [n]); empty and null tokens
     dropped. Tokens are integers or text (list items of other types are read as text); a row whose list holds
     lists or mappings, or non-UTF-8 bytes, is marked bad and gets no tokens."""
+    if isinstance(col, np.ndarray):  # integers kept as numpy (pipeline_encode._normal's fast path)
+        col = pa.array(col)
     if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
         lst = col.fill_null(pa.scalar([], col.type))
     else:
