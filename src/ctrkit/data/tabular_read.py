@@ -227,7 +227,7 @@ def header(path: Path) -> list[str]:
         raise DataError(f"{path}: cannot read the CSV header ({e})") from None
 
 
-def to_string(col: pa.Array, lines: np.ndarray, bad_rows: np.ndarray, bad: BadRows, name: str) -> pa.Array:
+def to_string(col: pa.Array | np.ndarray, lines: np.ndarray, bad_rows: np.ndarray, bad: BadRows, name: str) -> pa.Array:
     """A column as text: binary -> string, numbers -> their text. Rows holding invalid UTF-8, or a value
     that is no single value (a list, a mapping: rows given as dicts of nested data) are marked bad and read
     as null (a per-value check only on failure)."""
@@ -283,14 +283,12 @@ def numeric(col: pa.Array, lines: np.ndarray, bad_rows: np.ndarray, bad: BadRows
     return x
 
 
-def tokens(col: pa.Array, delimiter: str, lines: np.ndarray, bad_rows: np.ndarray, bad: BadRows,
+def tokens(col: pa.Array | np.ndarray, delimiter: str, lines: np.ndarray, bad_rows: np.ndarray, bad: BadRows,
            name: str) -> tuple[pa.Array, np.ndarray]:
     """A multi-valued column (delimited string or list) -> (flat values, lengths [n]); empty and null tokens
     dropped. Tokens are integers or text (list items of other types are read as text); a row whose list holds
     lists or mappings, or non-UTF-8 bytes, is marked bad and gets no tokens."""
-    if isinstance(col, np.ndarray):  # integers kept as numpy (pipeline_encode._normal's fast path)
-        col = pa.array(col)
-    if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
+    if isinstance(col, pa.Array) and (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)):
         lst = col.fill_null(pa.scalar([], col.type))
     else:
         s = to_string(col, lines, bad_rows, bad, name).fill_null("")
