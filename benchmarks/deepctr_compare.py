@@ -165,7 +165,7 @@ def export(stores: dict[str, str], out: Path) -> dict[str, Any]:
         f["max_len"] = max(int(np.diff(Store(p)[f["name"]][1]).max(initial=1)) for p in stores.values())
     meta = {"dense": list(schema.dense_names), "sparse": sparse, "varlen": varlen, "embedding_dim": dims.pop()}
     out.mkdir(parents=True, exist_ok=True)
-    for split in [k for k in ("train", "valid", "test") if k in stores]:
+    for split in ("train", "valid", "test"):
         s = Store(stores[split])
         arrays = {"label": np.asarray(s[schema.label], dtype=np.float32),
                   "dense": np.stack([np.asarray(s[n], dtype=np.float32) for n in meta["dense"]], 1)
