@@ -50,7 +50,8 @@ def _run(model, opt, batches):
 def test_coalesce_rows_equals_torch_coalesce(rows, lookups):
     g = torch.Generator().manual_seed(rows)
     ids = torch.randint(0, rows, (lookups,), generator=g)
-    grad = torch.sparse_coo_tensor(ids[None], torch.randn(lookups, 3, generator=g, dtype=torch.float64), (rows, 3))
+    grad = torch.sparse_coo_tensor(ids[None], torch.randn(lookups, 3, generator=g, dtype=torch.float64), (rows, 3),
+                                   check_invariants=True)
     got, want = coalesce_rows(grad), grad.coalesce()
     assert got.is_coalesced() and torch.equal(got.indices(), want.indices())
     torch.testing.assert_close(got.values(), want.values())
@@ -242,3 +243,40 @@ def test_ftrl_takes_the_groups_that_declare_it_whatever_their_name():
     assert [id(p) for g in opt.wide.param_groups for p in g["params"]] == [id(model.lin.bias)]
     assert id(model.lin.weight) in {id(p) for p in opt.dense_params}  # a penalty alone keeps the dense optimizer
     assert id(model.lin.bias) not in {id(p) for p in opt.dense_params + opt.embedding_params}
+
+
+@pytest.mark.parametrize("sparse,optimizer", [(False, "sparse_adam"), (True, "adagrad"), (True, "sparse_adam")])
+def test_sparse_steps_print_no_torch_invariants_warning(sparse, optimizer):
+    """Sparse gradients (and dense ones that SparseAdam gets as row-sparse) must not print torch's "Sparse
+    invariant checks are implicitly disabled" warning into a user's run (torch's sparse Adagrad did, for
+    the default optimizer). A fresh interpreter each time, since torch warns once per process."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import torch, warnings
+        from torch import nn
+        from ctrkit.models.base import CTRModel
+        from ctrkit.train.config import TrainConfig
+        from ctrkit.train.optim import build_optimizers
+
+        class Dense(CTRModel):
+            def __init__(self):
+                super().__init__()
+                self.emb = nn.EmbeddingBag(10, 4, mode="sum", sparse=SPARSE)
+            def forward(self, ids, offsets):
+                return self.emb(ids, offsets).sum(1)
+            def embedding_parameters(self):
+                yield self.emb.weight
+
+        m = Dense()
+        opt = build_optimizers(m, TrainConfig(sparse_optimizer="OPTIMIZER"))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            m(torch.tensor([1, 2, 3]), torch.tensor([0, 2])).sum().backward()
+            opt.step()
+        print(len([w for w in caught if "invariant" in str(w.message)]))
+    """).replace("SPARSE", str(sparse)).replace("OPTIMIZER", optimizer)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "0", out.stdout + out.stderr

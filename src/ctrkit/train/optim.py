@@ -148,7 +148,7 @@ def add_touched_row_l2_(p: torch.Tensor, l2: float) -> None:
 def _row_sparse(grad: torch.Tensor) -> torch.Tensor:
     """A dense [R, D] gradient as a coalesced sparse COO tensor of its non-zero rows."""
     rows, values = _touched_rows(grad)
-    return torch.sparse_coo_tensor(rows[None], values, grad.shape, is_coalesced=True)
+    return torch.sparse_coo_tensor(rows[None], values, grad.shape, is_coalesced=True, check_invariants=False)
 
 
 class OptimizerSet:
@@ -188,6 +188,12 @@ class OptimizerSet:
             o.zero_grad(set_to_none=set_to_none)
 
     def step(self) -> None:
+        # Opting out of sparse invariant checks explicitly, for the step: the tensors are built coalesced
+        # here, and torch's own sparse Adagrad would otherwise warn "implicitly disabled" into every run.
+        with torch.sparse.check_sparse_tensor_invariants(enable=False):
+            self._step()
+
+    def _step(self) -> None:
         if self.sparse is not None:
             for p in self.embedding_params:
                 if p.grad is None:
