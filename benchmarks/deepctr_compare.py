@@ -45,7 +45,8 @@ training noise only, on the same test rows.
 Targets per model: ctrkit ``matched`` AUC >= DeepCTR AUC - 0.002 and ctrkit fit time lower; ``spread``:
 the std of test AUC of each ctrkit recipe <= DeepCTR's, with ``p``, a one-sided F test of "ctrkit's runs
 are more spread out" (with 10 seeds a side, a std ratio of 1.5 still has p ~ 0.12: one model's verdict is
-mostly luck unless p is small), and the zoo's pooled std (root mean variance over the models) per side.
+mostly luck unless p is small), the zoo's pooled std (root mean variance over the models) per side, and a
+line per recipe: how many models are at or under DeepCTR's std, and which are wider at p < 0.05.
 Prints the table and ends with ONE line ``RESULT {json}``.
 """
 
@@ -321,13 +322,17 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write("pooled std over the models (root mean variance): test AUC "
                          + "  ".join(f"{LABEL[side]} {v:.4f}" for side, v in pooled.items()) + ";  valid AUC "
                          + "  ".join(f"{LABEL[side]} {v:.4f}" for side, v in pooled_valid.items()) + "\n")
+    verdicts = spread_verdicts(summary, sides)
+    for side, v in verdicts.items():
+        sys.stdout.write(f"spread, {LABEL[side]}: std <= DeepCTR's for {v['at_most_peer']} of {v['models']} models; "
+                         f"wider at p < 0.05: {', '.join(v['wider_p05']) or 'none'}\n")
     for m, err in failed.items():
         sys.stdout.write(f"{m:<11}DeepCTR {PEERS[m]} failed on this data: {err}\n")
     sys.stdout.write("RESULT " + json.dumps({
         "dataset": a.dataset, "seeds": a.seeds, "recipes": a.recipes, "epochs": epochs, "threads": a.threads,
         "embedding_dim": meta["embedding_dim"], "torch": torch.__version__, "cpu_capability": cpu,
         "models": {m: {"peer": PEERS[m], **s, "runs": rows[m]} for m, s in summary.items()},
-        "pooled_auc_std": pooled, "pooled_valid_auc_std": pooled_valid,
+        "pooled_auc_std": pooled, "pooled_valid_auc_std": pooled_valid, "spread_verdicts": verdicts,
         "peer_failed": failed}) + "\n")
     return 0
 
@@ -367,6 +372,19 @@ def pooled_std(summary: dict[str, Any], sides: list[str], metric: str = "auc") -
         return {}
     return {side: float(np.sqrt(np.mean([summary[m][f"{side}_{metric}_std"] ** 2 for m in summary])))
             for side in sides}
+
+
+def spread_verdicts(summary: dict[str, Any], sides: list[str]) -> dict[str, dict[str, Any]]:
+    """Per ctrkit side: how many models have a test AUC std <= DeepCTR's, and which are wider at p < 0.05."""
+    out = {}
+    for side in sides:
+        if side == "deepctr":
+            continue
+        out[side] = {"models": len(summary),
+                     "at_most_peer": sum(s["spread"][side] == "PASS" for s in summary.values()),
+                     "wider_p05": [m for m, s in summary.items()
+                                   if s["spread_p"][side] is not None and s["spread_p"][side] < 0.05]}
+    return out
 
 
 def spread_p(ours: list[float], peer: list[float]) -> float | None:
