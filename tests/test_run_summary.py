@@ -148,6 +148,24 @@ def test_callbacks_see_every_record_as_written(stores):
     assert s["steps"] == on_disk[-1]["step"]
 
 
+def test_a_callback_that_asks_to_stop_ends_the_run_with_its_summary(stores):
+    d, st = stores
+
+    class StopAtStep(Callback):
+        def on_step(self, trainer, step, loss):
+            if step == 3:
+                trainer.stop("enough at step 3")
+
+    s = train_from_config(_cfg(d, st, "asked", f"train.epochs={EPOCHS}"), callbacks=[StopAtStep()])
+    records = [json.loads(ln) for ln in (d / "runs/asked/metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert s["steps"] == 3 and s["stopped_by"] == "enough at step 3" and not s["stopped_early"]
+    assert [r["step"] for r in evals] == [3]  # the stopped step is evaluated, as the end of any run
+    assert s["best"]["step"] == 3 and "test" in s
+    assert (d / "runs/asked/last.pt").is_file() and (d / "runs/asked/report.html").is_file()
+    assert json.loads((d / "runs/asked/summary.json").read_text())["stopped_by"] == "enough at step 3"
+
+
 def test_a_raising_callback_stops_training_and_frees_the_run(stores):
     d, st = stores
 

@@ -101,6 +101,12 @@ def test_bad_trials_are_pruned_once_a_good_one_has_finished(study):
         assert (t.state == TrialState.PRUNED) == should_prune, (t.number, t.params, t.state)
         if t.state == TrialState.PRUNED:  # stopped at its first evaluation, of the 3 epochs it had
             assert len(t.intermediate_values) == 1
+            run = root / "trials" / f"trial-{t.number}"  # a finished run directory all the same
+            summary = json.loads((run / "summary.json").read_text())
+            assert summary["epochs"] == 1 and summary["stopped_by"].startswith("pruned by ctrkit tune: valid auc=")
+            assert summary["best"]["value"] == t.intermediate_values[0]
+            assert (run / "report.html").is_file() and (run / "best.pt").is_file()
+            assert "(stopped: pruned by ctrkit tune" in (run / "report.html").read_text()
 
 
 def test_best_yaml_loads_and_retrains_to_the_best_trials_value(study, tmp_path):

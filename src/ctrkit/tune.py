@@ -15,6 +15,8 @@ rerun the command to resume), ``trials/trial-<n>/`` (normal run dirs) and ``best
 - The objective is a trial's best *valid* metric (``summary["best"]["value"]``; tune makes the metric
   ``train.early_stopping.metric``, by which best.pt is chosen); test is never looked at.
 - A trial reports the metric after each evaluation at step = its index (0, 1, ...): epoch by epoch, any batch size.
+  A pruned trial ends as an early-stopped run does (``Trainer.stop``): its directory has summary.json (with
+  ``stopped_by`` saying when it was pruned) and report.html like a complete trial's.
 - TPE samples at random for its first ``min(10, max(2, N // 2))`` trials, seeded ``seed + trials so far``.
 - ``--trials N`` counts finished (complete or pruned) trials, resumed ones too. One tune per study directory
   (a lock): a RUNNING trial found at start was left by a killed process; it is marked FAIL and run again. A
@@ -205,21 +207,22 @@ class TuneResult:
 
 
 class _PruneOnEval(Callback):
-    """Reports the valid ``metric`` of every evaluation to the trial; raises TrialPruned when the pruner says so."""
+    """Reports the valid ``metric`` of every evaluation to the trial; stops the run when the pruner says so
+    (``pruned`` says why), so that a pruned trial is a finished run directory too: summary.json, report."""
 
     def __init__(self, trial: Any, metric: str) -> None:
         self.trial, self.metric, self.evals = trial, metric, 0
+        self.pruned: str | None = None
 
     def on_eval(self, trainer: Any, metrics: dict[str, float]) -> None:
-        import optuna
-
         value, index = metrics.get(self.metric), self.evals
         self.evals += 1
-        if value is None or not math.isfinite(value):
+        if value is None or not math.isfinite(value) or self.pruned is not None:
             return
         self.trial.report(value, index)
         if self.trial.should_prune():
-            raise optuna.TrialPruned(f"valid {self.metric}={value:.6f} at evaluation {index} (step {trainer.step})")
+            self.pruned = f"valid {self.metric}={value:.6f} at evaluation {index} (step {trainer.step})"
+            trainer.stop(f"pruned by ctrkit tune: {self.pruned}")
 
 
 def _check_best_file(path: Path) -> None:
@@ -330,7 +333,10 @@ def _run_study(name: str, root: Path, base: dict[str, Any], cfg: Config, spec: S
         log.info("trial %d: %s", trial.number, _fmt_values(values))
         trial_cfg = config_from_dict(with_values(base, {**values, "run.dir": str(trials_dir),
                                                         "run.name": run_dir.name, "train.progress": False}))
-        summary = train_from_config(trial_cfg, progress=False, callbacks=[_PruneOnEval(trial, es.metric)])
+        pruner = _PruneOnEval(trial, es.metric)
+        summary = train_from_config(trial_cfg, progress=False, callbacks=[pruner])
+        if pruner.pruned is not None:
+            raise optuna.TrialPruned(pruner.pruned)
         value = (summary.get("best") or {}).get("value")
         if value is None or not math.isfinite(value):
             raise TrainingError(f"trial {trial.number}: no finite valid {es.metric} was computed (run {run_dir})")

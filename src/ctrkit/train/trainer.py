@@ -86,7 +86,8 @@ class Loader(Protocol):
 
 
 class Callback:
-    """Hooks called by :class:`Trainer`; override what you need. Raising stops training."""
+    """Hooks called by :class:`Trainer`; override what you need. ``trainer.stop(reason)`` ends the run the way
+    early stopping does (checkpoints, summary and report written); raising aborts it."""
 
     def on_step(self, trainer: Trainer, step: int, loss: torch.Tensor) -> None: ...
     def on_eval(self, trainer: Trainer, metrics: dict[str, float]) -> None: ...
@@ -202,6 +203,7 @@ class Trainer:
         self.best_step: int | None = None
         self.bad_evals = 0
         self.stopped_early = False
+        self.stop_reason: str | None = None  # set by stop(); not saved: a resumed run trains on
         self.last_eval: dict[str, float] = {}
         self.best_eval: dict[str, float] = {}  # the best evaluation's record: step, epoch and valid metrics
         self.train_seconds = 0.0  # time in training steps (evaluation and checkpoints excluded), over resumes
@@ -300,8 +302,7 @@ class Trainer:
                 self._clock(tick)
                 if seen == 0 and self.step == 0:
                     raise TrainingError(f"training data is empty: epoch {epoch} produced no batches")
-                if self.stopped_early or (cfg.max_steps is not None and self.step >= cfg.max_steps):
-                    # a run stopped by max_steps / early stopping ends mid-epoch
+                if self._done():  # a run stopped by max_steps / early stopping / stop() ends mid-epoch
                     break
                 self.epoch_complete = True
                 if cfg.eval_every is None:
@@ -316,6 +317,14 @@ class Trainer:
             self._pbar.close()
             self._pbar = None
         return self.summary()
+
+    def stop(self, reason: str) -> None:
+        """End the run after the current step or evaluation, as early stopping would: fit() evaluates if the
+        last step was not evaluated, writes the checkpoints and returns (and train_from_config writes
+        summary.json, with ``stopped_by`` = ``reason``, and the report). For callbacks, e.g. a tuner's pruner."""
+        if self.stop_reason is None:
+            log.info("stopping at step %d: %s", self.step, reason)
+            self.stop_reason = str(reason)
 
     def evaluate(self, loader: Iterable[Batch]) -> dict[str, float]:
         """The task's metrics of the model on ``loader`` (its train/eval mode restored afterwards); during
@@ -342,6 +351,7 @@ class Trainer:
             "steps": self.step,
             "epoch": self.epoch,
             "stopped_early": self.stopped_early,
+            "stopped_by": self.stop_reason,
             "best_metric": self.best_metric,
             "best_step": self.best_step,
             "metric": self.config.early_stopping.metric,
@@ -431,7 +441,8 @@ class Trainer:
             cb.on_eval(self, metrics)
 
     def _done(self) -> bool:
-        return self.stopped_early or (self.config.max_steps is not None and self.step >= self.config.max_steps)
+        return (self.stopped_early or self.stop_reason is not None
+                or (self.config.max_steps is not None and self.step >= self.config.max_steps))
 
     def _postfix(self, loss: float | None) -> dict[str, Any]:
         out: dict[str, Any] = {"step": self.step}
