@@ -180,7 +180,7 @@ def test_ffm_logit_uses_field_aware_vectors():
     for r in range(len(ids)):
         for i in range(F):
             for j in range(i + 1, F):
-                expected[r] += float((v(r, i, j) * v(r, j, i)).sum())
+                expected[r] += float((v(r, i, j) * v(r, j, i)).sum().detach())
     torch.testing.assert_close(model(batch), torch.tensor(expected), rtol=1e-5, atol=1e-5)
 
 
@@ -190,14 +190,15 @@ def test_mlr_equals_explicit_mixture_and_is_stable():
     batch, ids = tiny_batch()
     m = 4
     out = model(batch)
-    for r in range(len(ids)):
-        s = [float(model.bias[c]) for c in range(2 * m)]
-        for c in range(2 * m):
-            s[c] += sum(float(model.sparse.table_weight(k)[ids[r, f], c]) for f, k in enumerate("abc"))
-            s[c] += sum(float(model.dense.weight[c, j] * batch.dense[r, j]) for j in range(2))
-        gate = [math.exp(u) for u in s[:m]]
-        p = sum(g / sum(gate) / (1 + math.exp(-w)) for g, w in zip(gate, s[m:]))
-        assert float(out[r]) == pytest.approx(math.log(p / (1 - p)), rel=1e-4, abs=1e-4)
+    with torch.no_grad():  # the reference reads parameters as plain numbers
+        for r in range(len(ids)):
+            s = [float(model.bias[c]) for c in range(2 * m)]
+            for c in range(2 * m):
+                s[c] += sum(float(model.sparse.table_weight(k)[ids[r, f], c]) for f, k in enumerate("abc"))
+                s[c] += sum(float(model.dense.weight[c, j] * batch.dense[r, j]) for j in range(2))
+            gate = [math.exp(u) for u in s[:m]]
+            p = sum(g / sum(gate) / (1 + math.exp(-w)) for g, w in zip(gate, s[m:]))
+            assert float(out[r]) == pytest.approx(math.log(p / (1 - p)), rel=1e-4, abs=1e-4)
     with torch.no_grad():  # p within 1e-40 of 0 or 1: the log-space logit stays finite and exact-ish
         model.bias[m:] = 100.0
         assert torch.isfinite(model(batch)).all() and (model(batch) > 90).all()
@@ -230,9 +231,9 @@ def test_mlr_init_std_starts_every_region_weight_small():
     torch.manual_seed(0)
     small = create_model("mlr", tiny_schema(), regions=4, init_std=1e-4)
     weights = torch.cat([small.sparse.table_weight(k).reshape(-1) for k in "abc"] + [small.dense.weight.reshape(-1)])
-    assert 0.5e-4 < float(weights.std()) < 2e-4 and float(weights.abs().max()) < 1e-3
+    assert 0.5e-4 < float(weights.detach().std()) < 2e-4 and float(weights.detach().abs().max()) < 1e-3
     default = create_model("mlr", tiny_schema(), regions=4)  # uniform tables: far larger starting weights
-    assert float(default.sparse.table_weight("a").abs().max()) > 1e-2
+    assert float(default.sparse.table_weight("a").detach().abs().max()) > 1e-2
     batch, _ = tiny_batch()
     torch.testing.assert_close(small(batch), torch.zeros(len(batch)), rtol=0, atol=1e-3)  # every logit starts ~0
 
