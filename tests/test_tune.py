@@ -136,7 +136,7 @@ def test_a_finished_study_is_not_run_again_and_a_changed_setup_is_refused(study,
 
 def test_one_tune_per_study_dir(study, caplog):
     root, args = study
-    fd = os.open(root / ".lock", os.O_RDWR)
+    fd = os.open(root / ".lock", os.O_RDWR | os.O_CREAT, 0o644)  # held as another tune would: also when run alone
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         assert main(args) == 2
