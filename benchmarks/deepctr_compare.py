@@ -284,7 +284,7 @@ def score(y: np.ndarray, p: np.ndarray) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dataset", required=True, choices=["criteo", "movielens"])
+    ap.add_argument("--dataset", choices=["criteo", "movielens"], help="required unless --merge")
     ap.add_argument("--models", nargs="*", help=f"ctrkit names (default: all of {sorted(PEERS)})")
     ap.add_argument("--seeds", nargs="*", type=int, default=list(range(5)))
     ap.add_argument("--recipes", nargs="*", choices=RECIPES, default=list(RECIPES),
@@ -298,10 +298,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peer-cache", help="directory of DeepCTR runs to reuse and add to (keyed by the peer script, "
                     "its arguments and the exported data): re-measuring ctrkit's defaults does not re-run "
                     "DeepCTR. Its fit seconds are then the cached run's, so not with the matched recipe")
+    ap.add_argument("--merge", nargs="+", metavar="LOG", help="no training: one report over the RESULT lines of "
+                    "earlier runs' output (the same setup, the models split between them)")
     a = ap.parse_args(argv)
+    if a.merge:
+        return merge(a.merge)
     if a.peer_cache and "matched" in a.recipes:
         raise SystemExit("--peer-cache reuses DeepCTR's earlier fit seconds; the matched recipe compares speed "
                          "measured in the same run: pass --recipes config, or drop --peer-cache")
+    if not a.dataset:
+        ap.error("--dataset is required (criteo or movielens)")
     from ctrkit.train.config import load_config
 
     logging.basicConfig(level=logging.WARNING)
@@ -356,8 +362,17 @@ def main(argv: list[str] | None = None) -> int:
                                   f"{rows[m][side][-1]['fit_seconds']:.1f}s" for side in sides)
                 sys.stdout.write(f"  {m:<10} seed {seed}: {line}\n")
                 sys.stdout.flush()
+    return report(a.dataset, a.seeds, a.recipes, epochs, a.threads, meta["embedding_dim"], cpu, rows, failed)
+
+
+def report(dataset: str, seeds: list[int], recipes: list[str], epochs: int, threads: int, embedding_dim: int,
+           cpu: str, rows: dict[str, dict[str, list[dict[str, Any]]]], failed: dict[str, str],
+           torch_version: str = torch.__version__) -> int:
+    """The table, the pooled stds, the spread verdicts and the RESULT line of per-run results ``rows``
+    (model -> side -> one dict per seed)."""
+    sides = ["deepctr", *recipes]
     summary = {m: summarise(r) for m, r in rows.items()}
-    write_table(a.dataset, a.seeds, epochs, sides, summary)
+    write_table(dataset, seeds, epochs, sides, summary)
     pooled = pooled_std(summary, sides)
     pooled_valid = pooled_std(summary, sides, "valid_auc")
     if pooled:
@@ -375,12 +390,39 @@ def main(argv: list[str] | None = None) -> int:
     for m, err in failed.items():
         sys.stdout.write(f"{m:<11}DeepCTR {PEERS[m]} failed on this data: {err}\n")
     sys.stdout.write("RESULT " + json.dumps({
-        "dataset": a.dataset, "seeds": a.seeds, "recipes": a.recipes, "epochs": epochs, "threads": a.threads,
-        "embedding_dim": meta["embedding_dim"], "torch": torch.__version__, "cpu_capability": cpu,
+        "dataset": dataset, "seeds": seeds, "recipes": recipes, "epochs": epochs, "threads": threads,
+        "embedding_dim": embedding_dim, "torch": torch_version, "cpu_capability": cpu,
         "models": {m: {"peer": PEERS[m], **s, "runs": rows[m]} for m, s in summary.items()},
         "pooled_auc_std": pooled, "pooled_valid_auc_std": pooled_valid, "spread_verdicts": verdicts,
         "peer_failed": failed}) + "\n")
     return 0
+
+
+def merge(paths: list[str]) -> int:
+    """One report over the RESULT lines of several runs of this script (e.g. its models split over processes):
+    the same dataset, seeds, recipes, epochs and threads, each model in one of them."""
+    results = []
+    for path in paths:
+        lines = [ln for ln in Path(path).read_text().splitlines() if ln.startswith("RESULT ")]
+        if not lines:
+            raise SystemExit(f"{path}: no RESULT line (did that run finish?)")
+        results.append(json.loads(lines[-1].split(" ", 1)[1]))
+    first = results[0]
+    keys = ("dataset", "seeds", "recipes", "epochs", "threads", "embedding_dim", "cpu_capability", "torch")
+    for path, r in zip(paths, results):
+        differ = [k for k in keys if r.get(k) != first.get(k)]
+        if differ:
+            raise SystemExit(f"{path} differs from {paths[0]} in {differ}: merge only runs of one setup")
+    rows: dict[str, Any] = {}
+    failed: dict[str, str] = {}
+    for path, r in zip(paths, results):
+        twice = sorted(set(r["models"]) & set(rows))
+        if twice:
+            raise SystemExit(f"{path}: {twice} also in an earlier file; each model must come from one run")
+        rows.update({m: v["runs"] for m, v in r["models"].items()})
+        failed.update(r.get("peer_failed", {}))
+    return report(first["dataset"], first["seeds"], first["recipes"], first["epochs"], first["threads"],
+                  first["embedding_dim"], first["cpu_capability"], rows, failed, first["torch"])
 
 
 def summarise(r: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
