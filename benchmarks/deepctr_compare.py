@@ -14,8 +14,9 @@ Like for like, per model: the architecture options of configs/<dataset>/<model>.
 DeepCTR constructor (DNN widths, cross layers, CIN sizes, attention sizes, regions...), same embedding
 dim (16), epochs, batch size and Adam learning rates (DeepCTR: one torch.optim.Adam with the embedding
 tables at the config's ``embedding_lr`` and the rest at ``lr``; ctrkit: Adam on dense parameters and the
-config's sparse optimizer (sparse_adam = lazy Adam) on embedding rows), no dropout, no batch norm, no
-validation, no early stopping and no weight averaging on either side (fixed epochs). Regularisation: DeepCTR keeps its
+config's sparse optimizer (sparse_adam = lazy Adam) on embedding rows), the config's DNN dropout on both
+sides (none but MovieLens pnn's 0.1), no batch norm, no validation, no early stopping and no weight
+averaging on either side (fixed epochs). Regularisation: DeepCTR keeps its
 defaults (l2_reg_embedding = l2_reg_linear = 1e-5 on whole tables, added to a *summed* batch loss, i.e.
 1e-5 / batch_size per row against a mean loss); ctrkit gets the same per-row strength on the rows a batch
 touches, ``embedding_l2 = 2e-5 / batch_size`` (the gradient of 1e-5 ||w||^2 is 2e-5 w).
