@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pytest
@@ -16,6 +19,16 @@ if not SHARED_DATA.is_dir():  # a clone elsewhere: fall back to the conventional
     SHARED_DATA = Path("/work/shared/data")
 
 DIM = 8
+
+
+def benchmark_module(name: str) -> ModuleType:
+    """benchmarks/<name>.py imported as module ``name`` (the benchmarks folder is not a package)."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(name, mod)
+    spec.loader.exec_module(mod)
+    return mod
 
 # Test tensors are tiny: one intra-op thread is faster and immune to OpenMP spin-waits on a busy machine.
 torch.set_num_threads(1)

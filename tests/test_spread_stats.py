@@ -4,26 +4,12 @@ under equal spreads."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
+from conftest import benchmark_module
 from scipy.stats import f
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("deepctr_compare", ROOT / "benchmarks" / "deepctr_compare.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("deepctr_compare", mod)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-DC = _load()
+DC = benchmark_module("deepctr_compare")
 
 
 def test_holm_rejects_step_down_and_stops_at_the_first_kept():

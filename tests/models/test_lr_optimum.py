@@ -9,29 +9,18 @@ not improved for two Cs in a row.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
 import scipy.sparse as sp
 import torch
+from conftest import benchmark_module
 
-ROOT = Path(__file__).resolve().parents[2]
 TOLERANCE = 0.002
 
 
-def _benchmark() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("lr_vs_sklearn", ROOT / "benchmarks" / "lr_vs_sklearn.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("lr_vs_sklearn", mod)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-BENCH = _benchmark()
+BENCH = benchmark_module("lr_vs_sklearn")
 
 
 @pytest.mark.slow
