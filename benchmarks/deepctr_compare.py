@@ -58,6 +58,7 @@ Prints the table and ends with ONE line ``RESULT {json}``.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import logging
@@ -233,13 +234,20 @@ def peer_cache_key(data: Path, args: list[str]) -> str:
     """What decides a DeepCTR run: the peer script, its arguments (not the paths) and the exported arrays."""
     h = hashlib.sha256(PEER.read_bytes())
     h.update(json.dumps(args).encode())
-    h.update((data / "meta.json").read_bytes())
+    h.update(data_digest(data).encode())
+    return h.hexdigest()[:24]
+
+
+@functools.cache
+def data_digest(data: Path) -> str:
+    """The exported arrays' digest, read once per run of this script (the export is written before any run)."""
+    h = hashlib.sha256((data / "meta.json").read_bytes())
     for split in ("train", "valid", "test"):  # the arrays, not the files (a zip entry carries its write time)
         with np.load(data / f"{split}.npz") as z:
             for name in sorted(z.files):
                 h.update(name.encode() + str(z[name].dtype).encode() + str(z[name].shape).encode())
                 h.update(np.ascontiguousarray(z[name]).tobytes())
-    return h.hexdigest()[:24]
+    return h.hexdigest()
 
 
 def run_peer(python: Path, data: Path, model: str, params: dict[str, Any], cfg: Any, seed: int, epochs: int,
@@ -257,8 +265,8 @@ def run_peer(python: Path, data: Path, model: str, params: dict[str, Any], cfg: 
         hit = cache / f"{model}-{seed}-{peer_cache_key(data, args)}"
         if hit.with_suffix(".json").is_file() and hit.with_suffix(".npz").is_file():
             res = json.loads(hit.with_suffix(".json").read_text())
-            saved = np.load(hit.with_suffix(".npz"))
-            return {**res, "pred": saved["pred"], "pred_valid": saved["pred_valid"], "cached": True}
+            with np.load(hit.with_suffix(".npz")) as saved:
+                return {**res, "pred": saved["pred"], "pred_valid": saved["pred_valid"], "cached": True}
     cmd = [str(python), str(PEER), "--data", str(data), *args, "--out", str(out)]
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("PEER_RESULT ")]
@@ -377,7 +385,7 @@ def report(dataset: str, seeds: list[int], recipes: list[str], epochs: int, thre
     pooled = pooled_std(summary, sides)
     pooled_valid = pooled_std(summary, sides, "valid_auc")
     if pooled:
-        sys.stdout.write("pooled std over the models (root mean variance): test AUC "
+        sys.stdout.write("pooled std over the models (root of the mean variance, weighted by runs - 1): test AUC "
                          + "  ".join(f"{LABEL[side]} {v:.4f}" for side, v in pooled.items()) + ";  valid AUC "
                          + "  ".join(f"{LABEL[side]} {v:.4f}" for side, v in pooled_valid.items()) + "\n")
     verdicts = spread_verdicts(summary, sides)
@@ -456,11 +464,11 @@ def summarise(r: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 
 
 def pooled_std(summary: dict[str, Any], sides: list[str], metric: str = "auc") -> dict[str, float]:
-    """Per side, sqrt(mean over models of the variance of ``metric`` (test "auc" or "valid_auc")): the zoo's
+    """Per side, the pooled std of ``metric`` (test "auc" or "valid_auc") over the models (``_pooled``): the zoo's
     spread as one figure, which five or ten seeds estimate far more steadily than any one model's std."""
     if not summary:
         return {}
-    return {side: float(np.sqrt(np.mean([summary[m][f"{side}_{metric}_std"] ** 2 for m in summary])))
+    return {side: _pooled([(s[f"{side}_{metric}_std"], s[f"{side}_runs"]) for s in summary.values()])
             for side in sides}
 
 
@@ -490,27 +498,32 @@ def spread_verdicts(summary: dict[str, Any], sides: list[str], alpha: float = 0.
     return out
 
 
+def _pooled_variance(stds: list[tuple[float, int]]) -> tuple[float, float]:
+    """(degrees-of-freedom-weighted mean variance, Satterthwaite's effective degrees of freedom) of (std, runs)
+    pairs; a pair with fewer than 2 runs has no variance to pool. (nan, 0) when none has."""
+    terms = [(sd * sd, n - 1) for sd, n in stds if n >= 2]
+    df = sum(d for _, d in terms)
+    if not df:
+        return float("nan"), 0.0
+    total = sum(v * d for v, d in terms)
+    denominator = sum((v * d) ** 2 / d for v, d in terms)
+    return total / df, (total * total / denominator if denominator > 0 else float(df))
+
+
 def _pooled(stds: list[tuple[float, int]]) -> float:
     """sqrt of the degrees-of-freedom-weighted mean variance of (std, runs) pairs (runs >= 2)."""
-    df = [(sd * sd, n - 1) for sd, n in stds if n >= 2]
-    return float(np.sqrt(sum(v * d for v, d in df) / sum(d for _, d in df))) if df else float("nan")
+    return float(np.sqrt(_pooled_variance(stds)[0]))
 
 
 def pooled_spread_p(ours: list[tuple[float, int]], peer: list[tuple[float, int]]) -> float | None:
     """One-sided test of "ctrkit's zoo is more spread out than DeepCTR's": the ratio of the pooled variances
     against F with Satterthwaite's degrees of freedom on each side (each model's variance has its own scale,
-    so the pooled one has fewer effective degrees of freedom than the sum of the models')."""
+    so the pooled one has fewer effective degrees of freedom than the sum of the models'); None without a
+    variance on either side."""
     from scipy.stats import f
 
-    def eff(stds: list[tuple[float, int]]) -> tuple[float, float]:
-        terms = [(sd * sd, n - 1) for sd, n in stds if n >= 2]
-        total = sum(v * d for v, d in terms)
-        df = sum(d for _, d in terms)
-        denominator = sum((v * d) ** 2 / d for v, d in terms)
-        return total / df, (total * total / denominator if denominator > 0 else float(df))
-
-    (v_ours, df_ours), (v_peer, df_peer) = eff(ours), eff(peer)
-    if not ours or not peer or v_peer == 0.0:
+    (v_ours, df_ours), (v_peer, df_peer) = _pooled_variance(ours), _pooled_variance(peer)
+    if not df_ours or not df_peer or v_peer == 0.0:
         return None
     return float(f.sf(v_ours / v_peer, df_ours, df_peer))
 
