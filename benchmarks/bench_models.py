@@ -50,7 +50,7 @@ SPLIT = "0.8,0.1,0.1"
 def prepare(dataset: str, out: Path, split_seed: int = 0) -> dict[str, str]:
     """Preprocess ``dataset`` into ``out/<dataset>/{train,valid,test}`` -> {split: store path}."""
     if dataset == "criteo":
-        from ctrkit.data.criteo import preprocess_criteo
+        from ctrkit.data.sources.criteo import preprocess_criteo
 
         stores = preprocess_criteo(CRITEO_SAMPLE, out / "criteo", split=SPLIT, seed=split_seed,
                                    min_freq=CRITEO_MIN_FREQ, embedding_dim=EMBEDDING_DIM, overwrite=True,
@@ -59,7 +59,7 @@ def prepare(dataset: str, out: Path, split_seed: int = 0) -> dict[str, str]:
         sys.path.insert(0, str(REPO / "examples"))
         from make_movielens_csv import make_movielens_csv
 
-        from ctrkit.data.tabular import preprocess_table
+        from ctrkit.data.sources.table import preprocess_table
 
         csv = make_movielens_csv(MOVIELENS_RAW, out / "ml100k.csv")
         stores = preprocess_table(csv, MOVIELENS_SPEC, out / "movielens", split=SPLIT, seed=split_seed,

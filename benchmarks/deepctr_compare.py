@@ -152,7 +152,7 @@ def _padded(values: np.ndarray, offsets: np.ndarray, max_len: int) -> np.ndarray
 
 def export(stores: dict[str, str], out: Path) -> dict[str, Any]:
     """Write ``out/{train,valid,test}.npz`` + ``out/meta.json`` from ctrkit stores -> the meta dict."""
-    from ctrkit.data.store import Store
+    from ctrkit.data.storage.store import Store
 
     train = Store(stores["train"])
     schema = train.schema
@@ -191,8 +191,8 @@ def export(stores: dict[str, str], out: Path) -> dict[str, Any]:
 
 def run_ctrkit(config: Path, stores: dict[str, str], seed: int, epochs: int) -> dict[str, Any]:
     """Fit ``config`` for ``epochs`` with no validation -> {pred, pred_valid, fit_seconds, params} (probs)."""
-    from ctrkit.data.loader import BatchLoader
-    from ctrkit.data.store import Store
+    from ctrkit.data.storage.loader import BatchLoader
+    from ctrkit.data.storage.store import Store
     from ctrkit.models.registry import create_model
     from ctrkit.runner import predict_store
     from ctrkit.train.config import load_config

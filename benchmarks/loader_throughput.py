@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from ctrkit.data.loader import BatchLoader
-from ctrkit.data.store import Store
-from ctrkit.data.synthetic import write_synthetic_store
+from ctrkit.data.sources.synthetic import write_synthetic_store
+from ctrkit.data.storage.loader import BatchLoader
+from ctrkit.data.storage.store import Store
 
 
 def epoch_rate(store: Store, batch_size: int, shuffle: bool, prefetch: int, repeats: int) -> float:

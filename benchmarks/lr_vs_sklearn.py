@@ -48,8 +48,8 @@ def linear_design(store_path: str | Path) -> tuple[sp.csr_matrix, np.ndarray]:
     Batches come from the same loader and pipeline the trainer uses (valid / test order), so sequence
     truncation to ``max_len`` and dense values are exactly what the model sees.
     """
-    from ctrkit.data.loader import BatchLoader
-    from ctrkit.data.pipeline_io import pipeline_from_store
+    from ctrkit.data.storage.fitted import pipeline_from_store
+    from ctrkit.data.storage.loader import BatchLoader
 
     loader = BatchLoader(store_path, 8192, shuffle=False, prefetch=0, pipeline=pipeline_from_store(store_path))
     schema = loader.schema

@@ -2,7 +2,7 @@
 
     python benchmarks/preprocess_throughput.py [--rows 1000000] [--workdir DIR] [--skip-torchrec]
 
-1. writes ``--rows`` synthetic raw Criteo rows (``ctrkit.data.synthetic.write_criteo_tsv``) as a plain
+1. writes ``--rows`` synthetic raw Criteo rows (``ctrkit.data.sources.synthetic.write_criteo_tsv``) as a plain
    TSV named ``day_0`` (torchrec's utilities expect day-file names);
 2. ctrkit: ``preprocess_criteo(day_0, split="0.8,0.1,0.1")`` in a subprocess — parse, validate, ln(x+3),
    first-appearance vocabularies, seeded split, disk shuffle of train, three stores;
@@ -33,7 +33,7 @@ TORCHREC_EXTRA = Path.home() / ".cache" / "ctrkit-peers" / "torchrec-datasets-ex
 
 CTRKIT_CHILD = r"""
 import json, resource, sys, time
-from ctrkit.data.criteo import preprocess_criteo
+from ctrkit.data.sources.criteo import preprocess_criteo
 src, out = sys.argv[1], sys.argv[2]
 t = time.perf_counter()
 res = preprocess_criteo(src, out, split="0.8,0.1,0.1", seed=0, overwrite=True, progress=False)
@@ -81,7 +81,7 @@ def main() -> None:
         work.mkdir(parents=True, exist_ok=True)
         src = work / "day_0"
         if not src.exists() or os.environ.get("REGEN"):
-            from ctrkit.data.synthetic import write_criteo_tsv
+            from ctrkit.data.sources.synthetic import write_criteo_tsv
 
             t = time.perf_counter()
             write_criteo_tsv(src, a.rows, seed=a.seed, overwrite=True)

@@ -47,7 +47,7 @@ TARGET = {"hr@10": 0.0605, "ndcg@10": 0.0318}  # SASRec, full ranking, Beauty (S
 
 def build_stores(dataset: str, out: Path) -> dict[str, str]:
     """The positive-only behaviour stores of ``dataset`` under ``out`` (reused when present)."""
-    from ctrkit.data.behaviour import preprocess_behaviour
+    from ctrkit.data.sources.behaviour import preprocess_behaviour
 
     if (out / "test" / "manifest.json").is_file():
         return {s: str(out / s) for s in ("train", "valid", "test")}
@@ -65,15 +65,15 @@ def build_stores(dataset: str, out: Path) -> dict[str, str]:
 
 
 def _eval_batches(path: str, batch_size: int = 4096):
-    from ctrkit.data.loader import BatchLoader
-    from ctrkit.data.store import Store
+    from ctrkit.data.storage.loader import BatchLoader
+    from ctrkit.data.storage.store import Store
 
     return BatchLoader(Store(path), batch_size, shuffle=False, prefetch=0)
 
 
 def baselines(stores: dict[str, str]) -> dict[str, dict[str, dict[str, float]]]:
     """Most-popular and item-kNN co-occurrence, valid and test, full ranking with the same exclusions."""
-    from ctrkit.data.store import Store
+    from ctrkit.data.storage.store import Store
     from ctrkit.retrieval.catalogue import (
         ItemCatalogue,
         SeenItems,

@@ -65,7 +65,7 @@ MODELS = {"beauty": ["dnn", "din", "dien", "bst"], "taobao": ["dnn", "din", "die
 
 def prepare(dataset: str, out: Path) -> dict[str, str]:
     """Behaviour stores of ``dataset`` under ``out/stores`` (reused when already there)."""
-    from ctrkit.data.behaviour import preprocess_behaviour
+    from ctrkit.data.sources.behaviour import preprocess_behaviour
 
     stores = out / "stores"
     if not all((stores / s / "manifest.json").is_file() for s in ("train", "valid", "test")):
@@ -93,8 +93,8 @@ def select(valid: list[np.ndarray], test: list[np.ndarray], truth: dict[str, tup
 
 def run_ctrkit(config: Path, stores: dict[str, str], seed: int, epochs: int) -> dict[str, Any]:
     """Train ``config`` for ``epochs``, scoring valid / test after each epoch (off the clock)."""
-    from ctrkit.data.loader import BatchLoader
-    from ctrkit.data.store import Store
+    from ctrkit.data.storage.loader import BatchLoader
+    from ctrkit.data.storage.store import Store
     from ctrkit.models.registry import create_model
     from ctrkit.runner import predict_store
     from ctrkit.train.config import load_config
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peer-python", default=str(PEER_PYTHON))
     ap.add_argument("--out", default=None, help="work directory (stores are reused; default /tmp/ctrkit-seq-<dataset>)")
     a = ap.parse_args(argv)
-    from ctrkit.data.store import Store
+    from ctrkit.data.storage.store import Store
     from ctrkit.train.config import load_config
 
     logging.basicConfig(level=logging.WARNING)

@@ -4,7 +4,7 @@
     python benchmarks/seq_export.py --fake-stores DIR [--rows 4000]    # a small fake behaviour store to try it on
 
 Runs under ctrkit's python. ``export_for_peer`` reads the stores written by ``ctrkit preprocess behaviour``
-(schema in the module docstring of ctrkit.data.behaviour) and writes ``out/meta.json`` and
+(schema in the module docstring of ctrkit.data.sources.behaviour) and writes ``out/meta.json`` and
 ``out/{train,valid,test}.npz``, so the peer trains on exactly the rows ctrkit trains on, in the same order.
 
 npz, per split (N rows; every id array int64, 0 = padding, ids exactly the store's ids):
@@ -83,7 +83,7 @@ def export_for_peer(store_dirs: dict[str, str | Path], out_dir: str | Path) -> d
     ``store_dirs`` maps split name ("train", "valid", "test"; at least "train") to a ctrkit store path.
     Every split must have the train store's schema.
     """
-    from ctrkit.data.store import Store
+    from ctrkit.data.storage.store import Store
 
     stores = {split: Store(p) for split, p in store_dirs.items()}
     if "train" not in stores:
@@ -170,7 +170,7 @@ def write_fake_stores(out_dir: str | Path, *, users: int = 200, items: int = 500
     builder's schema (user, item, cate; hist_*, neg_hist_*, sess_<k>_*; label; group = user), for trying the
     export and the peer before real stores exist. Samples per user: every positive after the first gives a
     positive and a sampled negative with the same history; leave-last-out by user. -> {split: path}."""
-    from ctrkit.data.store import write_store
+    from ctrkit.data.storage.store import write_store
     from ctrkit.schema import Schema, SequenceFeature, SparseFeature
 
     rng = np.random.default_rng(seed)

@@ -46,7 +46,7 @@ SAMPLE = REPO / "examples" / "data" / "criteo_sample.tsv.gz"
 # ---- setup ------------------------------------------------------------------------------------------------
 def train_deepfm(work: Path) -> Path:
     from ctrkit.cli import main
-    from ctrkit.data.criteo import preprocess_criteo
+    from ctrkit.data.sources.criteo import preprocess_criteo
 
     stores = preprocess_criteo(SAMPLE, work / "criteo", split="0.8,0.1,0.1", seed=0, min_freq=8,
                                embedding_dim=16, progress=False)

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from ctrkit.cli import main
-from ctrkit.data.criteo import preprocess_criteo
-from ctrkit.data.store import Store
+from ctrkit.data.sources.criteo import preprocess_criteo
+from ctrkit.data.storage.store import Store
 from ctrkit.nn.embedding import IdOutOfRangeError
 from ctrkit.runner import SAMPLE, predict_store
 from ctrkit.train.checkpoint import load_model
@@ -198,7 +198,7 @@ def table_run(tmp_path_factory):
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
-    from ctrkit.data.tabular import preprocess_table
+    from ctrkit.data.sources.table import preprocess_table
 
     d = tmp_path_factory.mktemp("table")
     rng = np.random.default_rng(0)
@@ -229,7 +229,7 @@ def test_predict_a_table_checkpoint_reads_csv_and_parquet_with_or_without_label(
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
 
-    from ctrkit.data.pipeline_io import pipeline_from_checkpoint
+    from ctrkit.data.pipeline.persist import pipeline_from_checkpoint
     from ctrkit.train.checkpoint import load_checkpoint
 
     test = Store(table_run["stores"]["test"])  # test keeps input order: these raw rows, in this order
@@ -270,7 +270,7 @@ def multi_hot_run(trained):
 
 
 def test_evaluate_applies_the_multi_hot_stage_training_used(trained, multi_hot_run, capsys):
-    from ctrkit.data.pipeline_io import pipeline_from_checkpoint
+    from ctrkit.data.pipeline.persist import pipeline_from_checkpoint
     from ctrkit.runner import evaluate_store
     from ctrkit.train.checkpoint import load_checkpoint
 
@@ -288,8 +288,8 @@ def test_evaluate_applies_the_multi_hot_stage_training_used(trained, multi_hot_r
 
 
 def test_predict_applies_the_multi_hot_stage_and_reads_unlabelled_criteo(trained, multi_hot_run, tmp_path):
-    from ctrkit.data.loader import BatchLoader
-    from ctrkit.data.multihot import MultiHot
+    from ctrkit.data.pipeline.multihot import MultiHot
+    from ctrkit.data.storage.loader import BatchLoader
 
     with gzip.open(SAMPLE, "rt") as f:
         lines = [next(f) for _ in range(300)]

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from ctrkit.cli import main
-from ctrkit.data.criteo import preprocess_criteo
-from ctrkit.data.pipeline_io import pipeline_from_checkpoint
-from ctrkit.data.store import Store
+from ctrkit.data.pipeline.persist import pipeline_from_checkpoint
+from ctrkit.data.sources.criteo import preprocess_criteo
+from ctrkit.data.storage.store import Store
 from ctrkit.errors import TrainingError
 from ctrkit.metrics import roc_auc
 from ctrkit.runner import SAMPLE, evaluate_store, predict_store, train_from_config

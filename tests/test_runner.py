@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from ctrkit.batch import Batch
-from ctrkit.data.pipeline_io import pipeline_from_store
-from ctrkit.data.store import Store
-from ctrkit.data.tabular import preprocess_table
+from ctrkit.data.sources.table import preprocess_table
+from ctrkit.data.storage.fitted import pipeline_from_store
+from ctrkit.data.storage.store import Store
 from ctrkit.models.base import CTRModel, ModelOutput
 from ctrkit.models.registry import create_model
 from ctrkit.runner import evaluate_store, predict_file, predict_store

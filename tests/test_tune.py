@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ctrkit.cli import main
-from ctrkit.data.criteo import preprocess_criteo
+from ctrkit.data.sources.criteo import preprocess_criteo
 from ctrkit.errors import ConfigError
 from ctrkit.runner import SAMPLE, train_from_config
 from ctrkit.train.config import load_config, read_config_file

@@ -16,7 +16,8 @@ log = logging.getLogger("ctrkit")
 
 
 def _add_preprocess(sub: argparse._SubParsersAction) -> None:
-    from ctrkit.data import behaviour, criteo, tabular
+    from ctrkit.data.sources import behaviour, criteo
+    from ctrkit.data.sources import table as tabular
 
     p = sub.add_parser("preprocess", help="raw data -> columnar store")
     kinds = p.add_subparsers(dest="kind", required=True)
@@ -32,7 +33,7 @@ def _add_preprocess(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_synth(sub: argparse._SubParsersAction) -> None:
-    from ctrkit.data import synthetic
+    from ctrkit.data.sources import synthetic
 
     p = sub.add_parser("synth", help="synthetic Criteo-shaped data (raw TSV or a store)")
     synthetic.add_synth_args(p)

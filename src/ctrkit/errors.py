@@ -64,30 +64,3 @@ class StoreError(CtrkitError, RuntimeError):
 
 class TrainingError(CtrkitError, RuntimeError):
     """Training cannot go on (non-finite loss, empty data, bad resume); the message says where."""
-
-
-def missing_path(path: object, what: str, hint: str = "") -> str:
-    """The message for a file that is not there: ``what`` and the path (with the working directory when relative),
-    the closest name beside it (a typo) or the first missing folder, then ``hint`` (how to make or find one)."""
-    import difflib
-    import os
-    from pathlib import Path
-
-    p = Path(str(path))
-    where = "" if p.is_absolute() else f" (relative to the working directory {os.getcwd()})"
-    msg = f"{what} {p} does not exist{where}"
-    parent = p.parent
-    if parent.is_dir():
-        try:
-            names = [c.name for c in parent.iterdir()]
-        except OSError:
-            names = []
-        close = difflib.get_close_matches(p.name, names, n=1, cutoff=0.6)
-        if close:
-            msg += f"; did you mean {parent / close[0]}?"
-    else:
-        missing = parent
-        while not missing.parent.is_dir() and missing.parent != missing:
-            missing = missing.parent
-        msg += f"; the folder {missing} does not exist either"
-    return f"{msg}{' ' if msg.endswith('?') else '. '}{hint}" if hint else msg

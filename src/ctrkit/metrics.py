@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from ctrkit.errors import MetricError
+from ctrkit.io import did_you_mean
 
 log = logging.getLogger(__name__)
 
@@ -211,11 +212,7 @@ class MetricSet:
         names = [names] if isinstance(names, str) else list(names)
         for m in names:
             if m not in METRICS:
-                import difflib
-
-                close = difflib.get_close_matches(m, METRICS, n=1, cutoff=0.5)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise MetricError(f"unknown metric {m!r}{hint}; valid metrics: {list(METRICS)}")
+                raise MetricError(f"unknown metric {m!r}{did_you_mean(m, METRICS)}; valid metrics: {list(METRICS)}")
         if not names:
             raise MetricError(f"MetricSet needs at least one metric name from {list(METRICS)}")
         self.names = names

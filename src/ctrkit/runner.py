@@ -1,7 +1,7 @@
 """End-to-end jobs behind the CLI: train from a config, evaluate / predict with a checkpoint, the demo.
 
 A checkpoint is self-contained: besides config, schema and weights it carries the training data's
-:class:`~ctrkit.data.pipeline.FeaturePipeline` (vocabularies, dense statistics, the multi-hot stage
+:class:`~ctrkit.data.pipeline.feature_pipeline.FeaturePipeline` (vocabularies, dense statistics, the multi-hot stage
 when training used one), so ``evaluate`` and ``predict`` apply exactly what training applied, with
 nothing else on disk.
 """
@@ -22,12 +22,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from ctrkit.data.loader import BatchLoader
-from ctrkit.data.pipeline import FeaturePipeline
-from ctrkit.data.pipeline_io import pipeline_from_checkpoint, pipeline_from_store
-from ctrkit.data.store import Store, atomic_file, check_replaceable, make_dir
-from ctrkit.data.vocab_agree import Vocabularies, check_same_vocabulary
-from ctrkit.errors import JobError, missing_path
+from ctrkit.data.pipeline.feature_pipeline import FeaturePipeline
+from ctrkit.data.pipeline.persist import pipeline_from_checkpoint, to_payload
+from ctrkit.data.storage.agree import Vocabularies, check_same_vocabulary
+from ctrkit.data.storage.fitted import pipeline_from_store
+from ctrkit.data.storage.loader import BatchLoader
+from ctrkit.data.storage.store import Store, check_replaceable
+from ctrkit.errors import JobError
+from ctrkit.io import atomic_file, make_dir, missing_path
 from ctrkit.models.base import logits_of
 from ctrkit.models.registry import check_model_params, create_model
 from ctrkit.train.config import Config, config_to_dict, load_config
@@ -160,7 +162,7 @@ def _train(cfg: Config, resume: str | None, progress: bool | None, callbacks: li
     trainer = Trainer(
         model, train, cfg.train, valid_loader=valid, run_dir=run_dir, resume_from=resume, run_config=cfg,
         schema=store.schema, model_params=dict(cfg.model.params), vocab=vocab_payload(store),
-        pipeline=train.pipeline.to_payload(), extra=extra, task=task, overwrite=cfg.run.overwrite,
+        pipeline=to_payload(train.pipeline), extra=extra, task=task, overwrite=cfg.run.overwrite,
         callbacks=callbacks,
     )
     try:
@@ -246,7 +248,7 @@ def run_summary(cfg: Config, trainer: Any, fit: dict[str, Any], test: dict[str, 
 
 
 def _version() -> str:
-    from ctrkit import __version__
+    from ctrkit.version import __version__
 
     return __version__
 
@@ -421,7 +423,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
 def run_predict(args: argparse.Namespace) -> int:
     """``ctrkit predict``: one ``line,score`` row per input row, the line number being the row's line in the
     input (CSV: the header is line 1; Parquet: the row number), written only once every row is scored."""
-    from ctrkit.data.raw_rows import ReadStats
+    from ctrkit.data.sources.raw_rows import ReadStats
     from ctrkit.serving.predictor import Predictor
 
     out, src = Path(args.output), Path(args.input)
@@ -458,7 +460,7 @@ DEMO_ARCHES = {
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from ctrkit.data.criteo import preprocess_criteo
+    from ctrkit.data.sources.criteo import preprocess_criteo
 
     if not SAMPLE.is_file() or not DEMO_CONFIG.is_file():
         raise JobError(f"the demo needs {SAMPLE} and {DEMO_CONFIG} from a ctrkit source checkout")

@@ -41,8 +41,8 @@ from typing import Any, Literal
 
 import yaml
 
-from ctrkit.data.store import atomic_file
 from ctrkit.errors import ConfigError, JobError, TrainingError
+from ctrkit.io import atomic_file
 from ctrkit.metrics import higher_is_better
 from ctrkit.models.registry import check_model_params, model_params
 from ctrkit.runner import train_from_config

@@ -14,7 +14,6 @@ Text typed on the command line arrives as :class:`CliValue` and is parsed for th
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import types
 import typing
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from typing import Any, Literal
 import yaml
 
 from ctrkit.errors import ConfigError
+from ctrkit.io import did_you_mean
 
 __all__ = ["CliValue", "build", "coerce", "is_supported", "suggest", "type_name"]
 
@@ -48,12 +48,9 @@ ALIASES = {"learning_rate": "lr", "lr_rate": "lr", "num_epochs": "epochs", "n_ep
 def suggest(name: str, valid: list[str] | set[str] | tuple[str, ...] | dict[str, Any]) -> str:
     """" (did you mean 'x'?)" for the closest valid name (a known alias, else by spelling), or the list of
     valid names."""
-    alias = ALIASES.get(name.lower())
-    if alias in valid:
-        return f" (did you mean {alias!r}?)"
-    close = difflib.get_close_matches(name, list(valid), n=1, cutoff=0.5)
-    if close:
-        return f" (did you mean {close[0]!r}?)"
+    hint = did_you_mean(name, valid, aliases=ALIASES)
+    if hint:
+        return hint
     return f"; valid: {sorted(valid)}"
 
 

@@ -15,11 +15,12 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from ctrkit.data.criteo import DENSE_NAMES, SPARSE_NAMES, preprocess_criteo
-from ctrkit.data.pipeline import FeaturePipeline
-from ctrkit.data.rows import BadRows, DataError
-from ctrkit.data.store import Store
-from ctrkit.data.tabular import load_spec, preprocess_table
+from ctrkit.data.pipeline.feature_pipeline import FeaturePipeline
+from ctrkit.data.pipeline.rows import BadRows
+from ctrkit.data.sources.criteo import DENSE_NAMES, SPARSE_NAMES, preprocess_criteo
+from ctrkit.data.sources.table import load_spec, preprocess_table
+from ctrkit.data.storage.store import Store
+from ctrkit.errors import DataError
 
 BUNDLED = Path(__file__).resolve().parents[2] / "examples" / "data" / "criteo_sample.tsv.gz"
 F32_MAX = float(np.finfo(np.float32).max)

@@ -16,13 +16,19 @@ import pytest
 
 from ctrkit.batch import Batch
 from ctrkit.cli import main
-from ctrkit.data.behaviour import preprocess_behaviour, read_behaviour_log
-from ctrkit.data.behaviour_samples import build_samples, draw_negatives, example_ages, sort_log, user_keys
-from ctrkit.data.loader import BatchLoader
-from ctrkit.data.pipeline import FeaturePipeline
-from ctrkit.data.raw_rows import iter_transformed
-from ctrkit.data.rows import DataError
-from ctrkit.data.store import Store, StoreError
+from ctrkit.data.pipeline.persist import load_pipeline
+from ctrkit.data.sources.behaviour import preprocess_behaviour, read_behaviour_log
+from ctrkit.data.sources.behaviour_samples import (
+    build_samples,
+    draw_negatives,
+    example_ages,
+    sort_log,
+    user_keys,
+)
+from ctrkit.data.sources.raw_rows import iter_transformed
+from ctrkit.data.storage.loader import BatchLoader
+from ctrkit.data.storage.store import Store
+from ctrkit.errors import DataError, StoreError
 
 DATA = Path("/work/shared/data")
 TAOBAO = DATA / "taobao_userbehavior" / "UserBehavior_head.csv.gz"
@@ -44,7 +50,7 @@ C,c3,x,300
 
 def decode(store: Store, name: str) -> list[Any]:
     """Raw keys of a store column (a list per row for jagged columns; id 1 -> 'RARE', 0 -> None)."""
-    pipe = FeaturePipeline.load(store.path / "pipeline")
+    pipe = load_pipeline(store.path / "pipeline")
     table = pipe.feature_table(next(e for e in (*pipe.spec.sparse, *pipe.spec.sequence) if e["name"] == name))
     v = pipe.vocabs_[table]
     inv = {0: None, 1: "RARE", **{int(i): k for i, k in zip(v.ids, v.keys)}}
@@ -105,7 +111,7 @@ def test_tiny_log_samples_by_hand(tmp_path: Path) -> None:
 def test_vocabularies_fitted_on_train_only(tmp_path: Path) -> None:
     res = preprocess_behaviour(tiny(tmp_path), tmp_path / "out", time_col="time", seed=0)
     tr, va = Store(res["train"]), Store(res["valid"])
-    pipe = FeaturePipeline.load(tr.path / "pipeline")
+    pipe = load_pipeline(tr.path / "pipeline")
     train_items = {k for r in rows_of(tr) for k in (r[2], *r[3])}
     assert set(pipe.vocabs_["item"].keys.tolist()) == train_items  # exactly the train rows' keys
     assert set(pipe.vocabs_["user"].keys.tolist()) == {"A"}  # C only has valid / test samples
@@ -274,7 +280,7 @@ def test_store_to_batch_and_loader(tmp_path: Path) -> None:
     res = preprocess_behaviour(tiny(tmp_path), tmp_path / "out", attr_cols=["category:cate"], time_col="time",
                                aux_negatives=True, sessions=2, session_len=3, session_gap=15)
     st = Store(res["test"])
-    pipe = FeaturePipeline.load(st.path / "pipeline")
+    pipe = load_pipeline(st.path / "pipeline")
     cols = {}
     for name in st.columns():
         c = st[name]
@@ -293,7 +299,7 @@ def test_store_to_batch_and_loader(tmp_path: Path) -> None:
 
 def test_scoring_raw_rows_with_empty_history(tmp_path: Path) -> None:
     res = preprocess_behaviour(tiny(tmp_path), tmp_path / "out", attr_cols=["category:cate"], time_col="time")
-    pipe = FeaturePipeline.load(Path(res["train"]) / "pipeline")
+    pipe = load_pipeline(Path(res["train"]) / "pipeline")
     raw = tmp_path / "score.csv"  # the columns a store holds, histories '|'-delimited (predict's input)
     raw.write_text("user,item,cate,hist_item,hist_cate\nA,a2,x,a1|zz,x|x\nNEW,a1,x,,\n")
     cols = next(iter_transformed(pipe, raw))
@@ -410,7 +416,7 @@ def test_positives_only_stores_match_uniform(tmp_path: Path) -> None:
     names = ("user", "label", "item", "hist_item", "hist_cate", "cate")
     # vocabularies come from the train rows only; uniform's also hold its sampled negatives, so keys that
     # only a negative brought in are rare in positives-only stores
-    pipe = FeaturePipeline.load(Path(pos["train"]) / "pipeline")
+    pipe = load_pipeline(Path(pos["train"]) / "pipeline")
     known = {t: set(v.keys.tolist()) for t, v in pipe.vocabs_.items()}
     tables = {"user": "user", "item": "item", "hist_item": "item", "hist_cate": "cate", "cate": "cate"}
 
@@ -461,7 +467,7 @@ def test_example_age_by_hand(tmp_path: Path) -> None:
     rep = json.loads((tmp_path / "out" / "report.json").read_text())
     assert rep["example_age"] == {"t_start": 25.0, "t_end": 100.0, "unit": "fraction of the training window"}
     # a dense user feature, read as is (not logged or standardised)
-    pipe = FeaturePipeline.load(tr.path / "pipeline")
+    pipe = load_pipeline(tr.path / "pipeline")
     dense = [(e["name"], e["transform"], e["group"]) for e in pipe.spec.dense]
     assert dense == [("example_age", "none", "user")]
     assert [(d.name, d.group) for d in tr.schema.dense] == [("example_age", "user")]

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ctrkit.data.criteo import (
+from ctrkit.data.pipeline.vocab import load_vocabularies
+from ctrkit.data.sources.criteo import (
     DENSE_NAMES,
     SPARSE_NAMES,
     add_preprocess_criteo_args,
@@ -18,9 +19,8 @@ from ctrkit.data.criteo import (
     preprocess_criteo,
     run_preprocess_criteo,
 )
-from ctrkit.data.rows import DataError
-from ctrkit.data.store import Store
-from ctrkit.data.vocab import load_vocabularies
+from ctrkit.data.storage.store import Store
+from ctrkit.errors import DataError
 
 SAMPLE = Path("/work/shared/data/criteo_dac/criteo_kaggle_merged_unique.tsv.gz")
 BUNDLED = Path(__file__).resolve().parents[2] / "examples" / "data" / "criteo_sample.tsv.gz"
@@ -135,7 +135,8 @@ def test_in_order_splits_roll_over_small_shards_and_keep_order(tmp_path: Path) -
 
 
 def test_shard_spill_rolls_over_in_order(tmp_path: Path) -> None:
-    from ctrkit.data.rows import ShardSpill, SpillColumn
+    from ctrkit.data.pipeline.rows import SpillColumn
+    from ctrkit.data.storage.spill import ShardSpill
 
     spill = ShardSpill(tmp_path / "sp", 1, {"x": SpillColumn("<i8")}, roll_rows=10)
     data = np.arange(47)

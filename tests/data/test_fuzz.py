@@ -15,11 +15,12 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from ctrkit.data.criteo import preprocess_criteo
-from ctrkit.data.criteo_parse import NUM_DENSE, NUM_FIELDS, parse_block
-from ctrkit.data.pipeline import FeaturePipeline
-from ctrkit.data.rows import BadRows, DataError
-from ctrkit.data.store import Store
+from ctrkit.data.pipeline.criteo_parse import NUM_DENSE, NUM_FIELDS, parse_block
+from ctrkit.data.pipeline.feature_pipeline import FeaturePipeline
+from ctrkit.data.pipeline.rows import BadRows
+from ctrkit.data.sources.criteo import preprocess_criteo
+from ctrkit.data.storage.store import Store
+from ctrkit.errors import DataError
 
 FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 FUZZ_FILES = settings(FUZZ, max_examples=40)  # two preprocessing runs per example

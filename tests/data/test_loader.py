@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from ctrkit.batch import KeyedJagged
-from ctrkit.data.loader import BatchLoader
-from ctrkit.data.multihot import MultiHot
-from ctrkit.data.pipeline import FeaturePipeline
-from ctrkit.data.store import Store, write_store
+from ctrkit.data.pipeline.feature_pipeline import FeaturePipeline
+from ctrkit.data.pipeline.multihot import MultiHot
+from ctrkit.data.storage.loader import BatchLoader
+from ctrkit.data.storage.store import Store, write_store
 from ctrkit.schema import DenseFeature, Schema, SequenceFeature, SparseFeature
 
 N = 1000

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from ctrkit.batch import KeyedJagged
-from ctrkit.data.multihot import MultiHot
+from ctrkit.data.pipeline.multihot import MultiHot
 
 KEYS = ["c0", "c1", "c2", "c3"]
 NUM = [6, 7, 5, 9]

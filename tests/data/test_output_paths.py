@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+import ctrkit.io
 from ctrkit.cli import main
-from ctrkit.data import store as store_mod
-from ctrkit.data.store import Store
+from ctrkit.data.storage import store as store_mod
+from ctrkit.data.storage.store import Store
 
 BUNDLED = Path(__file__).resolve().parents[2] / "examples" / "data" / "criteo_sample.tsv.gz"
 SPEC = {"label": "label", "dense": [{"name": "x", "transform": "standardize"}], "sparse": ["c"]}
@@ -128,7 +129,7 @@ def test_permission_denied_is_one_error_line(tmp_path: Path, inputs, monkeypatch
     def denied(*a: object, **k: object) -> None:
         raise PermissionError(13, "Permission denied", str(k.get("dir")))
 
-    monkeypatch.setattr(store_mod.tempfile, "mkdtemp", denied)
+    monkeypatch.setattr(ctrkit.io.tempfile, "mkdtemp", denied)
     out = tmp_path / "out"
     assert main(argv("table", inputs, out)) == 2
     msg = one_error(caplog)
@@ -195,7 +196,7 @@ def test_disk_error_while_writing_is_one_error_line(tmp_path: Path, inputs, monk
 
 
 def test_ctrl_c_while_reading_criteo_leaves_nothing(tmp_path: Path, inputs, monkeypatch) -> None:
-    from ctrkit.data import criteo
+    from ctrkit.data.sources import criteo
 
     def parse_block(buf: bytes) -> None:  # runs in the parser thread; the main thread re-raises it
         raise KeyboardInterrupt
@@ -209,7 +210,7 @@ def test_ctrl_c_while_reading_criteo_leaves_nothing(tmp_path: Path, inputs, monk
 def test_ctrl_c_while_writing_synthetic_outputs(tmp_path: Path, monkeypatch) -> None:
     _interrupt_at(monkeypatch, "st", KeyboardInterrupt())
     assert main(["synth", "--rows", "20", "--out", str(tmp_path / "st")]) == 130
-    from ctrkit.data import synthetic
+    from ctrkit.data.sources import synthetic
 
     def boom(*a: object, **k: object) -> None:
         raise KeyboardInterrupt

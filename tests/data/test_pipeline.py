@@ -13,13 +13,13 @@ import pyarrow as pa
 import pytest
 import torch
 
-from ctrkit.data.criteo import preprocess_criteo
-from ctrkit.data.multihot import MultiHot
-from ctrkit.data.pipeline import DENSE_NAMES, SPARSE_NAMES, FeaturePipeline
-from ctrkit.data.pipeline_io import pipeline_from_store, store_vocab_fingerprint
-from ctrkit.data.rows import DataError
-from ctrkit.data.store import Store
-from ctrkit.errors import NotFittedError
+from ctrkit.data.pipeline.feature_pipeline import DENSE_NAMES, SPARSE_NAMES, FeaturePipeline
+from ctrkit.data.pipeline.multihot import MultiHot
+from ctrkit.data.pipeline.persist import from_payload, load_pipeline, save_pipeline, to_payload
+from ctrkit.data.sources.criteo import preprocess_criteo
+from ctrkit.data.storage.fitted import pipeline_from_store, store_vocab_fingerprint
+from ctrkit.data.storage.store import Store
+from ctrkit.errors import DataError, NotFittedError
 from ctrkit.train.checkpoint import load_checkpoint, save_checkpoint
 
 BUNDLED = Path(__file__).resolve().parents[2] / "examples" / "data" / "criteo_sample.tsv.gz"
@@ -204,15 +204,15 @@ def test_save_load_and_checkpoint_payload_round_trip(tmp_path: Path) -> None:
     rows[3]["c"] = "é ünïcode"
     pipe = FeaturePipeline.table(SPEC, max_vocab=12, max_vocab_mode="hash").fit(rows).with_multi_hot(2, 5)
     want = pipe.transform(rows)
-    d = pipe.save(tmp_path / "p")
+    d = save_pipeline(pipe, tmp_path / "p")
     assert {f.suffix for f in d.iterdir()} == {".json", ".npy"}
     for f in d.glob("*.npy"):  # plain numeric arrays: readable without pickle
         assert np.load(f, allow_pickle=False).dtype.kind in "iuf"
     ckpt = save_checkpoint(tmp_path / "c.pt", model=torch.nn.Linear(1, 1), model_name="x",
-                           pipeline=pipe.to_payload())
+                           pipeline=to_payload(pipe))
     raw = torch.load(ckpt, weights_only=True)  # nothing but plain data inside
     assert raw["pipeline"]["meta"]["multi_hot"]["size"] == 2
-    for other in (FeaturePipeline.load(d), FeaturePipeline.from_payload(load_checkpoint(ckpt)["pipeline"])):
+    for other in (load_pipeline(d), from_payload(load_checkpoint(ckpt)["pipeline"])):
         assert_same_columns(other.transform(rows), want)
         assert other.vocab_fingerprint() == pipe.vocab_fingerprint()
         assert other.schema == pipe.schema and other.batch_stage.fingerprint() == pipe.batch_stage.fingerprint()
@@ -220,7 +220,7 @@ def test_save_load_and_checkpoint_payload_round_trip(tmp_path: Path) -> None:
     meta["multi_hot"]["fingerprint"] = "sha256:0"
     (d / "pipeline.json").write_text(json.dumps(meta))
     with pytest.raises(DataError, match="multi-hot tables rebuilt"):
-        FeaturePipeline.load(d).to_batch(want)
+        load_pipeline(d).to_batch(want)
 
 
 def criteo_lines(n: int) -> list[str]:
@@ -234,7 +234,7 @@ def test_criteo_pipeline_of_a_store_maps_raw_text_like_preprocessing(tmp_path: P
     src.write_text("\n".join(lines) + "\n")
     store = preprocess_criteo(src, tmp_path / "o", split="1,0", shuffle=False, min_freq=2, progress=False)["train"]
     s = Store(store)
-    pipe = FeaturePipeline.load(store)
+    pipe = load_pipeline(store)
     assert pipe.kind == "criteo" and pipe.schema == s.schema
     names = ["label", *DENSE_NAMES, *SPARSE_NAMES]
     rows = [dict(zip(names, ln.split("\t"))) for ln in lines]  # raw text: hex keys, integer strings
@@ -257,14 +257,14 @@ def test_vocab_fingerprints_of_stores(tmp_path: Path) -> None:
     b = preprocess_criteo(src, tmp_path / "b", min_freq=3, progress=False)
     fps = {k: store_vocab_fingerprint(p) for k, p in a.items()}
     assert len(set(fps.values())) == 1  # train / valid / test of one run share the vocabularies
-    assert fps["train"] == FeaturePipeline.load(a["train"]).vocab_fingerprint()
+    assert fps["train"] == load_pipeline(a["train"]).vocab_fingerprint()
     assert store_vocab_fingerprint(b["train"]) != fps["train"]
     shutil.rmtree(a["test"] / "pipeline")  # an older store: computed from vocab/
     assert store_vocab_fingerprint(a["test"]) == fps["train"]
 
 
 def test_checkpoints_written_before_pipelines_get_theirs_rebuilt(tmp_path: Path) -> None:
-    from ctrkit.data.pipeline_io import pipeline_from_checkpoint
+    from ctrkit.data.pipeline.persist import pipeline_from_checkpoint
     from ctrkit.runner import vocab_payload
 
     src = tmp_path / "s.tsv"
@@ -275,6 +275,6 @@ def test_checkpoints_written_before_pipelines_get_theirs_rebuilt(tmp_path: Path)
            "config": {"data": {"multi_hot_size": 2, "multi_hot_min_table_size": 30}}}
     pipe = pipeline_from_checkpoint(old)
     assert pipe.kind == "criteo" and pipe.schema == train.schema
-    assert pipe.vocab_fingerprint() == FeaturePipeline.load(train.path).vocab_fingerprint()
+    assert pipe.vocab_fingerprint() == load_pipeline(train.path).vocab_fingerprint()
     assert pipe.multi_hot["size"] == 2 and pipe.batch_stage.expanded == [
         t.num_embeddings >= 30 for t in train.schema.tables().values()]

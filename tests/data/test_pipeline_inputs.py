@@ -12,11 +12,11 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
-from ctrkit.data.pipeline import UNSEEN_GROUP_BASE, FeaturePipeline
-from ctrkit.data.pipeline_io import pipeline_from_store
-from ctrkit.data.store import Store
-from ctrkit.data.tabular import preprocess_table
-from ctrkit.data.vocab_agree import check_same_vocabulary
+from ctrkit.data.pipeline.feature_pipeline import UNSEEN_GROUP_BASE, FeaturePipeline
+from ctrkit.data.sources.table import preprocess_table
+from ctrkit.data.storage.agree import check_same_vocabulary
+from ctrkit.data.storage.fitted import pipeline_from_store
+from ctrkit.data.storage.store import Store
 
 CRITEO_ROWS = [
     {"label": 1, **{f"I{i}": i for i in range(1, 14)}, **{f"C{i}": f"{i:08x}" for i in range(1, 27)}},

@@ -5,18 +5,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ctrkit.data.criteo import preprocess_criteo, resolve_inputs
-from ctrkit.data.store import (
-    ColumnSpec,
-    Store,
-    StoreError,
-    StoreWriter,
-    remove_stale_splits,
-    write_store,
-)
-from ctrkit.data.tabular import preprocess_table
-from ctrkit.data.vocab_agree import Vocabularies, check_same_vocabulary
-from ctrkit.errors import DataError
+from ctrkit.data.pipeline.rows import ColumnSpec
+from ctrkit.data.sources.criteo import preprocess_criteo, resolve_inputs
+from ctrkit.data.sources.table import preprocess_table
+from ctrkit.data.storage.agree import Vocabularies, check_same_vocabulary
+from ctrkit.data.storage.store import Store, StoreWriter, remove_stale_splits, write_store
+from ctrkit.errors import DataError, StoreError
 from ctrkit.schema import DenseFeature, Schema, SparseFeature
 
 

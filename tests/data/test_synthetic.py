@@ -5,8 +5,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pytest
 
-from ctrkit.data.store import Store
-from ctrkit.data.synthetic import (
+from ctrkit.data.sources.synthetic import (
     DENSE_NAMES,
     KAGGLE_CARDINALITIES,
     SPARSE_NAMES,
@@ -18,6 +17,7 @@ from ctrkit.data.synthetic import (
     write_synthetic_store,
     zipf_ids,
 )
+from ctrkit.data.storage.store import Store
 
 
 def read_tsv(path):

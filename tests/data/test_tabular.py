@@ -12,10 +12,10 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
-from ctrkit.data.rows import DataError
-from ctrkit.data.store import Store
-from ctrkit.data.tabular import load_spec, preprocess_table
-from ctrkit.data.vocab import load_vocabularies
+from ctrkit.data.pipeline.vocab import load_vocabularies
+from ctrkit.data.sources.table import load_spec, preprocess_table
+from ctrkit.data.storage.store import Store
+from ctrkit.errors import DataError
 
 ROOT = Path(__file__).resolve().parents[2]
 ML = Path("/work/shared/data/movielens_100k")

@@ -13,10 +13,10 @@ import pyarrow.csv as pacsv
 import pytest
 
 from ctrkit.cli import main
-from ctrkit.data.rows import DataError
-from ctrkit.data.store import Store
-from ctrkit.data.tabular import preprocess_table
-from ctrkit.data.vocab import load_vocabularies
+from ctrkit.data.pipeline.vocab import load_vocabularies
+from ctrkit.data.sources.table import preprocess_table
+from ctrkit.data.storage.store import Store
+from ctrkit.errors import DataError
 
 SPEC = {"label": "label", "group_id": "u",
         "dense": [{"name": "row", "transform": "none"}, {"name": "z", "transform": "standardize"},

@@ -8,8 +8,14 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from ctrkit.data.rows import DataError
-from ctrkit.data.vocab import VocabBuilder, Vocabulary, hash_keys, load_vocabularies, save_vocabularies
+from ctrkit.data.pipeline.vocab import (
+    VocabBuilder,
+    Vocabulary,
+    hash_keys,
+    load_vocabularies,
+    save_vocabularies,
+)
+from ctrkit.errors import DataError
 
 
 def naive_ids(values: list, min_freq: int = 1, missing=(None, "")) -> list[int]:
@@ -134,7 +140,7 @@ def test_bad_options_and_missing_dir(tmp_path: Path) -> None:
 
 
 def test_unseen_base_keeps_distinct_unseen_keys_apart():
-    from ctrkit.data.vocab import RARE_ID
+    from ctrkit.data.pipeline.vocab import RARE_ID
 
     v = Vocabulary.build("g", "str", np.array(["a", "b"]), np.array([1, 1]))
     values = pa.array(["a", "x", "y", "x", None, "b"])
@@ -154,7 +160,7 @@ def test_chunked_keys_encode_as_one_array():
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from ctrkit.data.vocab import _one_chunk
+    from ctrkit.data.pipeline.vocab import _one_chunk
 
     chunked = pa.chunked_array([["a", "b"], ["b", "c", "a"]])
     enc = pc.dictionary_encode(_one_chunk(chunked))

@@ -29,9 +29,9 @@ def test_linear_design_reproduces_the_model_logits(tmp_path: Path) -> None:
     a sequence sharing the item table, dense values), for random weights and a prefitted centring."""
     if not BENCH.MOVIELENS_RAW.is_dir():
         pytest.skip(f"MovieLens-100K not available at {BENCH.MOVIELENS_RAW}")
-    from ctrkit.data.loader import BatchLoader
-    from ctrkit.data.pipeline_io import pipeline_from_store
-    from ctrkit.data.store import Store
+    from ctrkit.data.storage.fitted import pipeline_from_store
+    from ctrkit.data.storage.loader import BatchLoader
+    from ctrkit.data.storage.store import Store
     from ctrkit.models.registry import create_model
 
     store = BENCH.prepare("movielens", tmp_path, 0)["valid"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from ctrkit.data.store import write_store
+from ctrkit.data.storage.store import write_store
 from ctrkit.schema import DenseFeature, Schema, SparseFeature
 
 SCHEMA = Schema(dense=[DenseFeature("d0")], sparse=[SparseFeature("user", 50, 8), SparseFeature("item", 40, 8)],

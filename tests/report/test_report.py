@@ -261,7 +261,7 @@ def trained(tmp_path_factory):
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
-    from ctrkit.data.tabular import preprocess_table
+    from ctrkit.data.sources.table import preprocess_table
     from ctrkit.runner import train_from_config
     from ctrkit.train.config import load_config
 

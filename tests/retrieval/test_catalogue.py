@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from ctrkit.data.behaviour import preprocess_behaviour
-from ctrkit.data.store import Store
+from ctrkit.data.sources.behaviour import preprocess_behaviour
+from ctrkit.data.storage.store import Store
 from ctrkit.errors import MetricError
 from ctrkit.metrics import hit_rate_at_k, mrr_at_k, ndcg_at_k
 from ctrkit.retrieval.catalogue import ItemCatalogue, SeenItems, ranking_metrics, target_ranks

@@ -12,9 +12,9 @@ import torch
 from test_catalogue import write_log
 
 from ctrkit.cli import main
-from ctrkit.data.behaviour import preprocess_behaviour
-from ctrkit.data.loader import BatchLoader
-from ctrkit.data.store import Store
+from ctrkit.data.sources.behaviour import preprocess_behaviour
+from ctrkit.data.storage.loader import BatchLoader
+from ctrkit.data.storage.store import Store
 from ctrkit.errors import JobError, RetrievalError
 from ctrkit.retrieval.catalogue import ItemCatalogue, SeenItems
 from ctrkit.retrieval.recall import raw_keys, recall, row_sources
@@ -74,7 +74,7 @@ def test_exact_recall_equals_brute_force(trained, tmp_path):
     top = scores.topk(7, dim=1)
     pipe_items = {int(x): x for x in cat.ids}
     assert len(rows) == 7 * len(batch)
-    from ctrkit.data.pipeline_io import pipeline_from_checkpoint
+    from ctrkit.data.pipeline.persist import pipeline_from_checkpoint
 
     item_keys = raw_keys(pipeline_from_checkpoint(ckpt).vocabs_["item"], cat.ids[top.indices.numpy()].reshape(-1))
     got_items = [row["item"] for row in rows]
@@ -139,7 +139,7 @@ def test_popular_fallback_rows(trained, tmp_path, monkeypatch):
     assert [r["source"] for r in rows[:8]] == ["popular"] * 4 + ["cold_start_features"] * 4
     ckpt = load_checkpoint(ckpt_path)
     cat = ItemCatalogue.from_payload(ckpt["extra"]["catalogue"])
-    from ctrkit.data.pipeline_io import pipeline_from_checkpoint
+    from ctrkit.data.pipeline.persist import pipeline_from_checkpoint
 
     batch = next(iter(BatchLoader(Store(out["test"]), 1, shuffle=False, prefetch=0)))
     _, seen_items = SeenItems.from_store(Store(out["train"])).pairs(batch.group_ids.numpy())

@@ -21,10 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))  # the c
 from test_models_contract import VARIANTS, build, schema_for
 
 from ctrkit.batch import KeyedJagged
-from ctrkit.data.criteo import preprocess_criteo
-from ctrkit.data.loader import BatchLoader
-from ctrkit.data.pipeline_io import pipeline_from_checkpoint
-from ctrkit.data.store import Store
+from ctrkit.data.pipeline.persist import pipeline_from_checkpoint
+from ctrkit.data.sources.criteo import preprocess_criteo
+from ctrkit.data.storage.loader import BatchLoader
+from ctrkit.data.storage.store import Store
 from ctrkit.errors import ConfigError, ExportError
 from ctrkit.models.base import CTRModel, logits_of
 from ctrkit.models.registry import create_model, get_model_class, list_models

@@ -13,12 +13,11 @@ import pyarrow.csv as pacsv
 import pytest
 
 from ctrkit.cli import main
-from ctrkit.data.criteo import preprocess_criteo
-from ctrkit.data.pipeline_io import pipeline_from_checkpoint
-from ctrkit.data.rows import DataError
-from ctrkit.data.store import Store
-from ctrkit.data.tabular import preprocess_table
-from ctrkit.errors import JobError
+from ctrkit.data.pipeline.persist import pipeline_from_checkpoint
+from ctrkit.data.sources.criteo import preprocess_criteo
+from ctrkit.data.sources.table import preprocess_table
+from ctrkit.data.storage.store import Store
+from ctrkit.errors import DataError, JobError
 from ctrkit.metrics import gauc, log_loss, roc_auc
 from ctrkit.runner import SAMPLE, evaluate_store, predict_store, train_from_config
 from ctrkit.serving.predictor import Predictor
@@ -116,7 +115,7 @@ def test_rows_without_a_feature_column_are_refused_naming_it(criteo):
 def test_predictor_refuses_a_retrieval_model():
     from conftest import contract_schema
 
-    from ctrkit.data.pipeline import FeaturePipeline
+    from ctrkit.data.pipeline.feature_pipeline import FeaturePipeline
     from ctrkit.models.registry import create_model
 
     s = contract_schema()

@@ -76,7 +76,7 @@ TABLE_SPEC = {"label": "label", "dense": [{"name": "x", "transform": "standardiz
 @pytest.fixture(scope="module")
 def table_ckpt(tmp_path_factory) -> Path:
     """A DLRM on a Parquet table: string user 'u', integer 'item', multi-valued 'tags'."""
-    from ctrkit.data.tabular import preprocess_table
+    from ctrkit.data.sources.table import preprocess_table
 
     d = tmp_path_factory.mktemp("serve_table")
     rng = np.random.default_rng(0)
@@ -174,7 +174,7 @@ def test_table_scores_equal_predictor_predict(table_ckpt):
 def test_ids_pipeline_rows_hold_ids():
     from conftest import contract_schema
 
-    from ctrkit.data.pipeline import FeaturePipeline
+    from ctrkit.data.pipeline.feature_pipeline import FeaturePipeline
     from ctrkit.models.registry import create_model
 
     schema = contract_schema()

@@ -11,11 +11,11 @@ import pytest
 import torch
 import yaml
 
-from ctrkit.data.behaviour import preprocess_behaviour
-from ctrkit.data.criteo import preprocess_criteo
-from ctrkit.data.loader import BatchLoader
-from ctrkit.data.store import Store
-from ctrkit.data.tabular import preprocess_table
+from ctrkit.data.sources.behaviour import preprocess_behaviour
+from ctrkit.data.sources.criteo import preprocess_criteo
+from ctrkit.data.sources.table import preprocess_table
+from ctrkit.data.storage.loader import BatchLoader
+from ctrkit.data.storage.store import Store
 from ctrkit.models.registry import create_model, get_model_class, list_models
 from ctrkit.train.config import load_config, read_config_file
 from ctrkit.tune import SPACE_SUFFIX

@@ -95,8 +95,8 @@ def test_a_resumed_run_writes_one_train_record_per_step(tmp_path):
 
 
 def test_resume_continues_in_its_run_and_tests_with_best_weights(tmp_path, capsys):
-    from ctrkit.data.criteo import preprocess_criteo
-    from ctrkit.data.store import Store
+    from ctrkit.data.sources.criteo import preprocess_criteo
+    from ctrkit.data.storage.store import Store
 
     stores = preprocess_criteo(SAMPLE, tmp_path / "st", min_freq=8, embedding_dim=8, progress=False)
     base = ["train", "--config", "configs/criteo/dlrm.yaml", "--quiet", f"--data.train={stores['train']}",
@@ -117,7 +117,7 @@ def test_resume_continues_in_its_run_and_tests_with_best_weights(tmp_path, capsy
     evals = [r for r in recs if r["kind"] == "eval"]
     assert best["step"] == max(evals, key=lambda r: r["auc"])["step"]
     model, _, _ = load_model(run / "best.pt")
-    from ctrkit.data.pipeline_io import pipeline_from_checkpoint
+    from ctrkit.data.pipeline.persist import pipeline_from_checkpoint
 
     want = evaluate_store(model, Store(stores["test"]), pipeline_from_checkpoint(load_checkpoint(run / "best.pt")))
     assert f"auc={want['auc']:.5f}" in out.split("test with best.pt:")[1]

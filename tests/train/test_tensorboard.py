@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from ctrkit.cli import main
-from ctrkit.data.criteo import preprocess_criteo
+from ctrkit.data.sources.criteo import preprocess_criteo
 from ctrkit.errors import ConfigError
 from ctrkit.runner import SAMPLE, train_from_config
 from ctrkit.train.config import load_config

@@ -1,7 +1,7 @@
 """What the user-behaviour models (din, dien, dsin, bst and the ``dnn`` baseline) read from a schema, and
 the one embedding block they share. Not a model module (leading underscore: not auto-imported).
 
-Roles are found by name and table, as the behaviour builder (:mod:`ctrkit.data.behaviour`) writes them:
+Roles are found by name and table, as the behaviour builder (:mod:`ctrkit.data.sources.behaviour`) writes them:
 
 - a **history** is an unpooled sequence (pooling "none") ``hist_<x>``, or any unpooled sequence not
   named ``neg_...`` / ``sess_...``; its **target** is the single-valued sparse feature embedded by the same

@@ -15,7 +15,8 @@ from typing import Any, TypedDict
 import torch
 from torch import nn
 
-from ctrkit.models.registry import ConfigError, register_option_group, resolve_options, suggest
+from ctrkit.io import did_you_mean
+from ctrkit.models.registry import ConfigError, register_option_group, resolve_options
 from ctrkit.nn.mlp import MLP
 
 
@@ -43,8 +44,7 @@ def dnn_options(model: object, given: Mapping[str, Any]) -> dict[str, Any]:
 def check_choice(model: str, option: str, value: str, valid: Sequence[str]) -> None:
     """ConfigError ``"<model>: unknown <option>=<value> (did you mean ..?); valid: ..."`` unless valid."""
     if value not in valid:
-        close = suggest(str(value), tuple(valid))
-        hint = close if "did you mean" in close else ""
+        hint = did_you_mean(str(value), tuple(valid))
         raise ConfigError(f"{model}: unknown {option}={value!r}{hint}; valid: {', '.join(valid)}")
 
 

@@ -26,6 +26,7 @@ from torch import nn
 from typing_extensions import Unpack
 
 from ctrkit.errors import ConfigError
+from ctrkit.io import did_you_mean
 from ctrkit.schema import Schema
 from ctrkit.typecheck import coerce, is_supported, suggest
 
@@ -140,8 +141,7 @@ def check_model_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
     hints = _param_annotations(cls)
 
     def choice_error(key: str, value: Any, choices: tuple[Any, ...]) -> ConfigError:
-        close = suggest(str(value), [str(c) for c in choices])
-        hint = close if "did you mean" in close else ""
+        hint = did_you_mean(str(value), [str(c) for c in choices])
         return ConfigError(f"{name}: unknown {key}={value!r}{hint}; valid: {', '.join(map(str, choices))}")
 
     out = {}

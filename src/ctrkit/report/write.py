@@ -10,8 +10,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ctrkit.data.store import atomic_file, check_replaceable, make_dir
+from ctrkit.data.storage.store import check_replaceable
 from ctrkit.errors import JobError
+from ctrkit.io import atomic_file, make_dir
 from ctrkit.report import html
 from ctrkit.report.figures import Plot, compare_figures, run_figures
 from ctrkit.report.run import Run, load_run

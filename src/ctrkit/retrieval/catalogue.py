@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from ctrkit.batch import Batch, KeyedJagged
-from ctrkit.data.store import Store
+from ctrkit.data.storage.store import Store
 from ctrkit.errors import MetricError, RetrievalError
 from ctrkit.metrics import RANKING_METRIC
 from ctrkit.schema import Schema

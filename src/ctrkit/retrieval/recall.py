@@ -28,11 +28,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from ctrkit.data.loader import BatchLoader
-from ctrkit.data.pipeline_io import pipeline_from_checkpoint
-from ctrkit.data.store import Store, atomic_file, file_checksum
-from ctrkit.data.vocab_agree import GROUP_VOCAB
+from ctrkit.data.pipeline.persist import pipeline_from_checkpoint
+from ctrkit.data.pipeline.vocab import GROUP_TABLE
+from ctrkit.data.storage.loader import BatchLoader
+from ctrkit.data.storage.store import Store
 from ctrkit.errors import JobError
+from ctrkit.io import atomic_file, file_checksum
 from ctrkit.models.base import TwoTowerModel
 from ctrkit.retrieval.catalogue import ItemCatalogue, SeenItems, encode_catalogue, exclusion_pairs, history_of
 from ctrkit.retrieval.index import INDEX_KINDS, VectorIndex
@@ -109,7 +110,7 @@ def recall(checkpoint: str | Path, data: str | Path | None, out: str | Path, *, 
     index.set_search_params(nprobe=nprobe, ef_search=ef_search)
     pipeline = pipeline_from_checkpoint(ckpt)
     vocabs = pipeline.vocabs_ or {}
-    item_table, user_table = schema.table_of(catalogue.item_feature), GROUP_VOCAB  # the group column: the user
+    item_table, user_table = schema.table_of(catalogue.item_feature), GROUP_TABLE  # the group column: the user
     popular = catalogue.ids[np.argsort(-catalogue.counts, kind="stable")]  # (N,) most popular first
     hist = history_of(schema, catalogue.item_feature)
     loader = BatchLoader(Store(path), batch_size, shuffle=False, prefetch=0, pipeline=pipeline)

@@ -52,17 +52,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from ctrkit import __version__
 from ctrkit.batch import Batch, KeyedJagged
-from ctrkit.data.multihot import MultiHot
-from ctrkit.data.pipeline import FeaturePipeline
-from ctrkit.data.pipeline_io import pipeline_from_checkpoint
-from ctrkit.data.store import file_checksum
+from ctrkit.data.pipeline.feature_pipeline import FeaturePipeline
+from ctrkit.data.pipeline.multihot import MultiHot
+from ctrkit.data.pipeline.persist import load_pipeline, pipeline_from_checkpoint, save_pipeline
 from ctrkit.errors import ConfigError, ExportError
+from ctrkit.io import file_checksum
 from ctrkit.models.base import logits_of
 from ctrkit.models.registry import get_model_class
 from ctrkit.schema import Schema, SequenceFeature, SparseFeature
 from ctrkit.train.checkpoint import load_checkpoint, load_model
+from ctrkit.version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -300,7 +300,7 @@ def export_checkpoint(checkpoint_path: str | Path, out_dir: str | Path, fmt: str
     try:
         meta = _export_into(tmp, model, name, schema, pipeline, fmt)
         meta["checkpoint"] = {"path": str(path.resolve()), "sha256": file_checksum(path, full=True)}
-        pipeline.save(tmp / PIPELINE_DIR)
+        save_pipeline(pipeline, tmp / PIPELINE_DIR)
         (tmp / META_FILE).write_text(json.dumps(meta, indent=1))
         _move_into_place(tmp, out)
     except BaseException:
@@ -390,7 +390,7 @@ class ExportedModel:
         return self(batch.dense, kj.values, kj.lengths)
 
     def pipeline(self) -> FeaturePipeline:
-        return FeaturePipeline.load(self.directory / self.meta.get("pipeline", PIPELINE_DIR))
+        return load_pipeline(self.directory / self.meta.get("pipeline", PIPELINE_DIR))
 
 
 def load_exported(out_dir: str | Path) -> ExportedModel:

@@ -1,7 +1,7 @@
 """Score raw rows with a checkpoint: ``Predictor.from_checkpoint(path).predict(rows)``.
 
 A :class:`Predictor` holds what a checkpoint carries for scoring: the model (eval mode) and the training data's
-:class:`~ctrkit.data.pipeline.FeaturePipeline` (vocabularies, dense statistics, the multi-hot stage). Raw rows
+:class:`~ctrkit.data.pipeline.feature_pipeline.FeaturePipeline` (vocabularies, dense statistics, the multi-hot stage). Raw rows
 (a list of dicts, a pandas DataFrame, a pyarrow Table or a dict of columns, holding raw values: numbers,
 strings, Criteo's hex keys, lists or delimited strings for multi-valued and sequence features) go through that
 pipeline to a :class:`~ctrkit.batch.Batch` and the model, in chunks of ``batch_size`` rows, giving click
@@ -26,10 +26,10 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from ctrkit.data.pipeline import FeaturePipeline
-from ctrkit.data.pipeline_encode import Raw
-from ctrkit.data.rows import BadRows, DataError
-from ctrkit.errors import JobError
+from ctrkit.data.pipeline.encode import Raw
+from ctrkit.data.pipeline.feature_pipeline import FeaturePipeline
+from ctrkit.data.pipeline.rows import BadRows
+from ctrkit.errors import DataError, JobError
 from ctrkit.models.base import logits_of
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ class Predictor:
     def from_checkpoint(cls, path: str | Path, *, device: str | torch.device = "cpu",
                         batch_size: int = 8192) -> Predictor:
         """The model and pipeline of the checkpoint at ``path`` (verified and read without unpickling code)."""
-        from ctrkit.data.pipeline_io import pipeline_from_checkpoint
+        from ctrkit.data.pipeline.persist import pipeline_from_checkpoint
         from ctrkit.train.checkpoint import load_checkpoint, load_model
 
         path = Path(path)
@@ -124,8 +124,8 @@ class Predictor:
         """(line numbers, click probabilities) of the raw rows of ``path`` (the format the pipeline was fitted on:
         Criteo TSV plain or gzip, CSV, Parquet; label column optional), in input order, about ``batch_size`` rows
         at a time. A malformed row is an error naming the file and its line; blank lines are counted in
-        ``stats`` (:class:`~ctrkit.data.raw_rows.ReadStats`), not scored."""
-        from ctrkit.data.raw_rows import iter_raw, transform_chunk
+        ``stats`` (:class:`~ctrkit.data.sources.raw_rows.ReadStats`), not scored."""
+        from ctrkit.data.sources.raw_rows import iter_raw, transform_chunk
 
         for chunk in iter_raw(self.pipeline, path, self.batch_size, stats):
             yield chunk.lines, self.score_columns(transform_chunk(self.pipeline, path, chunk))
@@ -146,7 +146,7 @@ class Predictor:
     @cached_property
     def checkpoint_sha256(self) -> str | None:
         """sha256 of the checkpoint file, read when first asked for (not by scoring, which never needs it)."""
-        from ctrkit.data.store import file_checksum
+        from ctrkit.io import file_checksum
 
         return file_checksum(self.checkpoint, full=True) if self.checkpoint is not None else None
 

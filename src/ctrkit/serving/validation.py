@@ -45,11 +45,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ctrkit.data.pipeline import CRITEO, IDS, FeaturePipeline
+from ctrkit.data.pipeline.feature_pipeline import CRITEO, IDS, FeaturePipeline
 
 log = logging.getLogger(__name__)
 
-# the pipeline's number rule (ctrkit.data.tabular_read._NUMBER) with RE2's ASCII \d and \s spelled out
+# the pipeline's number rule (ctrkit.data.pipeline.columns._NUMBER) with RE2's ASCII \d and \s spelled out
 _NUMBER = re.compile(r"[ \t\n\f\r]*[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?[ \t\n\f\r]*")
 _KEY_LIMIT = 1 << 32
 F32_MAX = float(np.finfo(np.float32).max)  # the largest dense value a model reads (stores hold float32)

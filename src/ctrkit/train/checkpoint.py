@@ -40,7 +40,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ctrkit.errors import CheckpointError, missing_path
+from ctrkit.errors import CheckpointError
+from ctrkit.io import missing_path
 
 FORMAT = "ctrkit-checkpoint"
 VERSION = 2
@@ -169,7 +170,7 @@ def save_checkpoint(
     ``schema`` is a :class:`~ctrkit.schema.Schema` (or its dict); ``model_name`` defaults to the
     registry name of the model's class; ``vocab`` is a dict of arrays (stored inside, so predict
     needs nothing else) or a path to a store's vocab directory (stored as a reference);
-    ``pipeline`` is the training data's :class:`~ctrkit.data.pipeline.FeaturePipeline` as plain
+    ``pipeline`` is the training data's :class:`~ctrkit.data.pipeline.feature_pipeline.FeaturePipeline` as plain
     arrays + JSON (``FeaturePipeline.to_payload()``), so evaluate / predict apply what training applied.
     """
     path = Path(path)
@@ -285,6 +286,6 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu", *,
 
 
 def _version() -> str:
-    from ctrkit import __version__
+    from ctrkit.version import __version__
 
     return __version__

@@ -33,7 +33,8 @@ from typing import Any, Literal
 
 import yaml
 
-from ctrkit.errors import ConfigError, missing_path
+from ctrkit.errors import ConfigError
+from ctrkit.io import missing_path
 from ctrkit.typecheck import CliValue, build, suggest
 
 DenseOptimizer = Literal["adam", "adamw", "sgd", "adagrad"]

@@ -19,8 +19,8 @@ import os
 import shutil
 from pathlib import Path
 
-from ctrkit.data.store import atomic_file
 from ctrkit.errors import TrainingError
+from ctrkit.io import atomic_file
 
 log = logging.getLogger(__name__)
 

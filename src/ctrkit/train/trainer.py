@@ -76,7 +76,7 @@ RECORD_FIELDS = ("kind", "step", "epoch", "loss")  # of a train record in metric
 
 
 class Loader(Protocol):
-    """What the trainer needs from a data loader (``ctrkit.data.loader.BatchLoader`` has it)."""
+    """What the trainer needs from a data loader (``ctrkit.data.storage.loader.BatchLoader`` has it)."""
 
     def __iter__(self) -> Any: ...
     def __len__(self) -> int: ...

@@ -1,16 +1,11 @@
-"""Shared pieces of the raw-data preprocessors: bad-row accounting, counter-based row randomness and
-the on-disk shuffle (scatter rows into K temporary shards, then shuffle each shard in memory).
-
-Nothing here holds more than one chunk or one shard in memory, so preprocessing memory does not grow
-with the number of rows.
+"""Row-level pieces shared by every reader and the encoder: bad-row accounting, counter-based row
+randomness (split assignment, hashing), split fractions, jagged row selection and the spill column layout.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,11 +14,10 @@ from ctrkit.errors import DataError
 
 log = logging.getLogger(__name__)
 
+
 _MASK64 = 0xFFFFFFFFFFFFFFFF
 
 
-
-# ---- bad rows ---------------------------------------------------------------------------------------
 @dataclass
 class BadRows:
     """Counts malformed rows of one input file and keeps the first ``keep`` of them.
@@ -87,7 +81,6 @@ class BadRows:
                 "first_bad_lines": [{"line": n, "reason": r} for n, r in self.first]}
 
 
-# ---- counter-based randomness ------------------------------------------------------------------------
 def splitmix64(x: np.ndarray) -> np.ndarray:
     """SplitMix64 finaliser applied elementwise to uint64 ``x`` [n] -> uint64 [n] (wrapping arithmetic).
 
@@ -141,7 +134,17 @@ def assign_split(u: np.ndarray, fractions: tuple[float, float, float]) -> np.nda
     return np.searchsorted(edges, u, side="right").astype(np.int8)
 
 
-# ---- disk shuffle --------------------------------------------------------------------------------------
+@dataclass
+class ColumnSpec:
+    """One column of a store as the pipeline produces it: name, kind (label / weight / group / dense / sparse /
+    jagged), numpy dtype string and the shape of one row's value (``inner``)."""
+
+    name: str
+    kind: str
+    dtype: str
+    inner: tuple[int, ...] = ()
+
+
 @dataclass(frozen=True)
 class SpillColumn:
     """One column of a spill: fixed-width (``inner`` shape per row) or jagged (values + lengths)."""
@@ -167,90 +170,3 @@ def jagged_take(values: np.ndarray, lengths: np.ndarray, rows: np.ndarray) -> tu
     new_starts = np.cumsum(new_len) - new_len
     pos = np.arange(total) - new_starts[row_of]
     return values[starts[rows][row_of] + pos], new_len
-
-
-class ShardSpill:
-    """Rows of one split scattered into ``n_shards`` temporary files, read back one shard at a time.
-
-    ``add(columns, shard)`` appends each row to the shard given by ``shard`` [n] (ints in [0, K));
-    ``read(i, seed)`` loads shard i and, when ``seed`` is not None, permutes its rows. Assigning rows
-    to shards uniformly at random and shuffling every shard gives a uniformly random permutation
-    while holding only one shard in memory.
-
-    An in-order spill (``n_shards=1`` with ``roll_rows``) starts a new shard once the current one
-    holds ``roll_rows`` rows, so reading shards in order gives the input order back while memory
-    stays bounded by one shard (not by the split's row count).
-    """
-
-    def __init__(
-        self, directory: Path, n_shards: int, columns: dict[str, SpillColumn], roll_rows: int | None = None
-    ) -> None:
-        self.dir, self.n_shards, self.columns = Path(directory), int(n_shards), columns
-        if roll_rows is not None and self.n_shards != 1:
-            raise ValueError("roll_rows is for in-order spills (n_shards=1)")
-        self.roll_rows = roll_rows
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.rows = np.zeros(self.n_shards, np.int64)
-
-    def _file(self, shard: int, col: str, part: str = "data") -> Path:
-        return self.dir / f"{shard:05d}.{col}.{part}.bin"
-
-    def add(self, cols: dict[str, Any], shard: np.ndarray | None = None) -> None:
-        """Append rows; fixed columns are arrays [n, *inner], jagged ones (values [nnz], lengths [n])."""
-        first = next(iter(cols.values()))
-        n = len(first[1]) if isinstance(first, tuple) else len(first)
-        if n == 0:
-            return
-        if self.roll_rows is not None:
-            if self.rows[-1] >= self.roll_rows:  # roll over to a new in-order shard
-                self.rows = np.append(self.rows, 0)
-                self.n_shards += 1
-            groups = [(self.n_shards - 1, None)]
-        elif shard is None or self.n_shards == 1:
-            groups = [(0, None)]
-        else:
-            order = np.argsort(shard, kind="stable")
-            bounds = np.searchsorted(shard[order], np.arange(self.n_shards + 1))
-            groups = [(s, order[bounds[s]:bounds[s + 1]]) for s in range(self.n_shards) if bounds[s + 1] > bounds[s]]
-        for s, idx in groups:
-            for name, spec in self.columns.items():
-                item = cols[name]
-                if spec.jagged:
-                    vals, lens = item
-                    if idx is not None:
-                        vals, lens = jagged_take(np.asarray(vals), np.asarray(lens), idx)
-                    with open(self._file(s, name, "values"), "ab") as f:
-                        f.write(np.ascontiguousarray(vals, dtype=spec.dtype).tobytes())
-                    with open(self._file(s, name, "lengths"), "ab") as f:
-                        f.write(np.ascontiguousarray(lens, dtype=np.int64).tobytes())
-                else:
-                    a = np.asarray(item) if idx is None else np.asarray(item)[idx]
-                    with open(self._file(s, name), "ab") as f:
-                        f.write(np.ascontiguousarray(a, dtype=spec.dtype).tobytes())
-            self.rows[s] += n if idx is None else len(idx)
-
-    def read(self, shard: int, seed: int | None = None) -> dict[str, Any]:
-        """Shard ``shard`` as a dict of columns, rows permuted by ``default_rng(seed)`` unless seed is None."""
-        n = int(self.rows[shard])
-        perm = np.random.default_rng(seed).permutation(n) if seed is not None else None
-        out: dict[str, Any] = {}
-        for name, spec in self.columns.items():
-            if spec.jagged:
-                vals = np.fromfile(self._file(shard, name, "values"), dtype=spec.dtype) if n else np.zeros(0, spec.dtype)
-                lens = np.fromfile(self._file(shard, name, "lengths"), dtype=np.int64) if n else np.zeros(0, np.int64)
-                out[name] = jagged_take(vals, lens, perm) if perm is not None else (vals, lens)
-            else:
-                a = np.fromfile(self._file(shard, name), dtype=spec.dtype) if n else np.zeros(0, spec.dtype)
-                a = a.reshape(n, *spec.inner)
-                out[name] = a[perm] if perm is not None else a
-            for part in ("data", "values", "lengths"):
-                self._file(shard, name, part).unlink(missing_ok=True)
-        return out
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(s for s in range(self.n_shards) if self.rows[s] > 0)
-
-
-def shard_count(est_rows: float, row_bytes: int, target_shard_bytes: int = 256 << 20) -> int:
-    """Number of shuffle shards so that one shard (est_rows * row_bytes / K bytes) stays near the target."""
-    return int(min(4096, max(1, np.ceil(est_rows * row_bytes / target_shard_bytes))))

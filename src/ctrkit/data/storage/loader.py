@@ -10,7 +10,7 @@ shuffling, of a shuffled window (below) when shuffling:
   vectorised step (``repeat(start - excl_cumsum(len), len) + arange(nnz)``); a SequenceFeature
   keeps only its last ``max_len`` ids (the most recent, histories being stored oldest first);
 * ``labels`` [B] float32, and ``weights`` [B] / ``group_ids`` [B] when the schema names them;
-* the batch-level stage of the data's :class:`~ctrkit.data.pipeline.FeaturePipeline` (the multi-hot
+* the batch-level stage of the data's :class:`~ctrkit.data.pipeline.feature_pipeline.FeaturePipeline` (the multi-hot
   expansion of seed 000 when training set one), so training, evaluate and predict expand alike.
 
 Shuffling (reproducible from (seed, epoch)): rows are cut into blocks of ``block_size`` contiguous
@@ -40,11 +40,11 @@ import numpy as np
 import torch
 
 from ctrkit.batch import Batch, KeyedJagged
-from ctrkit.data.store import Store
+from ctrkit.data.storage.store import Store
 from ctrkit.schema import SequenceFeature
 
 if TYPE_CHECKING:
-    from ctrkit.data.pipeline import FeaturePipeline
+    from ctrkit.data.pipeline.feature_pipeline import FeaturePipeline
 
 Index = slice | np.ndarray
 

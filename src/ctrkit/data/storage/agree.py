@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from ctrkit.data.store import Store
+from ctrkit.data.pipeline.vocab import GROUP_TABLE
+from ctrkit.data.storage.store import Store
 from ctrkit.errors import StoreError
 
 # ---- stores and checkpoints agree ----------------------------------------------------------------------
@@ -67,7 +68,6 @@ class _VocabEntry:
         return self._digest
 
 
-GROUP_VOCAB = "__group__"  # the vocabulary of the group-id column (GAUC groups; no model reads it)
 
 
 @dataclass
@@ -113,7 +113,7 @@ class Vocabularies:
         if self.entries is not None and other.entries is not None:
             out = []
             for name in [*self.entries, *(n for n in other.entries if n not in self.entries)]:
-                if name == GROUP_VOCAB:  # group ids only group rows for GAUC; no model reads them
+                if name == GROUP_TABLE:  # group ids only group rows for GAUC; no model reads them
                     continue
                 a, b = self.entries.get(name), other.entries.get(name)
                 if a is None or b is None:

@@ -12,17 +12,17 @@ Rules (seed 000 §3.3):
    ``x + 3 <= e^-2`` (integers: x <= -3, including ln 0 = -inf) d is clamped to -2 and counted per
    column in ``stats.clamped_dense``;
 3. every categorical column is re-indexed on its own in first-appearance order over all input
-   (:mod:`ctrkit.data.vocab`): 0 = missing, 1 = rare/unseen, ids from 2;
+   (:mod:`ctrkit.data.pipeline.vocab`): 0 = missing, 1 = rare/unseen, ids from 2;
 4. day files: day_0 .. day_(D-1) shuffled -> ``train``, the last day -> ``test`` (optionally halved at
    random into ``valid`` / ``test``); otherwise a seeded ratio split (default 0.8/0.1/0.1).
 
-Read -> fit/transform -> write: the rules above live in :class:`~ctrkit.data.pipeline.FeaturePipeline`
+Read -> fit/transform -> write: the rules above live in :class:`~ctrkit.data.pipeline.feature_pipeline.FeaturePipeline`
 (kind ``criteo``); this module reads and splits the rows, the pipeline's streaming fitter gives them
 provisional ids, and the stores are written through the fitted pipeline, which every store also holds
 (``<store>/pipeline``, next to ``<store>/vocab``). ``vocab_from`` reuses another store's pipeline.
 
 How it is fast: lines are tokenised and decoded by numpy on whole decompressed blocks
-(:mod:`ctrkit.data.criteo_parse`: SWAR bit arithmetic, no per-field Python); distinct values per chunk
+(:mod:`ctrkit.data.pipeline.criteo_parse`: SWAR bit arithmetic, no per-field Python); distinct values per chunk
 are found with pyarrow's hash ``dictionary_encode``. Reading (and gunzip) runs in a background thread. The train shuffle scatters rows into temporary shards at random
 (counter-based randomness, so the result does not depend on the chunk size) and shuffles each shard
 in memory; memory stays bounded by one block, one shard and the vocabularies.
@@ -30,8 +30,8 @@ in memory; memory stays bounded by one block, one shard and the vocabularies.
 Malformed lines (wrong field count, label not 0/1, a dense field that is not an integer, e.g. "1e400",
 a categorical not 8 hex digits, non-UTF-8 bytes) are skipped and counted once each; the first few are
 logged with their 1-based line numbers and a reason naming the field, and kept in the manifest. If more
-than ``max_bad_fraction`` of a file's rows are bad the run fails with :class:`~ctrkit.data.rows.DataError`.
-The split stores are staged and published together (:class:`~ctrkit.data.store.SplitOutput`): a failure
+than ``max_bad_fraction`` of a file's rows are bad the run fails with :class:`~ctrkit.errors.DataError`.
+The split stores are staged and published together (:class:`~ctrkit.data.storage.store.SplitOutput`): a failure
 or Ctrl-C leaves ``out`` as it was.
 """
 
@@ -52,29 +52,30 @@ from typing import Any
 
 import numpy as np
 
-from ctrkit.data.criteo_parse import (
+from ctrkit.data.pipeline.criteo_parse import (
     NUM_DENSE,
     NUM_FIELDS,
     ParsedBlock,
     dense_transform,
     parse_block,
 )
-from ctrkit.data.pipeline import DENSE_NAMES, SPARSE_NAMES, FeaturePipeline
-from ctrkit.data.pipeline_io import PIPELINE_DIR, reuse_fitted, write_split_store
-from ctrkit.data.rows import (
+from ctrkit.data.pipeline.feature_pipeline import DENSE_NAMES, SPARSE_NAMES, FeaturePipeline
+from ctrkit.data.pipeline.persist import PIPELINE_DIR, save_pipeline
+from ctrkit.data.pipeline.rows import (
     BadRows,
-    DataError,
-    ShardSpill,
     assign_split,
     parse_split,
     row_uniform,
-    shard_count,
     splitmix64,
     stream_key,
 )
-from ctrkit.data.store import SplitOutput
-from ctrkit.data.vocab import MODES, check_vocab_options, save_vocabularies
-from ctrkit.errors import missing_path
+from ctrkit.data.pipeline.vocab import MODES, check_vocab_options, save_vocabularies
+from ctrkit.data.sources.driver import write_split_store
+from ctrkit.data.storage.fitted import reuse_fitted
+from ctrkit.data.storage.spill import ShardSpill, shard_count
+from ctrkit.data.storage.store import SplitOutput
+from ctrkit.errors import DataError
+from ctrkit.io import missing_path
 
 log = logging.getLogger(__name__)
 
@@ -245,7 +246,7 @@ def preprocess_criteo(
     in ``<store>/vocab`` of every output store.
 
     ``max_vocab`` (with ``max_vocab_mode`` 'hash' (default, torchrec's max_ind_range) or 'cap') and
-    ``min_freq`` are described in :mod:`ctrkit.data.vocab`. ``chunk_rows`` sets the read block
+    ``min_freq`` are described in :mod:`ctrkit.data.pipeline.vocab`. ``chunk_rows`` sets the read block
     (about chunk_rows * 256 bytes); ``shard_bytes`` the size of one shuffle shard in memory.
     ``shuffle=False`` keeps train in input order too (scoring raw rows in order, e.g. ``predict``).
     """
@@ -360,7 +361,7 @@ def preprocess_criteo(
         vocabs = pipe.vocabs_
         save_vocabularies(tmp / "vocab", vocabs, fitted_on=[str(f) for f in files] if fitter is not None
                           else f"copied from {vocab_from}")
-        pipe.save(tmp / PIPELINE_DIR)
+        save_pipeline(pipe, tmp / PIPELINE_DIR)
         sizes = {c: vocabs[c].size for c in SPARSE_NAMES}
         options = {"min_freq": min_freq, "max_vocab": max_vocab, "max_vocab_mode": max_vocab_mode,
                    "split": "days" if day_mode else ",".join(f"{f:g}" for f in fractions),

@@ -29,28 +29,32 @@ replaced. A path that cannot be written (a file where a directory is needed, no 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import shutil
-import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ctrkit.data.pipeline.rows import ColumnSpec
 from ctrkit.errors import StoreError
+from ctrkit.io import file_checksum, is_empty_dir, path_exists, remove_path, temp_dir
 from ctrkit.schema import Schema
 
 FORMAT = "ctrkit-store"
+
+
 VERSION = 1
+
+
 KINDS = ("label", "weight", "group", "dense", "sparse", "jagged")
+
+
 _HEADER_BYTES = 128  # fixed .npy v1 header size, so the header can be rewritten in place
+
 
 log = logging.getLogger(__name__)
 
@@ -89,102 +93,16 @@ class _AppendArray:
         return shape
 
 
-# ---- output paths ---------------------------------------------------------------------------------------
-def _exists(p: Path) -> bool:
-    return p.exists() or p.is_symlink()
-
-
-def _empty_dir(p: Path) -> bool:
-    return p.is_dir() and not p.is_symlink() and next(p.iterdir(), None) is None
-
-
-def _remove(p: Path) -> None:
-    if p.is_dir() and not p.is_symlink():
-        shutil.rmtree(p, ignore_errors=True)
-    else:
-        p.unlink(missing_ok=True)
-
-
 def check_replaceable(path: Path, overwrite: bool, option: str = "--out") -> None:
     """Raise :class:`StoreError` unless ``path`` may be written: absent or an empty directory, or with
     ``overwrite`` a store or a regular file (see the module docstring); ``option`` names the path's option."""
-    if not _exists(path) or _empty_dir(path):
+    if not path_exists(path) or is_empty_dir(path):
         return
     if not overwrite:
         raise StoreError(f"output {path} already exists; choose another {option} or pass --overwrite")
     if path.is_dir() and not (path / "manifest.json").is_file():
         raise StoreError(f"output {path} is a directory that is not a ctrkit store (no manifest.json); --overwrite "
                          f"replaces stores only: remove it yourself or choose another {option}")
-
-
-def make_dir(path: Path, what: str = "output directory", option: str = "--out") -> Path:
-    """Create directory ``path`` and its parents, or raise :class:`StoreError` naming the path and the cause
-    (a regular file in the way, no permission)."""
-    for q in (path, *path.parents):
-        if _exists(q):
-            if not q.is_dir():
-                where = "" if q == path else f" under {q}"
-                raise StoreError(f"cannot create the {what} {path}{where}: {q} is a file, not a directory; "
-                                 f"choose another {option}")
-            break
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise StoreError(f"cannot create the {what} {path} ({e.strerror or e}); choose another {option}") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise StoreError(f"the {what} {path} is not writable; choose another {option} or fix its permissions")
-    return path
-
-
-@contextmanager
-def atomic_file(path: Path, option: str = "--out") -> Iterator[Path]:
-    """A temporary sibling of file ``path`` to write, renamed onto ``path`` when the block ends without error and
-    removed otherwise (Ctrl-C included): a reader never sees a half-written file. An I/O error (disk full) is a
-    :class:`StoreError` naming ``path``."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        try:
-            yield tmp
-            os.replace(tmp, path)
-        except OSError as e:
-            raise StoreError(f"cannot write {path} ({e.strerror or e}); choose another {option}") from None
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def temp_dir(near: Path, prefix: str) -> Path:
-    """A new temporary directory inside ``near`` (created: :func:`make_dir`), on the output's file system."""
-    make_dir(near)
-    try:
-        return Path(tempfile.mkdtemp(prefix=prefix, dir=near))
-    except OSError as e:
-        raise StoreError(f"cannot write in {near} ({e.strerror or e}); choose another --out or fix its "
-                         "permissions") from None
-
-
-def file_checksum(path: Path, full: bool = False) -> str:
-    """sha256 of the whole file (``full``) or of its size + first and last MiB (cheap, checked on open)."""
-    h = hashlib.sha256()
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        if full:
-            for block in iter(lambda: f.read(1 << 22), b""):
-                h.update(block)
-            return "sha256:" + h.hexdigest()
-        h.update(str(size).encode())
-        h.update(f.read(1 << 20))
-        if size > 1 << 20:
-            f.seek(max(1 << 20, size - (1 << 20)))
-            h.update(f.read(1 << 20))
-    return "quick:" + h.hexdigest()
-
-
-@dataclass
-class ColumnSpec:
-    name: str
-    kind: str
-    dtype: str
-    inner: tuple[int, ...] = ()
 
 
 class StoreWriter:
@@ -289,14 +207,14 @@ class StoreWriter:
             **self.meta,
         }
         (self.tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, default=_json_default))
-        if _exists(self.path):
-            if not (self.overwrite or _empty_dir(self.path)):
+        if path_exists(self.path):
+            if not (self.overwrite or is_empty_dir(self.path)):
                 raise StoreError(f"output {self.path} appeared while writing; not replacing it")
             check_replaceable(self.path, True)
             old = self.path.with_name(f".{self.path.name}.old-{os.getpid()}")
             os.replace(self.path, old)
             os.replace(self.tmp, self.path)
-            _remove(old)
+            remove_path(old)
         else:
             os.replace(self.tmp, self.path)
         return self.path
@@ -497,7 +415,7 @@ class SplitOutput:
             for s in self.splits:
                 dst = self.out / s
                 if s in names:
-                    if _exists(dst):
+                    if path_exists(dst):
                         check_replaceable(dst, self.overwrite)  # appeared while this run worked?
                         moved.append((dst, self.tmp / f"old-{s}"))
                         os.replace(*moved[-1])

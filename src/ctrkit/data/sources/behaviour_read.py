@@ -1,4 +1,4 @@
-"""Readers of :mod:`ctrkit.data.behaviour`: CSV / Parquet behaviour logs and S3-Rec sequence files -> raw
+"""Readers of :mod:`ctrkit.data.sources.behaviour`: CSV / Parquet behaviour logs and S3-Rec sequence files -> raw
 columns (pyarrow arrays of keys, times in seconds), with malformed rows counted, skipped and reported by line.
 
 Key columns (user, item, attributes) are integers when every value of the column is one (``" 42 "`` -> 42),
@@ -21,8 +21,9 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from ctrkit.data.rows import BadRows, DataError
-from ctrkit.data.tabular_read import numeric, to_string
+from ctrkit.data.pipeline.columns import numeric, to_string
+from ctrkit.data.pipeline.rows import BadRows
+from ctrkit.errors import DataError
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
-"""Raw files -> transformed columns through a fitted :class:`~ctrkit.data.pipeline.FeaturePipeline`, in
+"""Raw files -> transformed columns through a fitted :class:`~ctrkit.data.pipeline.feature_pipeline.FeaturePipeline`, in
 input order and in chunks of bounded size: what ``ctrkit predict`` scores.
 
 The file is read in the format the pipeline was fitted on: Criteo TSV (plain or gzip; the block parser of
-:mod:`ctrkit.data.criteo_parse`) for ``criteo`` pipelines, CSV with a header or Parquet for the others.
+:mod:`ctrkit.data.pipeline.criteo_parse`) for ``criteo`` pipelines, CSV with a header or Parquet for the others.
 The label column is optional (Criteo lines of 39 fields, or a table without it). Every row is scored or
 the run fails: a malformed row is an error naming its file and line, never a row silently left out. Blank
 lines are not rows: they are counted (:class:`ReadStats`) and each row keeps its own line number.
@@ -18,12 +18,13 @@ from typing import Any
 
 import numpy as np
 
-from ctrkit.data.criteo import block_columns, iter_blocks
-from ctrkit.data.criteo_parse import NUM_FIELDS, parse_block
-from ctrkit.data.pipeline import CRITEO, FeaturePipeline
-from ctrkit.data.rows import BadRows, DataError
-from ctrkit.data.tabular_read import header, iter_batches
-from ctrkit.errors import missing_path
+from ctrkit.data.pipeline.criteo_parse import NUM_FIELDS, parse_block
+from ctrkit.data.pipeline.feature_pipeline import CRITEO, FeaturePipeline
+from ctrkit.data.pipeline.rows import BadRows
+from ctrkit.data.sources.criteo import block_columns, iter_blocks
+from ctrkit.data.sources.table_read import header, iter_batches
+from ctrkit.errors import DataError
+from ctrkit.io import missing_path
 
 _AVG_LINE_BYTES = 256
 _NON_EMPTY_LINE = re.compile(rb"(?m)^(?=[^\n])")

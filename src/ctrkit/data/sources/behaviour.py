@@ -15,12 +15,12 @@ Input, one of:
   from coarse to fine, so the last id is the most specific category. Items missing from the JSON have a
   missing ``cate`` (id 0).
 
-Samples follow :mod:`ctrkit.data.behaviour_samples` (histories, negatives, leave-last-out split, DIEN's
+Samples follow :mod:`ctrkit.data.sources.behaviour_samples` (histories, negatives, leave-last-out split, DIEN's
 auxiliary negatives, DSIN's sessions, YouTubeDNN's example age). ``--negatives uniform`` (DIN) or
 ``popularity`` (DIEN) write two rows per positive, label 1 and a sampled label 0; ``--negatives none`` writes
 the label-1 rows only (retrieval models: two-tower, YouTubeDNN, SASRec, which draw negatives in training).
 The rows become stores ``out/{train,valid,test}`` through a table
-:class:`~ctrkit.data.pipeline.FeaturePipeline` fitted on the TRAIN rows only (targets, histories and sampled
+:class:`~ctrkit.data.pipeline.feature_pipeline.FeaturePipeline` fitted on the TRAIN rows only (targets, histories and sampled
 negatives of train), so an item or user first seen in valid / test maps to id 1 (rare). Store columns: label,
 group (the user, for GAUC), sparse ``user`` / ``item`` / one per attribute, sequences ``hist_item`` /
 ``hist_<attr>`` (sharing the item / attribute tables, pooling none), with aux negatives ``neg_hist_*``, with
@@ -59,14 +59,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ctrkit.data.behaviour_read import read_log, read_s3rec
-from ctrkit.data.behaviour_samples import NEGATIVES, Samples, build_samples, sort_log
-from ctrkit.data.pipeline import FeaturePipeline
-from ctrkit.data.pipeline_io import PIPELINE_DIR
-from ctrkit.data.rows import DataError
-from ctrkit.data.store import SplitOutput, StoreWriter, check_replaceable, make_dir
-from ctrkit.data.tabular_read import SPLITS
-from ctrkit.data.vocab import link_tree, save_vocabularies
+from ctrkit.data.pipeline.feature_pipeline import FeaturePipeline
+from ctrkit.data.pipeline.persist import PIPELINE_DIR, save_pipeline
+from ctrkit.data.pipeline.spec import SPLITS
+from ctrkit.data.pipeline.vocab import save_vocabularies
+from ctrkit.data.sources.behaviour_read import read_log, read_s3rec
+from ctrkit.data.sources.behaviour_samples import NEGATIVES, Samples, build_samples, sort_log
+from ctrkit.data.storage.store import SplitOutput, StoreWriter, check_replaceable
+from ctrkit.errors import DataError
+from ctrkit.io import link_tree, make_dir
 
 log = logging.getLogger(__name__)
 
@@ -319,7 +320,7 @@ def preprocess_behaviour(input: str | Path, out: str | Path, *, format: str | No
     with SplitOutput(out, SPLITS, overwrite=overwrite, prefix=".behaviour-tmp-") as output:  # all or nothing
         tmp = output.tmp
         save_vocabularies(tmp / "vocab", pipe.vocabs_, fitted_on=f"{input} (train samples)")
-        pipe.save(tmp / PIPELINE_DIR)
+        save_pipeline(pipe, tmp / PIPELINE_DIR)
         for name, cols in columns.items():
             n = len(cols["label"])
             meta = {"preprocessing": {"kind": "table", "builder": "behaviour", "split": name, "input": str(input),

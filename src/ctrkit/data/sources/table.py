@@ -1,4 +1,4 @@
-"""CSV / Parquet + a YAML feature spec -> ctrkit stores (the generic counterpart of :mod:`ctrkit.data.criteo`).
+"""CSV / Parquet + a YAML feature spec -> ctrkit stores (the generic counterpart of :mod:`ctrkit.data.sources.criteo`).
 
 The YAML spec (see ``examples/movielens_100k.yaml``)::
 
@@ -21,18 +21,18 @@ vocabulary of the feature it ``shares``, fitted on both). Multi-valued and seque
 delimited strings or Parquet lists; sequences keep their last ``max_len`` values. ``standardize`` uses
 the mean / std of the train rows (kept in ``preprocessing.dense_stats``). Malformed rows (wrong field
 count, label not 0/1, non-numeric dense, a dense value that is not finite or beyond the float32 range,
-non-UTF-8 bytes; :mod:`ctrkit.data.pipeline_encode`) are counted once each, skipped and reported with their
+non-UTF-8 bytes; :mod:`ctrkit.data.pipeline.encode`) are counted once each, skipped and reported with their
 line numbers (CSV: physical line, assuming no blank lines or quoted newlines; Parquet: 1-based row).
 CSVs may be compressed (``.csv.gz``, by extension) and start with a UTF-8 byte-order mark. ``options:``
 holds the defaults of ``min_freq``, ``max_vocab``, ``max_vocab_mode`` and ``embedding_dim``; an unknown key
 there or in a feature entry is an error naming the closest valid key. The split stores are published
-together (:class:`~ctrkit.data.store.SplitOutput`): a failure or Ctrl-C leaves ``out`` as it was.
+together (:class:`~ctrkit.data.storage.store.SplitOutput`): a failure or Ctrl-C leaves ``out`` as it was.
 
-These rules are :class:`~ctrkit.data.pipeline.FeaturePipeline`'s (kind ``table``): this module reads,
+These rules are :class:`~ctrkit.data.pipeline.feature_pipeline.FeaturePipeline`'s (kind ``table``): this module reads,
 splits and shuffles, the pipeline fits and transforms, and every store holds the fitted pipeline in
 ``<store>/pipeline``. The pipeline is fitted on the train rows only: the split (fractions per line number,
 or the split column) is decided before a row is parsed, valid / test rows wait raw on disk
-(:class:`~ctrkit.data.tabular_read.RawSpill`) and are mapped once the pipeline is fitted (values train never
+(:class:`~ctrkit.data.storage.spill.RawSpill`) and are mapped once the pipeline is fitted (values train never
 saw -> 1). Explicit ``valid`` / ``test`` files (``--valid`` / ``--test``) are mapped the same way, the whole
 input being train. ``vocab_from`` reuses another store's pipeline: its vocabularies and its dense statistics
 (a standardized column is scaled with the training data's mean and std).
@@ -50,31 +50,26 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ctrkit.data.pipeline import FeaturePipeline
-from ctrkit.data.pipeline_encode import Encoded, as_columns
-from ctrkit.data.pipeline_io import PIPELINE_DIR, reuse_fitted, write_split_store
-from ctrkit.data.rows import (
+from ctrkit.data.pipeline.columns import to_string
+from ctrkit.data.pipeline.encode import Encoded, as_columns
+from ctrkit.data.pipeline.feature_pipeline import FeaturePipeline
+from ctrkit.data.pipeline.persist import PIPELINE_DIR, save_pipeline
+from ctrkit.data.pipeline.rows import (
     BadRows,
-    DataError,
-    ShardSpill,
     assign_split,
     parse_split,
     row_uniform,
-    shard_count,
     splitmix64,
     stream_key,
 )
-from ctrkit.data.store import SplitOutput
-from ctrkit.data.tabular_read import (
-    SPLITS,
-    RawSpill,
-    TableSpecYaml,
-    header,
-    iter_batches,
-    load_spec,
-    to_string,
-)
-from ctrkit.data.vocab import MODES, check_vocab_options, save_vocabularies
+from ctrkit.data.pipeline.spec import SPLITS, TableSpecYaml, load_spec
+from ctrkit.data.pipeline.vocab import MODES, check_vocab_options, save_vocabularies
+from ctrkit.data.sources.driver import write_split_store
+from ctrkit.data.sources.table_read import header, iter_batches
+from ctrkit.data.storage.fitted import reuse_fitted
+from ctrkit.data.storage.spill import RawSpill, ShardSpill, shard_count
+from ctrkit.data.storage.store import SplitOutput
+from ctrkit.errors import DataError
 
 log = logging.getLogger(__name__)
 
@@ -249,7 +244,7 @@ def preprocess_table(
         fitted_on = f"{path} (train rows)" if fractions[0] < 1 or spec.split_column else str(path)
         save_vocabularies(tmp / "vocab", vocabs, fitted_on=fitted_on if fitter is not None
                           else f"copied from {vocab_from}")
-        pipe.save(tmp / PIPELINE_DIR)
+        save_pipeline(pipe, tmp / PIPELINE_DIR)
         sizes = {t: v.size for t, v in vocabs.items()}
         dense_stats = {e["name"]: {"transform": e["transform"], "mean": float(pipe.mean_[j]),
                                    "std": float(pipe.std_[j])} for j, e in enumerate(spec.dense)}

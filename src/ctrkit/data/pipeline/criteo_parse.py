@@ -3,7 +3,7 @@
 Lines are tokenised by numpy on whole blocks (tab / newline positions -> a [rows, 40] matrix of field
 starts); each 8-hex-digit field and each integer of up to 8 digits is read as one unaligned
 little-endian uint64 and decoded with SWAR bit arithmetic, so no Python runs per field or per row.
-Malformed lines are reported back with their reason, not raised. Used by :mod:`ctrkit.data.criteo`.
+Malformed lines are reported back with their reason, not raised. Used by :mod:`ctrkit.data.sources.criteo`.
 """
 
 from __future__ import annotations

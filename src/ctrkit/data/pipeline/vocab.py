@@ -27,8 +27,6 @@ rules (unseen -> 1, missing -> 0), vectorised with ``numpy.searchsorted``.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,11 +35,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ctrkit.data.rows import DataError, splitmix64
+from ctrkit.data.pipeline.rows import splitmix64
+from ctrkit.errors import DataError
 
 MISSING_ID = 0
 RARE_ID = 1
 FIRST_ID = 2
+GROUP_TABLE = "__group__"  # the vocabulary of the group-id column (GAUC groups; no model reads it)
 MODES = ("hash", "cap")
 KINDS = ("int", "str")
 
@@ -388,13 +388,3 @@ def load_vocabularies(directory: str | Path) -> dict[str, Vocabulary]:
         out[name] = Vocabulary(name, e["kind"], keys, ids.astype(np.int64), counts, e["size"], e["min_freq"],
                                e["max_vocab"], e["mode"], e["hash_seed"], e["seen"], e["missing"])
     return out
-
-
-def link_tree(src: Path, dst: Path) -> None:
-    """Hard-link (or copy when linking fails) every file of ``src`` into a new directory ``dst``."""
-    dst.mkdir(parents=True, exist_ok=True)
-    for f in src.iterdir():
-        try:
-            os.link(f, dst / f.name)
-        except OSError:
-            shutil.copy2(f, dst / f.name)

@@ -3,14 +3,14 @@
 A :class:`FeaturePipeline` holds everything that turns raw rows into what a model reads, learned on
 the training data and then applied unchanged by preprocessing, training, evaluate and predict:
 
-* vocabularies, one per embedding table (:mod:`ctrkit.data.vocab`: first-appearance ids from 2,
+* vocabularies, one per embedding table (:mod:`ctrkit.data.pipeline.vocab`: first-appearance ids from 2,
   0 = missing, 1 = rare / unseen, ``min_freq`` and ``max_vocab`` hash | cap), plus ``__group__`` for
   the group-id column;
 * dense transforms (none / log / standardize) and the training mean and std of every dense column;
 * the parsing rules of its ``kind``: ``criteo`` (label, I1..I13 integer counts with ln(x+3),
-  C1..C26 8-hex-digit keys; seed 000 §3.3), ``table`` (a YAML feature spec, :mod:`ctrkit.data.tabular`),
+  C1..C26 8-hex-digit keys; seed 000 §3.3), ``table`` (a YAML feature spec, :mod:`ctrkit.data.sources.table`),
   or ``ids`` (rows already hold ids: stores without a pipeline, e.g. synthetic ones);
-* the batch-level stage: the multi-hot expansion of seed 000 (:mod:`ctrkit.data.multihot`), set at
+* the batch-level stage: the multi-hot expansion of seed 000 (:mod:`ctrkit.data.pipeline.multihot`), set at
   train time with :meth:`FeaturePipeline.with_multi_hot` and applied by :meth:`to_batch` and the loader.
 
 Use::
@@ -24,7 +24,7 @@ Big inputs fit in one streaming pass with bounded memory: ``fitter = pipe.fitter
 ``fitter.finish()`` fits ``pipe`` (vocabularies, statistics) and ``pipe.finalize(part, fitter.luts)``
 maps provisional ids to final ones and scales the dense columns. A fitted pipeline saves as JSON +
 .npy arrays (``save`` / ``load``, read with allow_pickle=False) and as plain data inside checkpoints
-(``to_payload`` / ``from_payload``); see :mod:`ctrkit.data.pipeline_io`.
+(``to_payload`` / ``from_payload``); see :mod:`ctrkit.data.pipeline.persist`.
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ import pyarrow as pa
 import torch
 
 from ctrkit.batch import Batch, KeyedJagged
-from ctrkit.data.criteo_parse import NUM_DENSE, NUM_SPARSE
-from ctrkit.data.multihot import MultiHot
-from ctrkit.data.pipeline_encode import (
+from ctrkit.data.pipeline.columns import keep_last, kind_of
+from ctrkit.data.pipeline.criteo_parse import NUM_DENSE, NUM_SPARSE
+from ctrkit.data.pipeline.encode import (
     CRITEO,
     F32_MAX,
     GROUP_TABLE,
@@ -53,11 +53,12 @@ from ctrkit.data.pipeline_encode import (
     RowEncoder,
     jagged_key,
 )
-from ctrkit.data.rows import DataError, SpillColumn
-from ctrkit.data.store import ColumnSpec
-from ctrkit.data.tabular_read import TableSpecYaml, keep_last, kind_of, load_spec
-from ctrkit.data.vocab import VocabBuilder, Vocabulary, check_vocab_options
-from ctrkit.errors import NotFittedError
+from ctrkit.data.pipeline.multihot import MultiHot
+from ctrkit.data.pipeline.rows import ColumnSpec, SpillColumn
+from ctrkit.data.pipeline.spec import TableSpecYaml, load_spec
+from ctrkit.data.pipeline.vocab import VocabBuilder, Vocabulary, check_vocab_options
+from ctrkit.data.pipeline.vocab_arrays import vocab_fingerprint
+from ctrkit.errors import DataError, NotFittedError
 from ctrkit.schema import DenseFeature, Schema, SequenceFeature, SparseFeature
 
 log = logging.getLogger(__name__)
@@ -165,7 +166,7 @@ class FeaturePipeline(RowEncoder):
     def finalize(self, part: dict[str, Any], luts: dict[str, np.ndarray | None] | None = None) -> dict[str, Any]:
         """Encoded rows (:meth:`Encoded.parts`, possibly after a spill) -> columns: ``luts`` map a fitter's
         provisional ids to final ones; standardized dense columns are scaled, saturating at +-float32 max so a
-        store never holds +-inf (values beyond float32 are bad rows before this: :mod:`.pipeline_encode`);
+        store never holds +-inf (values beyond float32 are bad rows before this: :mod:`ctrkit.data.pipeline.encode`);
         store dtypes."""
         s, spec, luts = self.schema, self.spec, luts or {}
         id_dtype = self.id_dtype
@@ -338,34 +339,8 @@ class FeaturePipeline(RowEncoder):
         """sha256 over the vocabularies (table names, sizes, modes, keys, ids): equal fingerprints mean equal
         raw -> id maps. Cheap after the first call, and stored with the pipeline."""
         if self._fingerprint is None:
-            from ctrkit.data.pipeline_io import vocab_fingerprint
-
             self._fingerprint = vocab_fingerprint(self.vocabs_, self.schema if self.vocabs_ is None else None)
         return self._fingerprint
-
-    def to_payload(self) -> dict[str, Any]:
-        """Plain data (JSON-able dicts + numeric numpy arrays) for a checkpoint."""
-        from ctrkit.data.pipeline_io import to_payload
-
-        return to_payload(self)
-
-    @classmethod
-    def from_payload(cls, payload: dict[str, Any]) -> FeaturePipeline:
-        from ctrkit.data.pipeline_io import from_payload
-
-        return from_payload(payload)
-
-    def save(self, directory: str | Path) -> Path:
-        """``directory/pipeline.json`` + one .npy per array."""
-        from ctrkit.data.pipeline_io import save_pipeline
-
-        return save_pipeline(self, directory)
-
-    @classmethod
-    def load(cls, directory: str | Path) -> FeaturePipeline:
-        from ctrkit.data.pipeline_io import load_pipeline
-
-        return load_pipeline(directory)
 
     def __repr__(self) -> str:
         state = f"{len(self.vocabs_)} vocabularies" if self.vocabs_ is not None else (

@@ -34,8 +34,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from ctrkit.data.store import ColumnSpec, StoreWriter, atomic_file, check_replaceable, make_dir
+from ctrkit.data.pipeline.rows import ColumnSpec
+from ctrkit.data.storage.store import StoreWriter, check_replaceable
 from ctrkit.errors import DataError, StoreError
+from ctrkit.io import atomic_file, make_dir
 from ctrkit.schema import DenseFeature, Schema, SparseFeature
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""The raw -> values step of :mod:`ctrkit.data.pipeline`: the one copy of the parsing rules.
+"""The raw -> values step of :mod:`ctrkit.data.pipeline.feature_pipeline`: the one copy of the parsing rules.
 
 :class:`RowEncoder.encode` takes one chunk of raw rows (a pyarrow Table, a pandas DataFrame, a list of
 dicts, or a dict of columns: pyarrow arrays or numpy arrays, e.g. Criteo's block parser output) and
@@ -21,7 +21,7 @@ returns :class:`Encoded` rows: the well-formed rows only, with
   sequence columns are delimited strings or lists, sequences keeping their last ``max_len`` tokens;
 * weight (empty -> 1), group ids, and the split code of the spec's ``split_column`` when present.
 
-Bad rows are counted in a :class:`~ctrkit.data.rows.BadRows` with their line numbers and dropped; without
+Bad rows are counted in a :class:`~ctrkit.data.pipeline.rows.BadRows` with their line numbers and dropped; without
 one (``bad=None``) the first bad row is an error naming its line. Label, weight, group and split columns
 are optional: a chunk without them encodes fine (e.g. rows to score).
 """
@@ -37,21 +37,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ctrkit.data.criteo_parse import dense_transform
-from ctrkit.data.rows import BadRows, DataError, jagged_take
-from ctrkit.data.tabular_read import (
-    SPLITS,
-    TableSpecYaml,
-    keep_last,
-    numeric,
-    to_string,
-    tokens,
-)
-from ctrkit.data.vocab_agree import GROUP_VOCAB
+from ctrkit.data.pipeline.columns import keep_last, numeric, to_string, tokens
+from ctrkit.data.pipeline.criteo_parse import dense_transform
+from ctrkit.data.pipeline.rows import BadRows, jagged_take
+from ctrkit.data.pipeline.spec import SPLITS, TableSpecYaml
+from ctrkit.data.pipeline.vocab import GROUP_TABLE
+from ctrkit.errors import DataError
 
 CRITEO, TABLE, IDS = "criteo", "table", "ids"
 KINDS = (CRITEO, TABLE, IDS)
-GROUP_TABLE = GROUP_VOCAB  # the vocabulary of the group-id column
 _LOG_FLOOR = math.exp(-2)
 F32_MAX = float(np.finfo(np.float32).max)  # a dense value or weight beyond it is a bad row (module docstring)
 _HEX = np.full(256, -1, np.int64)

@@ -1,4 +1,4 @@
-"""The numpy core of :mod:`ctrkit.data.behaviour`: a behaviour log in code space -> DIN-style sample rows.
+"""The numpy core of :mod:`ctrkit.data.sources.behaviour`: a behaviour log in code space -> DIN-style sample rows.
 
 Codes: users and items are integers ``0..n-1`` here (the caller maps raw keys to codes and back). Every
 step is vectorised over rows and users (stable sorts, cumulative sums, ``searchsorted``); the only Python
@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from ctrkit.data.rows import DataError
+from ctrkit.errors import DataError
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,152 @@
+"""Persistence of a :class:`~ctrkit.data.pipeline.feature_pipeline.FeaturePipeline`, its vocabulary fingerprint, the pipelines
+of stores and checkpoints (including those written before pipelines existed), and the store writer the
+preprocessors share.
+
+On disk (``<store>/pipeline/``): ``pipeline.json`` (kind, feature spec, options, vocabulary metadata,
+multi-hot options, fingerprint, the names of the arrays) and one ``<array>.npy`` per array: per
+vocabulary its keys (int64, or UTF-8 bytes + int64 offsets for strings), counts and, in hash mode, ids;
+the dense means and standard deviations (float64). Arrays are read with ``allow_pickle=False``. Inside a
+checkpoint the same ``{"meta": ..., "arrays": ...}`` is stored as plain data (``to_payload``).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ctrkit.data.pipeline.feature_pipeline import CRITEO, TABLE, FeaturePipeline
+from ctrkit.data.pipeline.spec import OPTION_KEYS
+from ctrkit.data.pipeline.vocab import FIRST_ID, Vocabulary, load_vocabularies
+from ctrkit.data.pipeline.vocab_arrays import from_utf8, key_arrays
+from ctrkit.errors import DataError
+from ctrkit.schema import Schema
+
+FORMAT = "ctrkit-pipeline"
+
+
+VERSION = 1
+
+
+PIPELINE_DIR = "pipeline"
+
+
+def to_payload(p: FeaturePipeline) -> dict[str, Any]:
+    """``{"meta": JSON-able dict, "arrays": {name: numeric numpy array}}``."""
+    arrays: dict[str, np.ndarray] = {"dense_mean": np.asarray(p.mean_, np.float64),
+                                     "dense_std": np.asarray(p.std_, np.float64)}
+    vocabs = None
+    if p.vocabs_ is not None:
+        vocabs = []
+        for i, (name, v) in enumerate(p.vocabs_.items()):
+            for part, a in (*key_arrays(v).items(), ("counts", np.asarray(v.counts, np.int64))):
+                arrays[f"vocab{i:03d}_{part}"] = a
+            if v.max_vocab is not None and v.mode == "hash":
+                arrays[f"vocab{i:03d}_ids"] = np.asarray(v.ids, np.int64)
+            vocabs.append({"name": name, **v.meta()})
+    meta = {"format": FORMAT, "version": VERSION, "kind": p.kind, "spec": p.spec.to_dict(), "options": p.options,
+            "schema": p._schema.to_dict() if p._schema is not None else None, "vocabularies": vocabs,
+            "multi_hot": p.multi_hot, "vocab_fingerprint": p.vocab_fingerprint() if p.fitted else None}
+    return {"meta": meta, "arrays": arrays}
+
+
+def from_payload(payload: dict[str, Any]) -> FeaturePipeline:
+    meta, arrays = payload.get("meta") or {}, payload.get("arrays") or {}
+    if meta.get("format") != FORMAT or int(meta.get("version", 0)) > VERSION:
+        raise DataError(f"not a {FORMAT} v{VERSION} pipeline (format={meta.get('format')!r}, "
+                        f"version={meta.get('version')!r}); it was written by another ctrkit version")
+    schema = Schema.from_dict(meta["schema"]) if meta.get("schema") else None
+    spec = dict(meta["spec"])  # pipelines saved before unknown options were errors may hold a typo there
+    spec["options"] = {k: v for k, v in (spec.get("options") or {}).items() if k in OPTION_KEYS}
+    p = FeaturePipeline(spec, kind=meta["kind"], schema=schema, **meta["options"])
+    if meta.get("vocabularies") is not None:
+        p.vocabs_ = {}
+        for i, e in enumerate(meta["vocabularies"]):
+            pre = f"vocab{i:03d}_"
+            if e["kind"] == "str":
+                keys = from_utf8(arrays[pre + "keys_utf8"], arrays[pre + "keys_offsets"])
+            else:
+                keys = np.asarray(arrays[pre + "keys"], np.int64)
+            ids = arrays.get(pre + "ids")
+            ids = FIRST_ID + np.arange(len(keys), dtype=np.int64) if ids is None else np.asarray(ids, np.int64)
+            p.vocabs_[e["name"]] = Vocabulary(e["name"], e["kind"], keys, ids, np.asarray(arrays[pre + "counts"]),
+                                              e["size"], e["min_freq"], e["max_vocab"], e["mode"], e["hash_seed"],
+                                              e["seen"], e["missing"])
+    p.mean_ = np.asarray(arrays["dense_mean"], np.float64)
+    p.std_ = np.asarray(arrays["dense_std"], np.float64)
+    p.multi_hot = meta.get("multi_hot")
+    p._fingerprint = meta.get("vocab_fingerprint")
+    return p
+
+
+def save_pipeline(p: FeaturePipeline, directory: str | Path) -> Path:
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    payload = to_payload(p)
+    for name, a in payload["arrays"].items():
+        np.save(d / f"{name}.npy", np.ascontiguousarray(a), allow_pickle=False)
+    meta = {**payload["meta"], "arrays": sorted(payload["arrays"])}
+    (d / "pipeline.json").write_text(json.dumps(meta, indent=1))
+    return d
+
+
+def load_pipeline(directory: str | Path) -> FeaturePipeline:
+    """Read a pipeline written by :func:`save_pipeline` (``directory`` = it, or a store holding it)."""
+    d = Path(directory)
+    if (d / PIPELINE_DIR / "pipeline.json").is_file():
+        d = d / PIPELINE_DIR
+    mpath = d / "pipeline.json"
+    if not mpath.is_file():
+        raise DataError(f"{directory} holds no feature pipeline (no pipeline.json)")
+    try:
+        meta = json.loads(mpath.read_text())
+        arrays = {n: np.load(d / f"{n}.npy", allow_pickle=False) for n in meta.pop("arrays")}
+    except (OSError, ValueError, KeyError) as e:
+        raise DataError(f"{d}: the feature pipeline cannot be read ({e}); re-run the preprocessing") from e
+    return from_payload({"meta": meta, "arrays": arrays})
+
+
+def legacy_pipeline(kind: str, pre: dict[str, Any], vocabs: dict[str, Vocabulary], schema: Schema) -> FeaturePipeline:
+    """The pipeline of a store / checkpoint written before pipelines existed (its manifest's record)."""
+    o = pre.get("options") or {}
+    opts = {"min_freq": int(o.get("min_freq") or 1), "max_vocab": o.get("max_vocab"),
+            "max_vocab_mode": o.get("max_vocab_mode") or "hash", "embedding_dim": o.get("embedding_dim") or "auto"}
+    if kind == CRITEO:
+        p = FeaturePipeline.criteo(**opts)
+    else:
+        sp = pre["spec"]
+        label = sp["label"] if sp.get("label_threshold") is None else {"column": sp["label"],
+                                                                       "threshold": sp["label_threshold"]}
+        p = FeaturePipeline({"label": label, "dense": sp["dense"], "sparse": sp["sparse"],
+                             "sequence": sp["sequence"]}, kind=TABLE, **opts)
+        stats = pre.get("dense_stats") or {}
+        p.mean_ = np.array([stats.get(e["name"], {}).get("mean", 0.0) for e in p.spec.dense], np.float64)
+        p.std_ = np.array([stats.get(e["name"], {}).get("std", 1.0) for e in p.spec.dense], np.float64)
+    p.vocabs_ = dict(vocabs)
+    p._schema = schema  # the manifest's: weight / group columns are not in the old record
+    return p
+
+
+def pipeline_from_checkpoint(ckpt: dict[str, Any]) -> FeaturePipeline:
+    """The pipeline a checkpoint (``load_checkpoint``'s dict) was trained with. Checkpoints written before
+    pipelines existed: rebuilt from their vocabulary files, preprocessing record and data config."""
+    if ckpt.get("pipeline"):
+        return from_payload(ckpt["pipeline"])
+    schema = Schema.from_dict(ckpt["schema"])
+    files = (ckpt.get("vocab") or {}).get("arrays")
+    pre = (ckpt.get("extra") or {}).get("preprocessing") or {}
+    if files and pre.get("kind") in (CRITEO, TABLE):
+        with tempfile.TemporaryDirectory(prefix="ctrkit-vocab-") as tmp:
+            for name, data in files.items():
+                (Path(tmp) / name).write_bytes(np.asarray(data, np.uint8).tobytes())
+            p = legacy_pipeline(pre["kind"], pre, load_vocabularies(tmp), schema)
+    else:
+        p = FeaturePipeline.from_schema(schema)
+    data = (ckpt.get("config") or {}).get("data") or {}
+    if data.get("multi_hot_size"):
+        p = p.with_multi_hot(data["multi_hot_size"], data.get("multi_hot_min_table_size", 200),
+                             data.get("multi_hot_distribution", "uniform"))
+    return p

@@ -1,0 +1,125 @@
+"""The YAML feature spec of ``ctrkit preprocess table`` / ``behaviour``: parsing and validation
+(unknown keys are errors naming the entry and the closest valid key).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ctrkit.errors import DataError
+from ctrkit.io import closest
+
+SPLITS = ("train", "valid", "test")
+
+
+TRANSFORMS = ("none", "log", "standardize")
+
+
+_TOP_KEYS = {"label", "weight", "group_id", "split_column", "dense", "sparse", "sequence", "options"}
+
+
+_DENSE_KEYS = {"name", "column", "transform", "group"}
+
+
+_SPARSE_KEYS = {"name", "column", "embedding_dim", "table", "group", "min_freq", "multi_valued", "delimiter",
+                "pooling", "max_len"}
+
+
+_SEQ_KEYS = {"name", "column", "shares", "max_len", "delimiter", "pooling", "group"}
+
+
+_LABEL_KEYS = {"column", "threshold"}
+
+
+OPTION_KEYS = {"min_freq", "max_vocab", "max_vocab_mode", "embedding_dim"}  # preprocess_table's defaults
+
+
+def _check_keys(where: str, what: str, given: Any, valid: set[str]) -> None:
+    """Raise :class:`DataError` naming the unknown keys of ``given`` and the closest valid ones."""
+    unknown = [k for k in given if k not in valid]
+    if unknown:
+        near = {k: closest(str(k), sorted(valid), cutoff=0.6) for k in unknown}
+        hint = " ".join(f"{k!r}: did you mean {m!r}?" for k, m in near.items() if m)
+        raise DataError(f"{where}: unknown keys {[str(k) for k in unknown]} in {what}; {hint + ' ' if hint else ''}"
+                        f"valid keys: {sorted(valid)}")
+
+
+@dataclass
+class TableSpecYaml:
+    """The parsed YAML spec (validated; unknown keys are errors naming the entry)."""
+
+    label: str
+    label_threshold: float | None
+    weight: str | None
+    group_id: str | None
+    split_column: str | None
+    dense: list[dict[str, Any]]
+    sparse: list[dict[str, Any]]
+    sequence: list[dict[str, Any]]
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def columns(self) -> list[str]:
+        cols = [self.label, self.weight, self.group_id, self.split_column]
+        cols += [e["column"] for e in (*self.dense, *self.sparse, *self.sequence)]
+        return list(dict.fromkeys(c for c in cols if c))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The spec as YAML-shaped data: ``load_spec(spec.to_dict())`` gives it back."""
+        label: Any = self.label if self.label_threshold is None else {"column": self.label,
+                                                                     "threshold": self.label_threshold}
+        return {"label": label, "weight": self.weight, "group_id": self.group_id, "split_column": self.split_column,
+                "dense": [dict(e) for e in self.dense], "sparse": [dict(e) for e in self.sparse],
+                "sequence": [dict(e) for e in self.sequence], "options": dict(self.options)}
+
+
+def load_spec(path_or_dict: str | Path | dict[str, Any]) -> TableSpecYaml:
+    """Read and validate a YAML feature spec."""
+    where = str(path_or_dict) if not isinstance(path_or_dict, dict) else "spec"
+    if isinstance(path_or_dict, dict):
+        d = path_or_dict
+    else:
+        p = Path(path_or_dict)
+        if not p.is_file():
+            raise DataError(f"schema file {p} does not exist")
+        try:
+            d = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise DataError(f"{p} is not valid YAML: {e}") from e
+    if not isinstance(d, dict):
+        raise DataError(f"{where}: top level must be a mapping with keys {sorted(_TOP_KEYS)}")
+    _check_keys(where, "the top level", d, _TOP_KEYS)
+    if "label" not in d:
+        raise DataError(f"{where}: needs a 'label' column")
+    label, thr = d["label"], None
+    if isinstance(label, dict):
+        _check_keys(where, "label", label, _LABEL_KEYS)
+        label, thr = label.get("column"), label.get("threshold")
+        if label is None or thr is None:
+            raise DataError(f"{where}: label as a mapping needs 'column' and 'threshold'")
+    entries: dict[str, list[dict[str, Any]]] = {}
+    for kind, keys in (("dense", _DENSE_KEYS), ("sparse", _SPARSE_KEYS), ("sequence", _SEQ_KEYS)):
+        out = []
+        for i, e in enumerate(d.get(kind) or []):
+            if isinstance(e, str):
+                e = {"name": e}
+            if not isinstance(e, dict) or "name" not in e:
+                raise DataError(f"{where}: {kind} entry #{i} needs a 'name'")
+            _check_keys(where, f"{kind} feature {e['name']!r}", e, keys)
+            e = {"column": e["name"], **e}
+            if kind == "dense" and e.setdefault("transform", "none") not in TRANSFORMS:
+                raise DataError(f"{where}: dense feature {e['name']!r}: transform {e['transform']!r} is not "
+                                f"one of {TRANSFORMS}")
+            if kind == "sequence" and ("shares" not in e or "max_len" not in e):
+                raise DataError(f"{where}: sequence feature {e['name']!r} needs 'shares' and 'max_len'")
+            out.append(e)
+        entries[kind] = out
+    opts = d.get("options") or {}
+    if not isinstance(opts, dict):
+        raise DataError(f"{where}: options must be a mapping with keys {sorted(OPTION_KEYS)}, got {opts!r}")
+    _check_keys(where, "options", opts, OPTION_KEYS)
+    return TableSpecYaml(str(label), thr, d.get("weight"), d.get("group_id"), d.get("split_column"),
+                         entries["dense"], entries["sparse"], entries["sequence"], opts)

@@ -1,0 +1,54 @@
+"""A vocabulary as plain arrays (string keys as UTF-8 bytes + offsets) and the vocabulary fingerprint that
+stores and checkpoints compare (:mod:`ctrkit.data.storage.agree`)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pyarrow as pa
+
+from ctrkit.data.pipeline.encode import GROUP_TABLE
+from ctrkit.data.pipeline.vocab import Vocabulary
+from ctrkit.schema import Schema
+
+
+def utf8_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Strings [k] -> (UTF-8 bytes uint8 [total], offsets int64 [k + 1])."""
+    a = pa.array(np.asarray(keys, str), pa.large_string())
+    offs = np.frombuffer(a.buffers()[1], np.int64)[a.offset: a.offset + len(a) + 1].copy()
+    data = a.buffers()[2]
+    raw = np.frombuffer(data, np.uint8)[offs[0]: offs[-1]].copy() if data is not None else np.zeros(0, np.uint8)
+    return raw, offs - offs[0]
+
+
+def from_utf8(raw: np.ndarray, offs: np.ndarray) -> np.ndarray:
+    a = pa.LargeStringArray.from_buffers(len(offs) - 1, pa.py_buffer(np.ascontiguousarray(offs, np.int64)),
+                                         pa.py_buffer(np.ascontiguousarray(raw, np.uint8)))
+    return a.to_numpy(zero_copy_only=False).astype(str)
+
+
+def key_arrays(v: Vocabulary) -> dict[str, np.ndarray]:
+    if v.kind == "str":
+        raw, offs = utf8_keys(v.keys)
+        return {"keys_utf8": raw, "keys_offsets": offs}
+    return {"keys": np.asarray(v.keys, np.int64)}
+
+
+def vocab_fingerprint(vocabs: dict[str, Vocabulary] | None, schema: Schema | None = None) -> str:
+    """sha256 over the feature vocabularies in name order (name, kind, size, cap / hash options, keys, ids);
+    ``__group__`` (GAUC groups, not a model input) is left out. Without vocabularies (rows that are ids):
+    over the schema's table names and sizes."""
+    h = hashlib.sha256()
+    if vocabs is None:
+        tables = schema.tables() if schema is not None else {}
+        h.update(repr(sorted((t.name, t.num_embeddings) for t in tables.values())).encode())
+        return "sha256:" + h.hexdigest()
+    for name in sorted(t for t in vocabs if t != GROUP_TABLE):
+        v = vocabs[name]
+        h.update(repr((name, v.kind, v.size, v.max_vocab, v.mode if v.max_vocab else None, v.hash_seed,
+                       len(v.keys))).encode())
+        for a in key_arrays(v).values():
+            h.update(np.ascontiguousarray(a).tobytes())
+        h.update(np.asarray(v.ids, "<i8").tobytes())
+    return "sha256:" + h.hexdigest()

@@ -1,0 +1,150 @@
+"""Data parked on disk during preprocessing: the on-disk shuffle (:class:`ShardSpill`: scatter encoded rows into
+K temporary shards, then shuffle each shard in memory) and raw rows kept until the pipeline is fitted
+(:class:`RawSpill`, so a table is read once). Nothing here holds more than one chunk or one shard in memory,
+so preprocessing memory does not grow with the number of rows.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ctrkit.data.pipeline.rows import SpillColumn, jagged_take
+
+log = logging.getLogger(__name__)
+
+
+class ShardSpill:
+    """Rows of one split scattered into ``n_shards`` temporary files, read back one shard at a time.
+
+    ``add(columns, shard)`` appends each row to the shard given by ``shard`` [n] (ints in [0, K));
+    ``read(i, seed)`` loads shard i and, when ``seed`` is not None, permutes its rows. Assigning rows
+    to shards uniformly at random and shuffling every shard gives a uniformly random permutation
+    while holding only one shard in memory.
+
+    An in-order spill (``n_shards=1`` with ``roll_rows``) starts a new shard once the current one
+    holds ``roll_rows`` rows, so reading shards in order gives the input order back while memory
+    stays bounded by one shard (not by the split's row count).
+    """
+
+    def __init__(
+        self, directory: Path, n_shards: int, columns: dict[str, SpillColumn], roll_rows: int | None = None
+    ) -> None:
+        self.dir, self.n_shards, self.columns = Path(directory), int(n_shards), columns
+        if roll_rows is not None and self.n_shards != 1:
+            raise ValueError("roll_rows is for in-order spills (n_shards=1)")
+        self.roll_rows = roll_rows
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.rows = np.zeros(self.n_shards, np.int64)
+
+    def _file(self, shard: int, col: str, part: str = "data") -> Path:
+        return self.dir / f"{shard:05d}.{col}.{part}.bin"
+
+    def add(self, cols: dict[str, Any], shard: np.ndarray | None = None) -> None:
+        """Append rows; fixed columns are arrays [n, *inner], jagged ones (values [nnz], lengths [n])."""
+        first = next(iter(cols.values()))
+        n = len(first[1]) if isinstance(first, tuple) else len(first)
+        if n == 0:
+            return
+        if self.roll_rows is not None:
+            if self.rows[-1] >= self.roll_rows:  # roll over to a new in-order shard
+                self.rows = np.append(self.rows, 0)
+                self.n_shards += 1
+            groups = [(self.n_shards - 1, None)]
+        elif shard is None or self.n_shards == 1:
+            groups = [(0, None)]
+        else:
+            order = np.argsort(shard, kind="stable")
+            bounds = np.searchsorted(shard[order], np.arange(self.n_shards + 1))
+            groups = [(s, order[bounds[s]:bounds[s + 1]]) for s in range(self.n_shards) if bounds[s + 1] > bounds[s]]
+        for s, idx in groups:
+            for name, spec in self.columns.items():
+                item = cols[name]
+                if spec.jagged:
+                    vals, lens = item
+                    if idx is not None:
+                        vals, lens = jagged_take(np.asarray(vals), np.asarray(lens), idx)
+                    with open(self._file(s, name, "values"), "ab") as f:
+                        f.write(np.ascontiguousarray(vals, dtype=spec.dtype).tobytes())
+                    with open(self._file(s, name, "lengths"), "ab") as f:
+                        f.write(np.ascontiguousarray(lens, dtype=np.int64).tobytes())
+                else:
+                    a = np.asarray(item) if idx is None else np.asarray(item)[idx]
+                    with open(self._file(s, name), "ab") as f:
+                        f.write(np.ascontiguousarray(a, dtype=spec.dtype).tobytes())
+            self.rows[s] += n if idx is None else len(idx)
+
+    def read(self, shard: int, seed: int | None = None) -> dict[str, Any]:
+        """Shard ``shard`` as a dict of columns, rows permuted by ``default_rng(seed)`` unless seed is None."""
+        n = int(self.rows[shard])
+        perm = np.random.default_rng(seed).permutation(n) if seed is not None else None
+        out: dict[str, Any] = {}
+        for name, spec in self.columns.items():
+            if spec.jagged:
+                vals = np.fromfile(self._file(shard, name, "values"), dtype=spec.dtype) if n else np.zeros(0, spec.dtype)
+                lens = np.fromfile(self._file(shard, name, "lengths"), dtype=np.int64) if n else np.zeros(0, np.int64)
+                out[name] = jagged_take(vals, lens, perm) if perm is not None else (vals, lens)
+            else:
+                a = np.fromfile(self._file(shard, name), dtype=spec.dtype) if n else np.zeros(0, spec.dtype)
+                a = a.reshape(n, *spec.inner)
+                out[name] = a[perm] if perm is not None else a
+            for part in ("data", "values", "lengths"):
+                self._file(shard, name, part).unlink(missing_ok=True)
+        return out
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(s for s in range(self.n_shards) if self.rows[s] > 0)
+
+
+def shard_count(est_rows: float, row_bytes: int, target_shard_bytes: int = 256 << 20) -> int:
+    """Number of shuffle shards so that one shard (est_rows * row_bytes / K bytes) stays near the target."""
+    return int(min(4096, max(1, np.ceil(est_rows * row_bytes / target_shard_bytes))))
+
+
+class RawSpill:
+    """Raw rows (as read, with their line numbers) kept on disk in an Arrow IPC stream and read back in
+    order: the valid / test rows of a fraction split wait here until the pipeline is fitted on train."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.rows = Path(path), 0
+        self._line_col = "__ctrkit_line__"
+        self._sink: Any = None
+        self._writer: Any = None
+        self._schema: pa.Schema | None = None
+
+    def add(self, t: pa.Table, lines: np.ndarray) -> None:
+        """Append the rows of ``t`` read at ``lines`` [n]."""
+        if t.num_rows == 0:
+            return
+        while self._schema is None and self._line_col in t.column_names:
+            self._line_col += "_"
+        t = t.append_column(self._line_col, pa.array(np.asarray(lines, np.int64)))
+        if self._schema is None:
+            self._schema = t.schema
+            self._sink = pa.OSFile(str(self.path), "wb")
+            self._writer = pa.ipc.new_stream(self._sink, t.schema)
+        elif t.schema != self._schema:
+            t = t.cast(self._schema)
+        self._writer.write_table(t)
+        self.rows += t.num_rows
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._sink.close()
+            self._writer = None
+
+    def __iter__(self) -> Iterator[tuple[pa.Table, np.ndarray]]:
+        """(batch table, its line numbers [n]) in the order they were added."""
+        self.close()
+        if self.rows == 0:
+            return
+        with pa.memory_map(str(self.path)) as src:
+            for b in pa.ipc.open_stream(src):
+                lines = b.column(self._line_col).to_numpy(zero_copy_only=False)
+                yield pa.Table.from_batches([b.drop_columns([self._line_col])]), lines

@@ -1,0 +1,148 @@
+"""File-system helpers every writer shares: output directories, atomic files, temporary directories,
+checksums and the "did you mean" hint.
+
+A path that cannot be written (a file where a directory is needed, no permission) is a :class:`StoreError`
+naming it and the option that set it; an I/O error while writing (disk full) is one too.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+from ctrkit.errors import StoreError
+
+
+def path_exists(p: Path) -> bool:
+    return p.exists() or p.is_symlink()
+
+
+def is_empty_dir(p: Path) -> bool:
+    return p.is_dir() and not p.is_symlink() and next(p.iterdir(), None) is None
+
+
+def remove_path(p: Path) -> None:
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p, ignore_errors=True)
+    else:
+        p.unlink(missing_ok=True)
+
+
+def make_dir(path: Path, what: str = "output directory", option: str = "--out") -> Path:
+    """Create directory ``path`` and its parents, or raise :class:`StoreError` naming the path and the cause
+    (a regular file in the way, no permission)."""
+    for q in (path, *path.parents):
+        if path_exists(q):
+            if not q.is_dir():
+                where = "" if q == path else f" under {q}"
+                raise StoreError(f"cannot create the {what} {path}{where}: {q} is a file, not a directory; "
+                                 f"choose another {option}")
+            break
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise StoreError(f"cannot create the {what} {path} ({e.strerror or e}); choose another {option}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise StoreError(f"the {what} {path} is not writable; choose another {option} or fix its permissions")
+    return path
+
+
+@contextmanager
+def atomic_file(path: Path, option: str = "--out") -> Iterator[Path]:
+    """A temporary sibling of file ``path`` to write, renamed onto ``path`` when the block ends without error and
+    removed otherwise (Ctrl-C included): a reader never sees a half-written file. An I/O error (disk full) is a
+    :class:`StoreError` naming ``path``."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        try:
+            yield tmp
+            os.replace(tmp, path)
+        except OSError as e:
+            raise StoreError(f"cannot write {path} ({e.strerror or e}); choose another {option}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def temp_dir(near: Path, prefix: str) -> Path:
+    """A new temporary directory inside ``near`` (created: :func:`make_dir`), on the output's file system."""
+    make_dir(near)
+    try:
+        return Path(tempfile.mkdtemp(prefix=prefix, dir=near))
+    except OSError as e:
+        raise StoreError(f"cannot write in {near} ({e.strerror or e}); choose another --out or fix its "
+                         "permissions") from None
+
+
+def file_checksum(path: Path, full: bool = False) -> str:
+    """sha256 of the whole file (``full``) or of its size + first and last MiB (cheap, checked on open)."""
+    h = hashlib.sha256()
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        if full:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                h.update(block)
+            return "sha256:" + h.hexdigest()
+        h.update(str(size).encode())
+        h.update(f.read(1 << 20))
+        if size > 1 << 20:
+            f.seek(max(1 << 20, size - (1 << 20)))
+            h.update(f.read(1 << 20))
+    return "quick:" + h.hexdigest()
+
+
+def link_tree(src: Path, dst: Path) -> None:
+    """Hard-link (or copy when linking fails) every file of ``src`` into a new directory ``dst``."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        try:
+            os.link(f, dst / f.name)
+        except OSError:
+            shutil.copy2(f, dst / f.name)
+
+
+# ---- "did you mean" -------------------------------------------------------------------------------------
+def closest(name: str, valid: Iterable[str], *, aliases: Mapping[str, str] | None = None,
+            cutoff: float = 0.5) -> str | None:
+    """The valid name ``name`` most likely meant: its alias (``aliases``, matched case-insensitively) when that
+    is valid, else the closest spelling (``difflib``, at least ``cutoff`` similar), else None."""
+    valid = [str(v) for v in valid]
+    alias = (aliases or {}).get(str(name).lower())
+    if alias in valid:
+        return alias
+    close = difflib.get_close_matches(str(name), valid, n=1, cutoff=cutoff)
+    return close[0] if close else None
+
+
+def did_you_mean(name: str, valid: Iterable[str], *, aliases: Mapping[str, str] | None = None) -> str:
+    """``" (did you mean 'x'?)"`` for the closest valid name (:func:`closest`), or ``""``."""
+    near = closest(name, valid, aliases=aliases)
+    return f" (did you mean {near!r}?)" if near is not None else ""
+
+
+def missing_path(path: object, what: str, hint: str = "") -> str:
+    """The message for a file that is not there: ``what`` and the path (with the working directory when relative),
+    the closest name beside it (a typo) or the first missing folder, then ``hint`` (how to make or find one)."""
+    p = Path(str(path))
+    where = "" if p.is_absolute() else f" (relative to the working directory {os.getcwd()})"
+    msg = f"{what} {p} does not exist{where}"
+    parent = p.parent
+    if parent.is_dir():
+        try:
+            names = [c.name for c in parent.iterdir()]
+        except OSError:
+            names = []
+        near = closest(p.name, names, cutoff=0.6)
+        if near is not None:
+            msg += f"; did you mean {parent / near}?"
+    else:
+        missing = parent
+        while not missing.parent.is_dir() and missing.parent != missing:
+            missing = missing.parent
+        msg += f"; the folder {missing} does not exist either"
+    return f"{msg}{' ' if msg.endswith('?') else '. '}{hint}" if hint else msg
