@@ -54,19 +54,67 @@ def make_dir(path: Path, what: str = "output directory", option: str = "--out") 
 
 
 @contextmanager
-def atomic_file(path: Path, option: str = "--out") -> Iterator[Path]:
+def atomic_file(path: Path, option: str = "--out", *, durable: bool = False) -> Iterator[Path]:
     """A temporary sibling of file ``path`` to write, renamed onto ``path`` when the block ends without error and
-    removed otherwise (Ctrl-C included): a reader never sees a half-written file. An I/O error (disk full) is a
-    :class:`StoreError` naming ``path``."""
+    removed otherwise (Ctrl-C included): a reader never sees a half-written file. ``durable``: the file and its
+    directory are fsynced, so the new content survives a power cut once the block has ended (checkpoints). An
+    I/O error (disk full) is a :class:`StoreError` naming ``path``."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         try:
             yield tmp
+            if durable:
+                _fsync(tmp)
             os.replace(tmp, path)
+            if durable:
+                _fsync(path.parent)
         except OSError as e:
             raise StoreError(f"cannot write {path} ({e.strerror or e}); choose another {option}") from None
     finally:
         tmp.unlink(missing_ok=True)
+
+
+@contextmanager
+def atomic_dir(path: Path, option: str = "--out") -> Iterator[Path]:
+    """A new temporary sibling directory of ``path`` to fill, put in place of ``path`` by :func:`replace_path`
+    when the block ends without error and removed otherwise: ``path`` holds either the old or the new
+    directory, never a half-written one. An I/O error is a :class:`StoreError` naming ``path``."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    remove_path(tmp)  # left by a killed process of the same id
+    try:
+        try:
+            tmp.mkdir()  # mkdir, not mkdtemp: the folder gets the umask's mode
+            yield tmp
+            replace_path(tmp, path)
+        except OSError as e:
+            raise StoreError(f"cannot write {path} ({e.strerror or e}); choose another {option}") from None
+    finally:
+        remove_path(tmp)
+
+
+def replace_path(new: Path, dst: Path) -> None:
+    """Rename ``new`` (a file or directory) to ``dst``. An existing ``dst`` is moved aside first and removed only
+    once ``new`` is in place; if that rename fails, it is put back."""
+    if not path_exists(dst):
+        os.replace(new, dst)
+        return
+    old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
+    remove_path(old)
+    os.replace(dst, old)
+    try:
+        os.replace(new, dst)
+    except BaseException:
+        os.replace(old, dst)
+        raise
+    remove_path(old)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def temp_dir(near: Path, prefix: str) -> Path:

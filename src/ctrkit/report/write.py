@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import base64
 import logging
-import os
-import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from ctrkit.data.storage.store import check_replaceable
-from ctrkit.errors import JobError
-from ctrkit.io import atomic_file, make_dir
+from ctrkit.errors import JobError, StoreError
+from ctrkit.io import atomic_dir, atomic_file, make_dir
 from ctrkit.report import html
 from ctrkit.report.figures import Plot, compare_figures, run_figures
 from ctrkit.report.run import Run, load_run
@@ -66,24 +64,15 @@ def _write_in_run(run: Run, plots: Sequence[Plot], notes: Sequence[str]) -> Path
         if foreign:
             raise JobError(f"{folder} holds files the report did not write ({', '.join(sorted(foreign)[:5])}); "
                            "move them away so the report's plots can be replaced")
-    tmp = run.path / f".{FOLDER}.tmp-{os.getpid()}"  # mkdir, not mkdtemp: the folder gets the umask's mode
-    old = run.path / f".{FOLDER}.old-{os.getpid()}"
     try:
-        shutil.rmtree(tmp, ignore_errors=True)  # left by a killed process of the same id
-        tmp.mkdir()
-        for p in plots:
-            (tmp / f"{p.name}.png").write_bytes(p.png)
-        if folder.is_dir():
-            os.replace(folder, old)
-        os.replace(tmp, folder)
+        with atomic_dir(folder, option="the run directory") as tmp:
+            for p in plots:
+                (tmp / f"{p.name}.png").write_bytes(p.png)
         page = run.path / PAGE
         with atomic_file(page, option="the run directory") as t:
             t.write_text(html.run_page(run, plots, notes, lambda p: f"{FOLDER}/{p.name}.png"), encoding="utf-8")
-    except OSError as e:
-        raise JobError(f"cannot write the report in {run.path} ({e.strerror or e})") from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(old, ignore_errors=True)
+    except StoreError as e:  # the helpers name the file and the cause
+        raise JobError(f"cannot write the report in {run.path}: {e}") from None
     return page
 
 

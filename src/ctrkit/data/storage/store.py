@@ -41,7 +41,7 @@ import numpy as np
 
 from ctrkit.data.pipeline.rows import ColumnSpec
 from ctrkit.errors import StoreError
-from ctrkit.io import file_checksum, is_empty_dir, path_exists, remove_path, temp_dir
+from ctrkit.io import file_checksum, is_empty_dir, path_exists, replace_path, temp_dir
 from ctrkit.schema import Schema
 
 FORMAT = "ctrkit-store"
@@ -211,12 +211,7 @@ class StoreWriter:
             if not (self.overwrite or is_empty_dir(self.path)):
                 raise StoreError(f"output {self.path} appeared while writing; not replacing it")
             check_replaceable(self.path, True)
-            old = self.path.with_name(f".{self.path.name}.old-{os.getpid()}")
-            os.replace(self.path, old)
-            os.replace(self.tmp, self.path)
-            remove_path(old)
-        else:
-            os.replace(self.tmp, self.path)
+        replace_path(self.tmp, self.path)
         return self.path
 
     def abort(self) -> None:
