@@ -57,11 +57,11 @@ LONG_FILES: set[str] = {
 LONG_FUNCTIONS: set[str] = {
     "ctrkit.data.pipeline.criteo_parse:parse_block", "ctrkit.data.pipeline.encode:encode",
     "ctrkit.data.sources.behaviour:preprocess_behaviour", "ctrkit.data.sources.behaviour:read_behaviour_log",
-    "ctrkit.data.sources.behaviour_samples:build_samples", "ctrkit.data.sources.criteo:preprocess_criteo",
+    "ctrkit.data.sources.criteo:preprocess_criteo",
     "ctrkit.data.sources.table:preprocess_table", "ctrkit.data.storage.loader:__init__",
     "ctrkit.nn.embedding:__init__", "ctrkit.nn.embedding:make_embeddings", "ctrkit.retrieval.recall:recall",
     "ctrkit.runner:_train", "ctrkit.serving.server:create_app", "ctrkit.train.trainer:__init__",
-    "ctrkit.train.trainer:_fit", "ctrkit.typecheck:coerce",
+    "ctrkit.train.trainer:_fit",
 }
 MAX_FILE_LINES, MAX_FUNCTION_LINES = 400, 60
 

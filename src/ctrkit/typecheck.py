@@ -118,56 +118,14 @@ def coerce(
         if not isinstance(value, dict):
             raise bad(" (a mapping)")
         return build(tp, value, key)  # type: ignore[arg-type]
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, CliValue) and value.lower() in _TRUE | _FALSE:
-            return value.lower() in _TRUE
-        raise bad()
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, str):
-            try:
-                return int(value.replace("_", ""))
-            except ValueError:
-                pass
-        raise bad()
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # PyYAML reads "3e-4" (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise bad()
-    if tp is str:
-        if isinstance(value, str):
-            return str(value)
-        raise bad()
-    if tp is type(None):
-        if value is None:
-            return None
+    scalar = _SCALARS.get(tp)
+    if scalar is not None:
+        ok, out = scalar(value)
+        if ok:
+            return out
         raise bad()
     if origin in (list, tuple):
-        if isinstance(value, CliValue):
-            value = yaml.safe_load(value)
-        if not isinstance(value, (list, tuple)):
-            raise bad(" (give a list, e.g. [64, 32])")
-        if origin is tuple and args and args[-1] is not Ellipsis:  # fixed length: tuple[str, str]
-            if len(value) != len(args):
-                raise bad(f" (give a list of {len(args)} items)")
-            inner = list(args)
-        else:
-            inner = [args[0] if args else Any] * len(value)
-        items = []
-        for i, (v, t) in enumerate(zip(value, inner)):
-            try:
-                items.append(again(v, t, f"{key}[{i}]"))
-            except ConfigError:
-                raise bad(f" (item {i}: {v!r} is not {type_name(t)})") from None
-        return tuple(items) if origin is tuple else items
+        return _sequence(value, origin, args, key, again, bad)
     if origin is dict:
         if isinstance(value, CliValue):
             value = yaml.safe_load(value)
@@ -176,6 +134,65 @@ def coerce(
         vt = args[1] if len(args) == 2 else Any
         return {str(k): again(v, vt, f"{key}.{k}") for k, v in value.items()}
     raise TypeError(f"{what} {key!r} has unsupported type {tp!r}")  # a bug in the caller: see is_supported
+
+
+def _as_bool(value: Any) -> tuple[bool, Any]:
+    if isinstance(value, bool):
+        return True, value
+    if isinstance(value, CliValue) and value.lower() in _TRUE | _FALSE:
+        return True, value.lower() in _TRUE
+    return False, None
+
+
+def _as_int(value: Any) -> tuple[bool, Any]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return True, value
+    if isinstance(value, str):
+        try:
+            return True, int(value.replace("_", ""))
+        except ValueError:
+            pass
+    return False, None
+
+
+def _as_float(value: Any) -> tuple[bool, Any]:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return True, float(value)
+    if isinstance(value, str):  # PyYAML reads "3e-4" (no dot) as a string
+        try:
+            return True, float(value)
+        except ValueError:
+            pass
+    return False, None
+
+
+# scalar type -> (accepted, converted value)
+_SCALARS: dict[Any, Any] = {
+    bool: _as_bool, int: _as_int, float: _as_float,
+    str: lambda v: (isinstance(v, str), str(v) if isinstance(v, str) else None),
+    type(None): lambda v: (v is None, None),
+}
+
+
+def _sequence(value: Any, origin: Any, args: tuple[Any, ...], key: str, again: Any, bad: Any) -> list[Any] | tuple:
+    """A list / tuple value: each item coerced to its annotation (``tuple[X, Y]``: exactly those items)."""
+    if isinstance(value, CliValue):
+        value = yaml.safe_load(value)
+    if not isinstance(value, (list, tuple)):
+        raise bad(" (give a list, e.g. [64, 32])")
+    if origin is tuple and args and args[-1] is not Ellipsis:  # fixed length: tuple[str, str]
+        if len(value) != len(args):
+            raise bad(f" (give a list of {len(args)} items)")
+        inner = list(args)
+    else:
+        inner = [args[0] if args else Any] * len(value)
+    items = []
+    for i, (v, t) in enumerate(zip(value, inner)):
+        try:
+            items.append(again(v, t, f"{key}[{i}]"))
+        except ConfigError:
+            raise bad(f" (item {i}: {v!r} is not {type_name(t)})") from None
+    return tuple(items) if origin is tuple else items
 
 
 def build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
