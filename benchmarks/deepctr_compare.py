@@ -64,7 +64,6 @@ import json
 import logging
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -77,6 +76,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_models import REPO, mean_std, prepare
+
+from ctrkit import stats
 
 PEER = Path(__file__).resolve().parent / "_deepctr_peer.py"
 PEER_PYTHON = Path(os.environ.get("PEERS_HOME", Path.home() / ".cache" / "ctrkit-peers")) / "venv-deepctr/bin/python"
@@ -458,17 +459,17 @@ def summarise(r: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
                      for side in r if side != "deepctr"}
     # how surprising the ratio is if both libraries had the same spread: one-sided F test of
     # var(ctrkit) > var(DeepCTR) (a small p: ctrkit's runs really are more spread out than DeepCTR's)
-    out["spread_p"] = {side: spread_p([x["auc"] for x in r[side]], [x["auc"] for x in r["deepctr"]])
+    out["spread_p"] = {side: stats.spread_p([x["auc"] for x in r[side]], [x["auc"] for x in r["deepctr"]])
                        for side in r if side != "deepctr"}
     return out
 
 
 def pooled_std(summary: dict[str, Any], sides: list[str], metric: str = "auc") -> dict[str, float]:
-    """Per side, the pooled std of ``metric`` (test "auc" or "valid_auc") over the models (``_pooled``): the zoo's
-    spread as one figure, which five or ten seeds estimate far more steadily than any one model's std."""
+    """Per side, the pooled std of ``metric`` (test "auc" or "valid_auc") over the models
+    (``ctrkit.stats.pooled_std``): the zoo's spread as one figure, which five or ten seeds estimate far more steadily than any one model's std."""
     if not summary:
         return {}
-    return {side: _pooled([(s[f"{side}_{metric}_std"], s[f"{side}_runs"]) for s in summary.values()])
+    return {side: stats.pooled_std([(s[f"{side}_{metric}_std"], s[f"{side}_runs"]) for s in summary.values()])
             for side in sides}
 
 
@@ -476,10 +477,10 @@ def spread_verdicts(summary: dict[str, Any], sides: list[str], alpha: float = 0.
     """Per ctrkit side, the spread target on this dataset and how each model stands.
 
     The target (``met``): the zoo's pooled test-AUC std (``pooled_std``) is no larger than DeepCTR's. One model's
-    std over 10-20 seeds is too unsteady to judge alone (see ``spread_p``), so beside the count of models at or
-    under DeepCTR's std, ``pooled_p`` tests the whole zoo (``pooled_spread_p``) and ``wider_holm`` names the
-    models wider than DeepCTR's after Holm's correction for testing every model at family-wise ``alpha``;
-    ``wider_p05`` keeps the uncorrected list."""
+    std over 10-20 seeds is too unsteady to judge alone (see ``ctrkit.stats.spread_p``), so beside the count of
+    models at or under DeepCTR's std, ``pooled_p`` tests the whole zoo (``ctrkit.stats.pooled_spread_p``) and
+    ``wider_holm`` names the models wider than DeepCTR's after Holm's correction for testing every model at
+    family-wise ``alpha``; ``wider_p05`` keeps the uncorrected list."""
     out = {}
     for side in sides:
         if side == "deepctr":
@@ -487,68 +488,15 @@ def spread_verdicts(summary: dict[str, Any], sides: list[str], alpha: float = 0.
         p = {m: s["spread_p"][side] for m, s in summary.items() if s["spread_p"][side] is not None}
         ours = [(s[f"{side}_auc_std"], s[f"{side}_runs"]) for s in summary.values()]
         peer = [(s["deepctr_auc_std"], s["deepctr_runs"]) for s in summary.values()]
-        pooled, peer_pooled = _pooled(ours), _pooled(peer)
+        pooled, peer_pooled = stats.pooled_std(ours), stats.pooled_std(peer)
         out[side] = {"models": len(summary),
                      "at_most_peer": sum(s["spread"][side] == "PASS" for s in summary.values()),
                      "wider_p05": [m for m, v in p.items() if v < alpha],
-                     "wider_holm": holm(p, alpha),
+                     "wider_holm": stats.holm(p, alpha),
                      "pooled_std": pooled, "peer_pooled_std": peer_pooled,
-                     "pooled_p": pooled_spread_p(ours, peer),
+                     "pooled_p": stats.pooled_spread_p(ours, peer),
                      "met": bool(summary) and pooled <= peer_pooled}
     return out
-
-
-def _pooled_variance(stds: list[tuple[float, int]]) -> tuple[float, float]:
-    """(degrees-of-freedom-weighted mean variance, Satterthwaite's effective degrees of freedom) of (std, runs)
-    pairs; a pair with fewer than 2 runs has no variance to pool. (nan, 0) when none has."""
-    terms = [(sd * sd, n - 1) for sd, n in stds if n >= 2]
-    df = sum(d for _, d in terms)
-    if not df:
-        return float("nan"), 0.0
-    total = sum(v * d for v, d in terms)
-    denominator = sum((v * d) ** 2 / d for v, d in terms)
-    return total / df, (total * total / denominator if denominator > 0 else float(df))
-
-
-def _pooled(stds: list[tuple[float, int]]) -> float:
-    """sqrt of the degrees-of-freedom-weighted mean variance of (std, runs) pairs (runs >= 2)."""
-    return float(np.sqrt(_pooled_variance(stds)[0]))
-
-
-def pooled_spread_p(ours: list[tuple[float, int]], peer: list[tuple[float, int]]) -> float | None:
-    """One-sided test of "ctrkit's zoo is more spread out than DeepCTR's": the ratio of the pooled variances
-    against F with Satterthwaite's degrees of freedom on each side (each model's variance has its own scale,
-    so the pooled one has fewer effective degrees of freedom than the sum of the models'); None without a
-    variance on either side."""
-    from scipy.stats import f
-
-    (v_ours, df_ours), (v_peer, df_peer) = _pooled_variance(ours), _pooled_variance(peer)
-    if not df_ours or not df_peer or v_peer == 0.0:
-        return None
-    return float(f.sf(v_ours / v_peer, df_ours, df_peer))
-
-
-def holm(p: dict[str, float], alpha: float = 0.05) -> list[str]:
-    """The names Holm's step-down procedure rejects at family-wise ``alpha``: sorted ascending, the i-th
-    smallest p (from 0) is rejected while p <= alpha / (k - i); the first that is not stops it."""
-    rejected = []
-    for i, (name, value) in enumerate(sorted(p.items(), key=lambda kv: kv[1])):
-        if value > alpha / (len(p) - i):
-            break
-        rejected.append(name)
-    return rejected
-
-
-def spread_p(ours: list[float], peer: list[float]) -> float | None:
-    """P(F >= var(ours) / var(peer)) under equal variances, F ~ F(n-1, m-1); None with < 2 runs a side."""
-    from scipy.stats import f
-
-    if len(ours) < 2 or len(peer) < 2:
-        return None
-    v_ours, v_peer = statistics.variance(ours), statistics.variance(peer)
-    if v_peer == 0.0:
-        return 0.0 if v_ours > 0.0 else 1.0
-    return float(f.sf(v_ours / v_peer, len(ours) - 1, len(peer) - 1))
 
 
 def write_table(dataset: str, seeds: list[int], epochs: int, sides: list[str], summary: dict[str, Any]) -> None:

@@ -20,7 +20,7 @@ FLOORS: list[list[str]] = [
     ["ctrkit.errors", "ctrkit.version"],
     ["ctrkit.io"],
     ["ctrkit.typecheck", "ctrkit.batch", "ctrkit.schema"],
-    ["ctrkit.metrics"],
+    ["ctrkit.metrics", "ctrkit.stats"],
     ["ctrkit.data.pipeline", "ctrkit.data"],  # "ctrkit.data": the package itself (empty)
     ["ctrkit.data.storage"],
     ["ctrkit.data.sources"],
