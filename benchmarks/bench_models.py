@@ -6,9 +6,10 @@
 Data (preprocessed once, then every model trains on the same stores):
 
 - criteo: the bundled Criteo sample (examples/data/criteo_sample.tsv.gz, 8,184 rows, the same file as
-  /work/shared/data/criteo_dac/criteo_kaggle_merged_unique.tsv.gz), ratio split 0.8/0.1/0.1 seeded with
+  criteo_dac/criteo_kaggle_merged_unique.tsv.gz of the shared data), ratio split 0.8/0.1/0.1 seeded with
   ``--split-seed``, ``min_freq`` 8 (as in ``ctrkit demo``), embedding dim 16.
-- movielens: MovieLens-100K via examples/make_movielens_csv.py (label = rating >= 4; user age, gender,
+- movielens: MovieLens-100K (movielens_100k of the shared data: the folder ``$CTRKIT_SHARED_DATA``, else
+  shared/data beside the checkout) via examples/make_movielens_csv.py (label = rating >= 4; user age, gender,
   occupation, zip prefix; item genres (multi-valued, mean-pooled) and year; the user's 20 previous items
   as a mean-pooled sequence sharing the item table) and examples/movielens_100k.yaml, random 80/10/10
   split seeded with ``--split-seed``, embedding dim 16.
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import statistics
 import sys
 import tempfile
@@ -38,9 +40,11 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 CRITEO_SAMPLE = REPO / "examples" / "data" / "criteo_sample.tsv.gz"
-MOVIELENS_RAW = Path("/work/shared/data/movielens_100k")
-if not MOVIELENS_RAW.is_dir():
-    MOVIELENS_RAW = REPO.parent / "shared" / "data" / "movielens_100k"
+# the shared data sets, as the tests find them (tests/conftest.py): $CTRKIT_SHARED_DATA, else ../shared/data
+SHARED_DATA = Path(os.environ.get("CTRKIT_SHARED_DATA") or REPO.parent / "shared" / "data")
+# installs the peer libraries (DeepCTR-Torch, ...) that the comparison benchmarks run against
+PEER_INSTALL = REPO.parent / "shared" / "bench" / "install.sh"
+MOVIELENS_RAW = SHARED_DATA / "movielens_100k"
 MOVIELENS_SPEC = REPO / "examples" / "movielens_100k.yaml"
 EMBEDDING_DIM = 16
 CRITEO_MIN_FREQ = 8  # as in `ctrkit demo`

@@ -7,7 +7,7 @@
 The dataset is preprocessed once by ctrkit (as in bench_models.py) and its train / valid / test stores are
 exported to .npz (dense columns, single-valued ids, multi-valued and sequence features as 0-padded id
 matrices); the DeepCTR side (benchmarks/_deepctr_peer.py, run in a subprocess with the DeepCTR venv's
-python, installed by /work/shared/bench/install.sh) reads exactly those arrays. Multi-valued genres and
+python, installed by ../shared/bench/install.sh) reads exactly those arrays. Multi-valued genres and
 the item-history sequence (sharing the item table) become DeepCTR VarLenSparseFeat with mean pooling.
 
 Like for like, per model: the architecture options of configs/<dataset>/<model>.yaml translated to the
@@ -75,7 +75,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_models import REPO, mean_std, prepare
+from bench_models import PEER_INSTALL, REPO, mean_std, prepare
 
 from ctrkit import stats
 
@@ -327,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         raise SystemExit(f"no DeepCTR counterpart for {bad}; choose from {sorted(PEERS)}")
     if not Path(a.peer_python).is_file():
-        raise SystemExit(f"{a.peer_python} not found: install DeepCTR-Torch with /work/shared/bench/install.sh")
+        raise SystemExit(f"{a.peer_python} not found: install DeepCTR-Torch with {PEER_INSTALL}")
     epochs = a.epochs or EPOCHS[a.dataset]
     sides = ["deepctr", *a.recipes]
     rows: dict[str, dict[str, list[dict[str, Any]]]] = {}

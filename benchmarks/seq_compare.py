@@ -43,10 +43,10 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_models import REPO, fmt, mean_std
+from bench_models import PEER_INSTALL, REPO, SHARED_DATA, fmt, mean_std
 from seq_export import export_for_peer
 
-SHARED = Path(os.environ.get("CTRKIT_SHARED_DATA", REPO.parent / "shared" / "data"))
+SHARED = SHARED_DATA
 PEER = Path(__file__).resolve().parent / "_deepctr_seq_peer.py"
 PEER_PYTHON = Path(os.environ.get("PEERS_HOME", Path.home() / ".cache" / "ctrkit-peers")) / "venv-deepctr/bin/python"
 PEERS = {"din": "DIN", "dien": "DIEN"}
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     models = a.models or MODELS[a.dataset]
     peers = [m for m in a.peers if m in models]
     if peers and not Path(a.peer_python).is_file():
-        raise SystemExit(f"{a.peer_python} not found: install DeepCTR-Torch with /work/shared/bench/install.sh")
+        raise SystemExit(f"{a.peer_python} not found: install DeepCTR-Torch with {PEER_INSTALL}")
     out = Path(a.out or f"/tmp/ctrkit-seq-{a.dataset}")
     t0 = time.perf_counter()
     stores = prepare(a.dataset, out)

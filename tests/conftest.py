@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -14,16 +16,53 @@ import torch
 from ctrkit.batch import Batch, KeyedJagged
 from ctrkit.schema import DenseFeature, Schema, SequenceFeature, SparseFeature
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-if not SHARED_DATA.is_dir():  # a clone elsewhere: fall back to the conventional location
-    SHARED_DATA = Path("/work/shared/data")
+REPO = Path(__file__).resolve().parents[1]
+# The shared data sets (MovieLens, Taobao, S3-Rec, ...), too big for the repository: the folder named by this
+# variable, else shared/data beside the checkout (../shared/data). Tests reach them only through the
+# ``shared_data`` fixture below.
+SHARED_DATA_VAR = "CTRKIT_SHARED_DATA"
+
+
+def shared_data_root() -> tuple[Path, bool]:
+    """(the shared data folder, whether the environment variable named it)."""
+    named = os.environ.get(SHARED_DATA_VAR)
+    return (Path(named), True) if named else (REPO.parent / "shared" / "data", False)
+
+
+def pytest_report_header() -> str:
+    root, named = shared_data_root()
+    where = f"{root} (from ${SHARED_DATA_VAR})" if named else f"{root} (set ${SHARED_DATA_VAR} to use another)"
+    if root.is_dir():
+        return f"shared data: {where}"
+    return f"shared data: {where} is absent: the tests that read it are skipped"
+
+
+def find_shared(relative: str, root: Path, named: bool) -> Path:
+    """``root / relative``; skips the test only when the whole shared folder is absent (a clean clone without
+    ../shared) and the variable is unset. A folder named by the variable that does not exist, or a file missing
+    from a folder that does, fails the test: a silent skip there would hide a broken set-up."""
+    if not root.is_dir():
+        if named:
+            pytest.fail(f"${SHARED_DATA_VAR}={root} is not a folder")
+        pytest.skip(f"shared data folder {root} absent (set ${SHARED_DATA_VAR} to a copy of shared/data)")
+    path = root / relative
+    if not path.exists():
+        pytest.fail(f"{relative} is missing from the shared data folder {root} (${SHARED_DATA_VAR})")
+    return path
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Callable[[str], Path]:
+    """``shared_data("movielens_100k")``: a file or folder of the shared data sets (see ``find_shared``)."""
+    root, named = shared_data_root()
+    return lambda relative: find_shared(relative, root, named)
 
 DIM = 8
 
 
 def benchmark_module(name: str) -> ModuleType:
     """benchmarks/<name>.py imported as module ``name`` (the benchmarks folder is not a package)."""
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    path = REPO / "benchmarks" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules.setdefault(name, mod)

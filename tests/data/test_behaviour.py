@@ -30,10 +30,6 @@ from ctrkit.data.storage.loader import BatchLoader
 from ctrkit.data.storage.store import Store
 from ctrkit.errors import DataError, StoreError
 
-DATA = Path("/work/shared/data")
-TAOBAO = DATA / "taobao_userbehavior" / "UserBehavior_head.csv.gz"
-S3REC = DATA / "amazon_yelp_lastfm_sequences_s3rec"
-
 # user A: 5 behaviours in order; B: one; C: 3, its first two rows out of time order in the file
 TINY = """user,item,category,time
 A,a1,x,10
@@ -153,9 +149,8 @@ def _naive(path: Path, n_lines: int, max_len: int) -> dict[str, list[tuple]]:
     return out
 
 
-@pytest.mark.skipif(not TAOBAO.is_file(), reason="Taobao UserBehavior head not available")
-def test_taobao_slice_matches_naive_reference(tmp_path: Path) -> None:
-    with gzip.open(TAOBAO, "rt") as f:
+def test_taobao_slice_matches_naive_reference(tmp_path: Path, shared_data) -> None:
+    with gzip.open(shared_data("taobao_userbehavior/UserBehavior_head.csv.gz"), "rt") as f:
         lines = f.readlines()[:3000]
     src = tmp_path / "ub.csv.gz"
     with gzip.open(src, "wt") as f:
@@ -342,14 +337,14 @@ def test_type_filter_and_iso_times(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "o2" / "report.json").read_text())["out_of_order_rows"] == 7  # dates descend
 
 
-@pytest.mark.skipif(not (S3REC / "Beauty.txt.gz").is_file(), reason="S3-Rec Beauty not available")
-def test_beauty_slice(tmp_path: Path) -> None:
-    with gzip.open(S3REC / "Beauty.txt.gz", "rt") as f:
+def test_beauty_slice(tmp_path: Path, shared_data) -> None:
+    s3rec = shared_data("amazon_yelp_lastfm_sequences_s3rec")
+    with gzip.open(s3rec / "Beauty.txt.gz", "rt") as f:
         lines = f.readlines()[:300]
     src = tmp_path / "beauty.txt"
     src.write_text("".join(lines))
     res = preprocess_behaviour(src, tmp_path / "out", format="s3rec",
-                               item_attributes=S3REC / "Beauty_item2attributes.json.gz")
+                               item_attributes=s3rec / "Beauty_item2attributes.json.gz")
     n_pos = sum(len(x.split()) - 2 for x in lines)
     assert sum(Store(p).num_rows for p in res.values()) == 2 * n_pos
     assert Store(res["valid"]).num_rows == Store(res["test"]).num_rows == 2 * 300

@@ -18,7 +18,6 @@ from ctrkit.data.storage.store import Store
 from ctrkit.errors import DataError
 
 ROOT = Path(__file__).resolve().parents[2]
-ML = Path("/work/shared/data/movielens_100k")
 
 
 def _make_csv_module():
@@ -36,9 +35,8 @@ def first_ids(values: list[str]) -> dict[str, int]:
     return ids
 
 
-@pytest.mark.skipif(not ML.is_dir(), reason="MovieLens-100K not available")
-def test_movielens_100k_store_matches_naive(tmp_path: Path) -> None:
-    csv = _make_csv_module().make_movielens_csv(ML, tmp_path / "ml.csv")
+def test_movielens_100k_store_matches_naive(tmp_path: Path, shared_data) -> None:
+    csv = _make_csv_module().make_movielens_csv(shared_data("movielens_100k"), tmp_path / "ml.csv")
     res = preprocess_table(csv, ROOT / "examples" / "movielens_100k.yaml", tmp_path / "st", split="1",
                            batch_rows=200_000)
     s = Store(res["train"])

@@ -25,7 +25,6 @@ from ctrkit.train.checkpoint import load_checkpoint, load_model
 from ctrkit.train.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
-ML = Path("/work/shared/data/movielens_100k")
 SMALL = ["model.params.dense_arch=[16]", "model.params.over_arch=[16]", "train.epochs=1"]
 
 
@@ -170,16 +169,15 @@ def test_predict_refuses_to_overwrite_its_input_or_an_existing_file(criteo, tmp_
 
 
 # ---- a table-trained MovieLens checkpoint (multi-valued genres, a history sequence, standardized age, GAUC) ---
-def _movielens_csv(out: Path) -> Path:
+def _movielens_csv(raw: Path, out: Path) -> Path:
     spec = importlib.util.spec_from_file_location("make_movielens_csv", ROOT / "examples" / "make_movielens_csv.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.make_movielens_csv(ML, out)
+    return mod.make_movielens_csv(raw, out)
 
 
-@pytest.mark.skipif(not ML.is_dir(), reason="MovieLens-100K not available")
-def test_movielens_table_rows_score_as_evaluate_scores_their_store(tmp_path):
-    csv = _movielens_csv(tmp_path / "ml.csv")
+def test_movielens_table_rows_score_as_evaluate_scores_their_store(tmp_path, shared_data):
+    csv = _movielens_csv(shared_data("movielens_100k"), tmp_path / "ml.csv")
     spec = ROOT / "examples" / "movielens_100k.yaml"
     stores = preprocess_table(csv, spec, tmp_path / "st", split="0.8,0.1,0.1", embedding_dim=8)
     ckpt = _train(tmp_path, stores, "ml", ["data.multi_hot_size=2", "data.multi_hot_min_table_size=500",
