@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 from ctrkit.cli import main
 from ctrkit.runner import SAMPLE
+from ctrkit.serving import batching
 from ctrkit.serving.batching import MicroBatcher
 from ctrkit.serving.options import add_serve_args
 from ctrkit.serving.predictor import Predictor
@@ -422,12 +423,33 @@ def test_batcher_returns_bad_rows_and_failures_to_their_own_request():
     assert e.bad == [(0, "bad bad-e")] and e.scores.tolist() == [0, 1, 2]
 
 
-def test_a_lone_request_does_not_wait_for_a_batch(criteo_ckpt):
+class WaitClock:
+    """Stands in for the batcher's clock: it is read only when a batch waits for more requests."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def monotonic(self) -> float:
+        self.reads += 1
+        return 0.0 if self.reads == 1 else 1e9  # the first read sets the deadline, the next one passes it
+
+
+def test_a_lone_request_does_not_wait_for_a_batch(criteo_ckpt, monkeypatch):
+    clock = WaitClock()
+    monkeypatch.setattr(batching, "time", clock)
     predictor = Predictor.from_checkpoint(criteo_ckpt)
     with TestClient(create_app(predictor, max_batch_wait_ms=2000)) as client:
-        t = time.perf_counter()
         assert post(client, ROWS[:5]).status_code == 200
-        assert time.perf_counter() - t < 1.5
+    assert clock.reads == 0  # scored at once: no deadline was set
+
+    async def two_at_once():  # the control: two requests queued together do wait (and read the clock)
+        batcher = MicroBatcher(lambda cols, n: (np.zeros(n, np.float32), []), max_wait_s=2.0)
+        batcher.start()
+        out = await asyncio.gather(batcher.score({"v": [1]}, 1), batcher.score({"v": [2]}, 1))
+        await batcher.stop()
+        return out
+
+    assert len(asyncio.run(two_at_once())) == 2 and clock.reads == 2
 
 
 # ---- health and metadata ----------------------------------------------------------------------------------
