@@ -5,11 +5,13 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pytest
 
+from ctrkit.cli import main
 from ctrkit.data.sources.synthetic import (
     DENSE_NAMES,
     KAGGLE_CARDINALITIES,
     SPARSE_NAMES,
     add_synth_args,
+    output_format,
     run_synth,
     scaled_cardinalities,
     synthetic_arrays,
@@ -109,3 +111,16 @@ def test_cli_helpers(tmp_path):
     # the format follows the output name when --format is not given
     run_synth(p.parse_args(["--rows", "20", "--out", str(tmp_path / "y.tsv.gz"), "--scale", "0.01"]))
     assert read_tsv(tmp_path / "y.tsv.gz").num_rows == 20
+
+
+@pytest.mark.parametrize("name", ["day_0.gz", "y.tsv.gz", "y.tsv"])
+def test_synth_out_with_a_tsv_suffix_writes_criteo_tsv(tmp_path, name):
+    """`ctrkit synth --out day_0.gz` writes a gzip TSV like Criteo's day files, not a store named day_0.gz."""
+    assert main(["synth", "--rows", "30", "--out", str(tmp_path / name), "--scale", "0.01"]) == 0
+    out = tmp_path / name
+    assert out.is_file() and (out.read_bytes()[:2] == b"\x1f\x8b") == name.endswith(".gz")  # gzip magic
+    assert read_tsv(out).num_rows == 30
+    assert output_format(out) == "tsv" and output_format(tmp_path / "day_0") == "store"
+    assert main(["synth", "--rows", "30", "--out", str(tmp_path / "st.gz"), "--format", "store",
+                 "--scale", "0.01"]) == 0
+    assert Store(tmp_path / "st.gz").num_rows == 30  # --format still decides when given

@@ -218,7 +218,7 @@ def write_criteo_tsv(
     sibling renamed into place at the end, so a failure or Ctrl-C leaves no partial file."""
     path = Path(path)
     if path.is_dir():
-        raise StoreError(f"output {path} is a directory; a TSV output is a file path ending in .tsv or .tsv.gz "
+        raise StoreError(f"output {path} is a directory; a TSV output is a file path ending in .tsv or .gz "
                          "(or pass --format store to write a store there)")
     check_replaceable(path, overwrite)
     make_dir(path.parent)
@@ -278,11 +278,21 @@ def write_synthetic_store(
 
 
 # ---- CLI helpers (wired as `ctrkit synth` by cli.py) --------------------------------------------
+TSV_SUFFIXES = (".tsv", ".gz")  # x.tsv, x.tsv.gz and Criteo's day files (day_0.gz)
+
+
+def output_format(out: str | Path) -> str:
+    """"tsv" when ``out`` names a Criteo TSV file (ends in .tsv or .gz; gzip-compressed when .gz), else "store"."""
+    return "tsv" if Path(out).name.endswith(TSV_SUFFIXES) else "store"
+
+
 def add_synth_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--rows", type=int, required=True, help="number of rows to generate")
-    parser.add_argument("--out", required=True, help="output path: a .tsv/.tsv.gz file or a store directory")
+    parser.add_argument("--out", required=True,
+                        help="output path: a Criteo TSV file when it ends in .tsv or .gz (gzip-compressed when .gz: "
+                             "x.tsv.gz, day_0.gz), else a store directory")
     parser.add_argument("--format", choices=("tsv", "store"), default=None,
-                        help="raw Criteo TSV or a store (default: tsv when --out ends in .tsv or .tsv.gz, else store)")
+                        help="raw Criteo TSV or a store, whatever --out is called (default: from --out's suffix)")
     parser.add_argument("--seed", type=int, default=0, help="row sampling seed (the planted signal is fixed)")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply the Kaggle cardinalities by this")
     parser.add_argument("--max-cardinality", type=int, default=None, help="cap every cardinality at this")
@@ -293,7 +303,7 @@ def add_synth_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def run_synth(args: argparse.Namespace) -> Path:
     """``ctrkit synth``: an existing ``--out`` (a file, or a non-empty directory) needs ``--overwrite``."""
-    fmt = args.format or ("tsv" if str(args.out).endswith((".tsv", ".tsv.gz")) else "store")
+    fmt = args.format or output_format(args.out)
     overwrite = getattr(args, "overwrite", False)
     if args.rows < 0:
         raise DataError(f"--rows must be >= 0, got {args.rows}")
