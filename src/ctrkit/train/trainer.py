@@ -56,12 +56,12 @@ import numpy as np
 import torch
 import yaml
 from torch import nn
-from tqdm.auto import tqdm
 
 from ctrkit.batch import Batch
 from ctrkit.errors import ConfigError, TrainingError
 from ctrkit.metrics import higher_is_better
 from ctrkit.models.base import CTRModel
+from ctrkit.progress import progress_bar
 from ctrkit.train.averaging import WeightAverage
 from ctrkit.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from ctrkit.train.config import TrainConfig, config_to_dict
@@ -241,8 +241,8 @@ class Trainer:
         if cfg.keep_freed_memory:
             keep_freed_memory()
         total = cfg.epochs * n_batches if cfg.max_steps is None else min(cfg.max_steps, cfg.epochs * n_batches)
-        self._pbar = tqdm(total=total, initial=min(self.step, total), disable=not cfg.progress,
-                          desc="train", dynamic_ncols=True, leave=False)
+        self._pbar = progress_bar(total, initial=min(self.step, total), enabled=cfg.progress, desc="train",
+                                  dynamic_ncols=True, leave=False)
         running = torch.zeros((), dtype=torch.float64, device=self.device)  # sum of losses since the last log
         running_parts: dict[str, torch.Tensor] = {}  # sum of each logged part of the loss
         part_n: dict[str, int] = {}  # steps that logged it (a part may come and go, e.g. a warm-up aux loss)

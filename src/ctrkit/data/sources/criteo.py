@@ -76,6 +76,7 @@ from ctrkit.data.storage.spill import ShardSpill, shard_count
 from ctrkit.data.storage.store import SplitOutput
 from ctrkit.errors import DataError
 from ctrkit.io import missing_path
+from ctrkit.progress import progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -413,10 +414,7 @@ def _is_gzip(path: Path) -> bool:
 
 
 def _progress(total: int, enabled: bool | None) -> Any:
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, unit="B", unit_scale=True, desc="criteo", disable=None if enabled is None
-                else not enabled)
+    return progress_bar(total, unit="B", unit_scale=True, desc="criteo", enabled=enabled)
 
 
 # ---- command line -----------------------------------------------------------------------------------
