@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ctrkit.errors import BatchError, BatchTypeError, UnknownKeyError
+
 
 class KeyedJagged:
     """Jagged int64 ids for F keys over B rows, stored key-major (see module docstring)."""
@@ -36,13 +38,13 @@ class KeyedJagged:
     ) -> None:
         self.keys: list[str] = list(keys)
         if len(set(self.keys)) != len(self.keys):
-            raise ValueError(f"KeyedJagged keys must be unique, got {self.keys}")
+            raise BatchError(f"KeyedJagged keys must be unique, got {self.keys}")
         if values.dtype != torch.int64:
-            raise TypeError(f"KeyedJagged values must be int64 ids, got {values.dtype}")
+            raise BatchTypeError(f"KeyedJagged values must be int64 ids, got {values.dtype}")
         self.values = values
         self.weights = weights
         if lengths is None and offsets is None:
-            raise ValueError("KeyedJagged needs lengths or offsets")
+            raise BatchError("KeyedJagged needs lengths or offsets")
         if lengths is None:
             lengths = torch.diff(offsets)
         if offsets is None:
@@ -55,14 +57,14 @@ class KeyedJagged:
             stride = self.lengths.numel() // F if F else 0
         self.stride = stride if isinstance(stride, torch.SymInt) else int(stride)  # symbolic under torch.export
         if self.lengths.numel() != F * self.stride:
-            raise ValueError(
+            raise BatchError(
                 f"KeyedJagged has {self.lengths.numel()} lengths for {F} keys x stride {self.stride}; "
                 f"expected {F * self.stride}"
             )
         if self.offsets.numel() != self.lengths.numel() + 1:
-            raise ValueError("KeyedJagged offsets must have len(lengths) + 1 entries")
+            raise BatchError("KeyedJagged offsets must have len(lengths) + 1 entries")
         if weights is not None and weights.numel() != values.numel():
-            raise ValueError("KeyedJagged weights must have one entry per value")
+            raise BatchError("KeyedJagged weights must have one entry per value")
         self._length_per_key: list[int] | None = None
 
     # ---- torchrec-style accessors --------------------------------------------------------------
@@ -71,7 +73,7 @@ class KeyedJagged:
         """Single-valued ids [B, F] (one per key and row) -> KeyedJagged with all lengths 1."""
         B, F = ids.shape
         if F != len(keys):
-            raise ValueError(f"from_dense: ids have {F} columns but {len(keys)} keys were given")
+            raise BatchError(f"from_dense: ids have {F} columns but {len(keys)} keys were given")
         values = ids.t().reshape(-1).to(torch.int64)  # key-major ("column first", seed 000 §3.3)
         lengths = torch.ones(F * B, dtype=torch.int64, device=ids.device)
         return cls(keys, values, lengths=lengths, stride=B)
@@ -125,7 +127,7 @@ class KeyedJagged:
         try:
             return self.keys.index(key)
         except ValueError:
-            raise KeyError(f"KeyedJagged has no key {key!r}; keys: {self.keys}") from None
+            raise UnknownKeyError(f"KeyedJagged has no key {key!r}; keys: {self.keys}") from None
 
     def select(self, keys: Sequence[str]) -> KeyedJagged:
         """A KeyedJagged with only ``keys``, in the order given (also a permutation)."""

@@ -11,6 +11,15 @@ class CtrkitError(Exception):
     """Base class of every error ctrkit raises on purpose."""
 
 
+class BatchError(CtrkitError, ValueError):
+    """A malformed batch (``KeyedJagged`` / ``Batch``): keys, lengths, offsets or weights that do not agree; the
+    message names the part."""
+
+
+class BatchTypeError(BatchError, TypeError):
+    """Batch values of the wrong dtype (ids that are not int64); ``except TypeError`` keeps working."""
+
+
 class CheckpointError(CtrkitError, RuntimeError):
     """A checkpoint that cannot be written or read; the message names the file and the fix."""
 
@@ -30,6 +39,13 @@ class ExportError(CtrkitError, ValueError):
 
 class IdOutOfRangeError(CtrkitError, IndexError):
     """An id outside its table: the data was preprocessed with another vocabulary than the model's."""
+
+
+class UnknownKeyError(CtrkitError, KeyError):
+    """A feature, table or column name that is not there; the message lists the names there are."""
+
+    def __str__(self) -> str:  # the message as written (KeyError's own str() would quote it)
+        return Exception.__str__(self)
 
 
 class JobError(CtrkitError, ValueError):

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctrkit.batch import KeyedJagged
-from ctrkit.errors import IdOutOfRangeError, LayerConfigError
+from ctrkit.errors import IdOutOfRangeError, LayerConfigError, UnknownKeyError
 from ctrkit.nn.embedding_interface import EmbeddingCollection, PooledEmbeddings, PoolGroup
 from ctrkit.nn.table_memory import check_tables_fit
 from ctrkit.schema import Schema, SchemaError, SequenceFeature, SparseFeature, TableSpec
@@ -257,7 +257,7 @@ class EmbeddingBagCollection(EmbeddingCollection):
 
     def sequence(self, kj: KeyedJagged, key: str) -> tuple[torch.Tensor, torch.Tensor]:
         if key not in self.sequence_keys:
-            raise KeyError(f"no unpooled sequence feature {key!r}; known: {sorted(self.sequence_keys)}")
+            raise UnknownKeyError(f"no unpooled sequence feature {key!r}; known: {sorted(self.sequence_keys)}")
         table, max_len = self.sequence_keys[key]
         ids, mask = kj.to_padded(key, max_len)  # (B, T) each, the last max_len ids of each row
         if torch.compiler.is_exporting():  # every position looked up (pads read id 0), the padding zeroed
@@ -270,7 +270,7 @@ class EmbeddingBagCollection(EmbeddingCollection):
     def lookup(self, table: str, ids: torch.Tensor, *, key: str | None = None) -> torch.Tensor:
         """Rows of ``table`` for ``ids`` -> ``(*ids.shape, D)``; ``key`` names the feature in errors."""
         if table not in self.tables:
-            raise KeyError(f"no table {table!r}; tables: {list(self.tables)}")
+            raise UnknownKeyError(f"no table {table!r}; tables: {list(self.tables)}")
         t = self.tables[table]
         if self.validate and not torch.compiler.is_exporting() and ids.numel():
             lo, hi = int(ids.min()), int(ids.max())
@@ -388,7 +388,7 @@ def _group_input(
         idx = [kj.keys.index(k) for k in keys]
     except ValueError:
         missing = [k for k in keys if k not in kj.keys]
-        raise KeyError(f"sparse input lacks features {missing}; it has {kj.keys}") from None
+        raise UnknownKeyError(f"sparse input lacks features {missing}; it has {kj.keys}") from None
     i0, n = idx[0], len(idx)
     if idx == list(range(i0, i0 + n)):
         if n == len(kj.keys):
