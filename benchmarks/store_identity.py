@@ -40,14 +40,16 @@ preprocess_criteo(sys.argv[1], sys.argv[2], seed=7, shard_bytes=1 << 14, chunk_r
 
 def _run(src: Path, code: str, args: list[str], cwd: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(src)}
-    r = subprocess.run([sys.executable, "-c", code, *args], env=env, cwd=cwd, capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-c", code, *args], check=False, env=env, cwd=cwd, capture_output=True,
+                       text=True)
     if r.returncode != 0:
         raise SystemExit(f"{src}: {' '.join(args)} failed:\n{r.stdout}\n{r.stderr}")
 
 
 def _inputs(work: Path, data: Path) -> dict[str, Path]:
     """The raw inputs every case reads, written once."""
-    lines = gzip.open(CRITEO, "rt").read().splitlines(keepends=True)
+    with gzip.open(CRITEO, "rt") as f:
+        lines = f.read().splitlines(keepends=True)
     days = work / "days"
     days.mkdir(parents=True, exist_ok=True)
     for d in range(3):

@@ -323,7 +323,7 @@ def _checkpoint_vocabularies(path: str | Path, ckpt: dict[str, Any] | None = Non
     cfg = ckpt.get("config") or {}
     train_store = (cfg.get("data") or {}).get("train") if isinstance(cfg, dict) else None
     return Vocabularies.of_checkpoint(ckpt.get("vocab"), ckpt.get("schema"), f"checkpoint {path}",
-                                      train_store)
+                                      train_store, pipeline=ckpt.get("pipeline"))
 
 
 def _eval_loader(store: Store, batch_size: int, pipeline: FeaturePipeline | None) -> BatchLoader:

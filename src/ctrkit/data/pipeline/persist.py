@@ -2,8 +2,9 @@
 of stores and checkpoints (including those written before pipelines existed), and the store writer the
 preprocessors share.
 
-On disk (``<store>/pipeline/``): ``pipeline.json`` (kind, feature spec, options, vocabulary metadata,
-multi-hot options, fingerprint, the names of the arrays) and one ``<array>.npy`` per array: per
+On disk (``<store>/pipeline/``, the one copy of a store's vocabularies): ``pipeline.json`` (kind, feature
+spec, options, vocabulary metadata, multi-hot options, the vocabulary fingerprint over all tables and one per
+table, the names of the arrays) and one ``<array>.npy`` per array: per
 vocabulary its keys (int64, or UTF-8 bytes + int64 offsets for strings), counts and, in hash mode, ids;
 the dense means and standard deviations (float64). Arrays are read with ``allow_pickle=False``. Inside a
 checkpoint the same ``{"meta": ..., "arrays": ...}`` is stored as plain data (``to_payload``).
@@ -21,7 +22,7 @@ import numpy as np
 from ctrkit.data.pipeline.feature_pipeline import CRITEO, TABLE, FeaturePipeline
 from ctrkit.data.pipeline.spec import OPTION_KEYS
 from ctrkit.data.pipeline.vocab import FIRST_ID, Vocabulary, load_vocabularies
-from ctrkit.data.pipeline.vocab_arrays import from_utf8, key_arrays
+from ctrkit.data.pipeline.vocab_arrays import from_utf8, key_arrays, table_fingerprints
 from ctrkit.errors import DataError
 from ctrkit.schema import Schema
 
@@ -49,7 +50,8 @@ def to_payload(p: FeaturePipeline) -> dict[str, Any]:
             vocabs.append({"name": name, **v.meta()})
     meta = {"format": FORMAT, "version": VERSION, "kind": p.kind, "spec": p.spec.to_dict(), "options": p.options,
             "schema": p._schema.to_dict() if p._schema is not None else None, "vocabularies": vocabs,
-            "multi_hot": p.multi_hot, "vocab_fingerprint": p.vocab_fingerprint() if p.fitted else None}
+            "multi_hot": p.multi_hot, "vocab_fingerprint": p.vocab_fingerprint() if p.fitted else None,
+            "table_fingerprints": table_fingerprints(p.vocabs_) if p.vocabs_ is not None else None}
     return {"meta": meta, "arrays": arrays}
 
 

@@ -1,5 +1,5 @@
 """A vocabulary as plain arrays (string keys as UTF-8 bytes + offsets) and the vocabulary fingerprint that
-stores and checkpoints compare (:mod:`ctrkit.data.storage.agree`)."""
+stores and checkpoints compare (:mod:`ctrkit.data.storage.agree`): one per table, and one over all tables."""
 
 from __future__ import annotations
 
@@ -33,6 +33,29 @@ def key_arrays(v: Vocabulary) -> dict[str, np.ndarray]:
         raw, offs = utf8_keys(v.keys)
         return {"keys_utf8": raw, "keys_offsets": offs}
     return {"keys": np.asarray(v.keys, np.int64)}
+
+
+def table_fingerprint(v: Vocabulary) -> str:
+    """sha256 of what decides one vocabulary's ids (kind, size, cap / hash options, kept keys, their ids), not of
+    its fitting statistics (counts, seen, min_freq): the per-table fingerprint that the store / checkpoint
+    agreement compares (:mod:`ctrkit.data.storage.agree`). The same for a vocabulary read from a pipeline's
+    arrays or from the ``vocab/`` files of an older store. Kept on the vocabulary once computed (a fitted
+    vocabulary does not change; every checkpoint write asks again)."""
+    cached = getattr(v, "_fingerprint", None)
+    if cached is not None:
+        return cached
+    h = hashlib.sha256()
+    h.update(repr((v.kind, v.size, v.max_vocab, v.mode if v.max_vocab else None, v.hash_seed, len(v.keys))).encode())
+    for a in key_arrays(v).values():
+        h.update(np.ascontiguousarray(a).tobytes())
+    h.update(np.asarray(v.ids, "<i8").tobytes())
+    v._fingerprint = "sha256:" + h.hexdigest()  # type: ignore[attr-defined]
+    return v._fingerprint  # type: ignore[attr-defined]
+
+
+def table_fingerprints(vocabs: dict[str, Vocabulary]) -> dict[str, str]:
+    """{table: :func:`table_fingerprint`} of every vocabulary (``__group__`` included; the agreement skips it)."""
+    return {name: table_fingerprint(v) for name, v in vocabs.items()}
 
 
 def vocab_fingerprint(vocabs: dict[str, Vocabulary] | None, schema: Schema | None = None) -> str:

@@ -48,9 +48,9 @@ import argparse
 import gzip
 import json
 import logging
-import os
 import re
 import time as _time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,14 +60,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ctrkit.data.pipeline.feature_pipeline import FeaturePipeline
-from ctrkit.data.pipeline.persist import PIPELINE_DIR, save_pipeline
 from ctrkit.data.pipeline.spec import SPLITS
-from ctrkit.data.pipeline.vocab import save_vocabularies
+from ctrkit.data.pipeline.vocab import RARE_ID
 from ctrkit.data.sources.behaviour_read import read_log, read_s3rec
 from ctrkit.data.sources.behaviour_samples import NEGATIVES, Samples, build_samples, sort_log
-from ctrkit.data.storage.store import SplitOutput, StoreWriter, check_replaceable
+from ctrkit.data.sources.driver import Chunk, Frontend, Input, Summary, preprocess
+from ctrkit.data.storage.store import check_replaceable
 from ctrkit.errors import DataError
-from ctrkit.io import link_tree, make_dir
+from ctrkit.io import make_dir
 
 log = logging.getLogger(__name__)
 
@@ -252,6 +252,51 @@ def sample_columns(blog: BehaviourLog, s: Samples) -> dict[str, Any]:
     return cols
 
 
+class _Behaviour(Frontend):
+    """A behaviour log's part of a preprocess run: the sample rows of each split (train fits the pipeline; valid
+    / test are mapped with it), no shuffle at write time (the samples are already in their order), the report."""
+
+    kind = "behaviour"
+    shuffle_train = False
+
+    def __init__(self, blog: BehaviourLog, samples: Samples, pipe: FeaturePipeline, *, meta: dict[str, Any],
+                 report: dict[str, Any], t0: float) -> None:
+        self.blog, self.pipe, self.base_meta, self.report, self.t0 = blog, pipe, meta, report, t0
+        self.parts = {name: samples.part(code) for code, name in enumerate(SPLITS)}
+        self.positives_, self.unseen = {}, {name: {"user": 0, "item": 0} for name in SPLITS[1:]}
+        # the columns of user / item among the single-valued sparse features of an encoded part
+        single = [e["name"] for e in pipe.spec.sparse if not e.get("multi_valued")]
+        self._ui = {f: single.index(f) for f in ("user", "item")}
+
+    def read(self, fitting: bool, tmp: Path) -> Iterator[Chunk]:
+        yield Chunk(sample_columns(self.blog, self.parts["train"]), Input("train samples", split=0))
+
+    def read_held(self) -> Iterator[Chunk]:
+        for code, name in enumerate(SPLITS[1:], 1):
+            if len(self.parts[name]):
+                yield Chunk(sample_columns(self.blog, self.parts[name]), Input(f"{name} samples", split=code))
+
+    def observe(self, split: int, part: dict[str, Any], final: bool) -> None:
+        if split > 0:  # valid / test rows whose user / item train never saw (id 1)
+            for f, j in self._ui.items():
+                self.unseen[SPLITS[split]][f] += int((part["sparse"][:, j] == RARE_ID).sum())
+
+    def meta(self, split: str, summary: Summary) -> dict[str, Any]:
+        if "vocab_sizes" not in self.report:
+            self.report["vocab_sizes"] = {t: v.size for t, v in self.pipe.vocabs_.items()}
+            self.report["unseen_in_train"] = {n: self.unseen[n] for n in SPLITS[1:] if summary.rows[n]}
+        n = summary.rows[split]
+        rate = float(np.float32(summary.positives[split]) / np.float32(n)) if n else 0.0  # float32 mean of labels
+        m = self.base_meta
+        return {"preprocessing": {"kind": "table", "builder": "behaviour", "split": split, "input": m["input"],
+                                  "options": m["options"], "spec": m["spec"], "tables": self.pipe.table_of},
+                "stats": {"rows": n, "label_rate": rate, "behaviour": self.report}}
+
+    def side_files(self, summary: Summary) -> dict[str, str]:
+        self.report["seconds"] = round(_time.perf_counter() - self.t0, 3)
+        return {"report.json": json.dumps(self.report, indent=1, default=str)}
+
+
 def preprocess_behaviour(input: str | Path, out: str | Path, *, format: str | None = None,
                          user_col: str = "user", item_col: str = "item",
                          attr_cols: list[str] | dict[str, str] | None = None, time_col: str | None = None,
@@ -265,19 +310,8 @@ def preprocess_behaviour(input: str | Path, out: str | Path, *, format: str | No
                          overwrite: bool = False) -> dict[str, Path]:
     """Behaviour log -> stores ``out/{train,valid,test}`` + ``out/report.json``; returns {split: path}."""
     t0 = _time.perf_counter()
-    out = Path(out)
-    for s in SPLITS:  # fail before the work (SplitOutput checks again before writing)
-        check_replaceable(out / s, overwrite)
-    if negatives not in NEGATIVES:
-        raise DataError(f"--negatives {negatives!r} is not one of {NEGATIVES}")
-    if negatives == "none" and aux_negatives:
-        raise DataError("--aux-negatives does not go with --negatives none: DIEN's auxiliary negatives are "
-                        "for ranking samples (a positive and a sampled negative); use --negatives uniform or "
-                        "popularity for DIEN, or drop --aux-negatives for positives-only (retrieval) samples")
-    if example_age and (time_col is None or format == "s3rec"):
-        raise DataError("--example-age needs timestamps: give --time-col with a CSV / Parquet log (the s3rec "
-                        "format has none), or drop --example-age")
-    make_dir(out)  # a path that cannot be written fails now, not after the work
+    _check_options(Path(out), overwrite, negatives=negatives, aux_negatives=aux_negatives,
+                   example_age=example_age, time_col=time_col, format=format)
     blog = read_behaviour_log(input, format=format, user_col=user_col, item_col=item_col, attr_cols=attr_cols,
                               time_col=time_col, type_col=type_col, behaviour_types=behaviour_types,
                               header=header, names=names, delimiter=delimiter, item_attributes=item_attributes,
@@ -299,48 +333,41 @@ def preprocess_behaviour(input: str | Path, out: str | Path, *, format: str | No
     spec = behaviour_spec(list(blog.attrs), max_len=max_len, aux_negatives=aux_negatives, sessions=sessions,
                           session_len=session_len, example_age=example_age)
     pipe = FeaturePipeline.table(spec, min_freq=min_freq, embedding_dim=embedding_dim)
-
-    parts = {name: samples.part(code) for code, name in enumerate(SPLITS)}
-    tr = parts["train"]
-    warm = np.zeros(len(blog.item_keys), bool)  # items of train positives and histories
-    warm[tr.item[tr.label == 1]] = True
-    warm[tr.hist[0]] = True
-    report["cold_positives"] = {name: int((~warm[p.item[p.label == 1]]).sum()) for name, p in parts.items()
-                                if name != "train"}
-    fitter = pipe.fitter()  # vocabularies from the train rows only: valid / test keys unseen there -> id 1
-    enc = fitter.encode(sample_columns(blog, parts["train"]))
-    fitter.finish()
-    columns = {"train": pipe.finalize(enc.parts(), fitter.luts)}
-    for name in SPLITS[1:]:
-        if len(parts[name]):
-            columns[name] = pipe.transform(sample_columns(blog, parts[name]))
-    report["vocab_sizes"] = {t: v.size for t, v in pipe.vocabs_.items()}
-    report["unseen_in_train"] = {name: {f: int((columns[name][f] == 1).sum()) for f in ("user", "item")}
-                                 for name in columns if name != "train"}
-    with SplitOutput(out, SPLITS, overwrite=overwrite, prefix=".behaviour-tmp-") as output:  # all or nothing
-        tmp = output.tmp
-        save_vocabularies(tmp / "vocab", pipe.vocabs_, fitted_on=f"{input} (train samples)")
-        save_pipeline(pipe, tmp / PIPELINE_DIR)
-        for name, cols in columns.items():
-            n = len(cols["label"])
-            meta = {"preprocessing": {"kind": "table", "builder": "behaviour", "split": name, "input": str(input),
-                                      "options": options, "spec": spec, "tables": pipe.table_of},
-                    "stats": {"rows": n, "label_rate": float(cols["label"].mean()) if n else 0.0,
-                              "behaviour": report}}
-            with StoreWriter(output.stage(name), pipe.schema, pipe.column_specs()) as w:
-                w.append(cols)
-                link_tree(tmp / "vocab", w.tmp / "vocab")
-                link_tree(tmp / PIPELINE_DIR, w.tmp / PIPELINE_DIR)
-                w.set_meta(**meta)
-        report["seconds"] = round(_time.perf_counter() - t0, 3)
-        (tmp / "report.json").write_text(json.dumps(report, indent=1, default=str))
-        result = output.publish(list(columns))
-        os.replace(tmp / "report.json", out / "report.json")
+    front = _Behaviour(blog, samples, pipe, meta={"input": str(input), "options": options, "spec": spec},
+                       report=report, t0=t0)
+    report["cold_positives"] = _cold_positives(front.parts, len(blog.item_keys))
+    result, _ = preprocess(front, out, overwrite=overwrite)
     log.info("behaviour %s: %d users, %d behaviours (%d single-behaviour users dropped, %d out-of-order rows "
              "sorted, %d repeated user-item rows kept) -> samples %s in %.1fs", input, report["users"],
              report["behaviours"], report["single_behaviour_users"], report["out_of_order_rows"],
              report["duplicate_user_item_rows"], report["samples"], report["seconds"])
     return result
+
+
+def _check_options(out: Path, overwrite: bool, *, negatives: str, aux_negatives: bool, example_age: bool,
+                   time_col: str | None, format: str | None) -> None:
+    """Refuse contradicting options and an output that cannot be written, before the work."""
+    for s in SPLITS:  # fail before the work (SplitOutput checks again before writing)
+        check_replaceable(out / s, overwrite)
+    if negatives not in NEGATIVES:
+        raise DataError(f"--negatives {negatives!r} is not one of {NEGATIVES}")
+    if negatives == "none" and aux_negatives:
+        raise DataError("--aux-negatives does not go with --negatives none: DIEN's auxiliary negatives are "
+                        "for ranking samples (a positive and a sampled negative); use --negatives uniform or "
+                        "popularity for DIEN, or drop --aux-negatives for positives-only (retrieval) samples")
+    if example_age and (time_col is None or format == "s3rec"):
+        raise DataError("--example-age needs timestamps: give --time-col with a CSV / Parquet log (the s3rec "
+                        "format has none), or drop --example-age")
+    make_dir(out)  # a path that cannot be written fails now, not after the work
+
+
+def _cold_positives(parts: dict[str, Samples], n_items: int) -> dict[str, int]:
+    """Valid / test positives whose item is in no train positive or history."""
+    tr = parts["train"]
+    warm = np.zeros(n_items, bool)  # items of train positives and histories
+    warm[tr.item[tr.label == 1]] = True
+    warm[tr.hist[0]] = True
+    return {name: int((~warm[p.item[p.label == 1]]).sum()) for name, p in parts.items() if name != "train"}
 
 
 # ---- command line ------------------------------------------------------------------------------------------

@@ -19,7 +19,9 @@ Rules (seed 000 §3.3):
 Read -> fit/transform -> write: the rules above live in :class:`~ctrkit.data.pipeline.feature_pipeline.FeaturePipeline`
 (kind ``criteo``); this module reads and splits the rows, the pipeline's streaming fitter gives them
 provisional ids, and the stores are written through the fitted pipeline, which every store also holds
-(``<store>/pipeline``, next to ``<store>/vocab``). ``vocab_from`` reuses another store's pipeline.
+(``<store>/pipeline``, its vocabularies' one copy). ``vocab_from`` reuses another store's pipeline. The steps
+(read -> fit or reuse -> transform -> spill / shuffle -> write splits -> publish) are the preprocess driver's
+(:mod:`ctrkit.data.sources.driver`); this module is its Criteo front-end.
 
 How it is fast: lines are tokenised and decoded by numpy on whole decompressed blocks
 (:mod:`ctrkit.data.pipeline.criteo_parse`: SWAR bit arithmetic, no per-field Python); distinct values per chunk
@@ -59,21 +61,11 @@ from ctrkit.data.pipeline.criteo_parse import (
     dense_transform,
     parse_block,
 )
+from ctrkit.data.pipeline.encode import Encoded
 from ctrkit.data.pipeline.feature_pipeline import DENSE_NAMES, SPARSE_NAMES, FeaturePipeline
-from ctrkit.data.pipeline.persist import PIPELINE_DIR, save_pipeline
-from ctrkit.data.pipeline.rows import (
-    BadRows,
-    assign_split,
-    parse_split,
-    row_uniform,
-    splitmix64,
-    stream_key,
-)
-from ctrkit.data.pipeline.vocab import MODES, check_vocab_options, save_vocabularies
-from ctrkit.data.sources.driver import write_split_store
-from ctrkit.data.storage.fitted import reuse_fitted
-from ctrkit.data.storage.spill import ShardSpill, shard_count
-from ctrkit.data.storage.store import SplitOutput
+from ctrkit.data.pipeline.rows import BadRows, assign_split, parse_split, row_uniform, stream_key
+from ctrkit.data.pipeline.vocab import MODES, check_vocab_options
+from ctrkit.data.sources.driver import Chunk, Frontend, Input, Summary, preprocess
 from ctrkit.errors import DataError
 from ctrkit.io import missing_path
 from ctrkit.progress import progress_bar
@@ -214,7 +206,97 @@ def _day_number(p: Path) -> int:
     return int(m.group(1)) if m else -1
 
 
-# ---- the pipeline ---------------------------------------------------------------------------------------
+# ---- the front-end of the preprocess driver --------------------------------------------------------------
+class _Criteo(Frontend):
+    """Criteo's part of a preprocess run: blocks of parsed lines per file, the day / ratio split rule, the
+    manifest record (see :func:`preprocess_criteo`)."""
+
+    kind = "criteo"
+    dense_stats = False  # ln(x + 3) needs no statistics
+    row_bytes = 4 * NUM_FIELDS
+
+    def __init__(self, files: list[Path], pipe: FeaturePipeline, *, options: dict[str, Any], day_mode: bool,
+                 fractions: tuple[float, float, float] | None, shuffle: bool, progress: bool | None) -> None:
+        self.files, self.pipe, self.options, self.day_mode, self.fractions = files, pipe, options, day_mode, fractions
+        self.vocab_from, self.shuffle_train, self.progress = options["vocab_from"], shuffle, progress
+        self.seed, self.valid_from_test = options["seed"], options["valid_from_test"]
+        self.shuffle_key = stream_key(self.seed, 3)
+        self.expected_splits = () if day_mode else tuple(n for n, f in zip(SPLITS, fractions or ()) if f > 0)
+        comp = [0.25 if _is_gzip(f) else 1.0 for f in files]  # gzip ratio of Criteo text is ~4
+        self.est_rows = sum(f.stat().st_size / c for f, c in zip(files, comp)) / _AVG_LINE_BYTES * 1.5
+        self.inputs = [Input(str(f), BadRows(str(f)), np.zeros(NUM_DENSE, np.int64), i) for i, f in enumerate(files)]
+        self.empty_lines, self.t_read, self._stats = 0, 0.0, None
+        self._t0 = time.perf_counter()
+
+    def read(self, fitting: bool, tmp: Path) -> Iterator[Chunk]:
+        """Every file's blocks: three stages on their own threads (read / gunzip -> tokenise / parse -> here)."""
+        block_bytes = max(1 << 16, int(self.options["chunk_rows"]) * _AVG_LINE_BYTES)
+        bar = _progress(sum(f.stat().st_size for f in self.files), self.progress)
+        try:
+            for path, src in zip(self.files, self.inputs):
+                line0, last_pos = 0, 0
+                parsed = _background((parse_block(buf), pos) for buf, pos in _background(iter_blocks(path, block_bytes)))
+                for blk, pos in parsed:
+                    for idx, reason in blk.bad:
+                        src.bad.add(line0 + idx + 1, reason)
+                    src.bad.total += blk.n_lines - blk.empty_lines
+                    self.empty_lines += blk.empty_lines
+                    yield Chunk(block_columns(blk), src, line0 + blk.line + 1)  # 1-based line numbers
+                    line0 += blk.n_lines
+                    if src.bad.bad > 10_000 and src.bad.bad / max(src.bad.total, 1) > self.options["max_bad_fraction"]:
+                        src.bad.check(self.options["max_bad_fraction"])  # stop early on a broken file
+                    bar.update(pos - last_pos)
+                    last_pos = pos
+                if src.bad.total == 0:
+                    raise DataError(f"input file {path} contains no rows")
+                src.bad.check(self.options["max_bad_fraction"])
+        finally:
+            bar.close()
+        self.t_read = time.perf_counter() - self._t0
+
+    def route(self, chunk: Chunk, enc: Encoded) -> np.ndarray:
+        """Day files: the last day is test (halved at random into valid / test with ``valid_from_test``), the
+        others train; else a seeded ratio split per line."""
+        lines = enc.lines - 1  # 0-based line numbers: the random streams' row index
+        key = stream_key(self.seed, 1, chunk.source.index)  # type: ignore[union-attr]
+        if not self.day_mode:
+            return assign_split(row_uniform(key, lines), self.fractions)
+        if chunk.source is not self.inputs[-1]:
+            return np.zeros(len(lines), np.int8)
+        if self.valid_from_test:
+            return np.where(row_uniform(key, lines) < 0.5, 1, 2).astype(np.int8)
+        return np.full(len(lines), 2, np.int8)
+
+    def shard_keys(self, chunk: Chunk, enc: Encoded) -> np.ndarray:
+        key = stream_key(self.seed, 2, chunk.source.index)  # type: ignore[union-attr]
+        return (enc.lines - 1).astype(np.uint64) + np.uint64(key)
+
+    def meta(self, split: str, summary: Summary) -> dict[str, Any]:
+        if self._stats is None:
+            self._stats = self._common_stats(summary)
+        return {"preprocessing": {"kind": "criteo", "split": split, "options": self.options,
+                                  "inputs": self._inputs_meta(),
+                                  "rules": "seed 000 §3.3: missing -> 0; dense ln(x+3) float32, x+3 <= e^-2 "
+                                           "clamped to -2; categorical first-appearance ids, 0 missing, 1 rare"},
+                "stats": {**self._stats, "rows": summary.rows[split], "label_rate": summary.label_rate(split)}}
+
+    def _inputs_meta(self) -> list[dict[str, Any]]:
+        last = self.files[-1]
+        return [{"path": str(f), "bytes": f.stat().st_size,
+                 "role": ("test" if f == last else "train") if self.day_mode else "split"} for f in self.files]
+
+    def _common_stats(self, summary: Summary) -> dict[str, Any]:
+        bads, vocabs = [src.bad for src in self.inputs], self.pipe.vocabs_
+        return {
+            "input_rows": sum(b.total for b in bads), "bad_rows": sum(b.bad for b in bads),
+            "first_bad_lines": [{"file": b.file, "line": n, "reason": r} for b in bads for n, r in b.first][:20],
+            "files": [b.to_dict() for b in bads], "empty_lines": self.empty_lines,
+            "clamped_dense": dict(zip(DENSE_NAMES, sum(src.clamped for src in self.inputs).tolist())),
+            "vocab_sizes": {c: vocabs[c].size for c in SPARSE_NAMES},
+            "vocab": {c: vocabs[c].meta() for c in SPARSE_NAMES}, "split_rows": summary.rows,
+        }
+
+
 def preprocess_criteo(
     inputs: str | Path | Sequence[str | Path],
     out: str | Path,
@@ -244,16 +326,14 @@ def preprocess_criteo(
 
     Vocabularies are fitted on all input rows in input order (seed 000: first appearance over all
     data), or loaded from ``vocab_from`` (a store) and applied unchanged (unseen -> 1). They are saved
-    in ``<store>/vocab`` of every output store.
+    with the fitted pipeline in ``<store>/pipeline`` of every output store.
 
     ``max_vocab`` (with ``max_vocab_mode`` 'hash' (default, torchrec's max_ind_range) or 'cap') and
     ``min_freq`` are described in :mod:`ctrkit.data.pipeline.vocab`. ``chunk_rows`` sets the read block
     (about chunk_rows * 256 bytes); ``shard_bytes`` the size of one shuffle shard in memory.
     ``shuffle=False`` keeps train in input order too (scoring raw rows in order, e.g. ``predict``).
     """
-    t0 = time.perf_counter()
     files = resolve_inputs(inputs)
-    out = Path(out)
     check_vocab_options(min_freq, max_vocab, max_vocab_mode)
     if not 0 <= max_bad_fraction <= 1:
         raise DataError(f"max_bad_fraction must be in [0, 1], got {max_bad_fraction}")
@@ -262,149 +342,28 @@ def preprocess_criteo(
     embedding_dim = embedding_dim if embedding_dim == "auto" else int(embedding_dim)
     if chunk_rows < 1:
         raise DataError(f"chunk_rows must be >= 1, got {chunk_rows}")
-
     day_mode = split is None and len(files) >= 2 and all(_DAY_RE.match(f.name) for f in files)
+    fractions = None
     if day_mode:
         files = sorted(files, key=_day_number)
-        test_day = files[-1]
-        fractions = None
     else:
         fractions = parse_split("0.8,0.1,0.1" if split is None else split)
         if valid_from_test:
             raise DataError("--valid-from-test applies to day files (day_0 .. day_N) without --split")
-
+    options = {"min_freq": min_freq, "max_vocab": max_vocab, "max_vocab_mode": max_vocab_mode,
+               "split": "days" if day_mode else ",".join(f"{f:g}" for f in fractions),
+               "valid_from_test": valid_from_test, "seed": seed, "chunk_rows": chunk_rows,
+               "max_bad_fraction": max_bad_fraction, "embedding_dim": embedding_dim,
+               "vocab_from": str(vocab_from) if vocab_from else None}
     pipe = FeaturePipeline.criteo(min_freq=min_freq, max_vocab=max_vocab, max_vocab_mode=max_vocab_mode,
                                   embedding_dim=embedding_dim)
-    fitter = None
-    if vocab_from is not None:  # the fitted pipeline of another store, applied unchanged (unseen -> 1)
-        reuse_fitted(pipe, vocab_from)
-    else:
-        fitter = pipe.fitter()  # one streaming pass: provisional ids now, final ids when the stores are written
-    encoder = fitter if fitter is not None else pipe
-
-    comp = [0.25 if _is_gzip(f) else 1.0 for f in files]  # gzip ratio of Criteo text is ~4
-    est_rows = sum(f.stat().st_size / c for f, c in zip(files, comp)) / _AVG_LINE_BYTES * 1.5
-    row_bytes = 4 * NUM_FIELDS
-    spill_cols = pipe.spill_columns()
-    block_bytes = max(1 << 16, int(chunk_rows) * _AVG_LINE_BYTES)
-    file_stats: list[BadRows] = []
-    clamped = np.zeros(NUM_DENSE, np.int64)
-    empty_lines = 0
-    pos_rows = np.zeros(3, np.int64)
-
-    with SplitOutput(out, SPLITS, overwrite=overwrite, prefix=".criteo-tmp-") as output:  # nothing published on failure
-        tmp = output.tmp
-        k_train = shard_count(est_rows, row_bytes, shard_bytes) if shuffle else 1
-        roll = max(1, shard_bytes // row_bytes)  # in-order splits roll over to a new shard at this size
-        spills = [ShardSpill(tmp / "train", k_train, spill_cols) if shuffle
-                  else ShardSpill(tmp / "train", 1, spill_cols, roll_rows=roll),
-                  ShardSpill(tmp / "valid", 1, spill_cols, roll_rows=roll),
-                  ShardSpill(tmp / "test", 1, spill_cols, roll_rows=roll)]
-        total_bytes = sum(f.stat().st_size for f in files)
-        bar = _progress(total_bytes, progress)
-        done_bytes = 0
-        try:
-            for fi, path in enumerate(files):
-                bad = BadRows(str(path))
-                line0 = 0
-                key_split, key_shard = stream_key(seed, 1, fi), stream_key(seed, 2, fi)
-                last_pos = 0
-                # three stages on their own threads: read/gunzip -> tokenise/parse -> vocab/spill (here)
-                parsed = _background((parse_block(buf), pos) for buf, pos in _background(iter_blocks(path, block_bytes)))
-                for blk, pos in parsed:
-                    lines = line0 + blk.line  # 0-based line numbers in the file
-                    for idx, reason in blk.bad:
-                        bad.add(line0 + idx + 1, reason)
-                    bad.total += blk.n_lines - blk.empty_lines
-                    empty_lines += blk.empty_lines
-                    line0 += blk.n_lines
-                    enc = encoder.encode(block_columns(blk), lines=lines + 1, bad=bad)
-                    clamped += enc.clamped
-                    if day_mode:
-                        if path == test_day:
-                            code = (np.where(row_uniform(key_split, lines) < 0.5, 1, 2).astype(np.int8)
-                                    if valid_from_test else np.full(len(lines), 2, np.int8))
-                        else:
-                            code = np.zeros(len(lines), np.int8)
-                    else:
-                        code = assign_split(row_uniform(key_split, lines), fractions)
-                    uniform = len(code) > 0 and bool((code == code[0]).all())
-                    for s in range(3):
-                        if uniform:
-                            if code[0] != s:
-                                continue
-                            sel: Any = slice(None)
-                        else:
-                            sel = np.flatnonzero(code == s)
-                        part = enc.parts(sel)
-                        pos_rows[s] += int(part["label"].sum())
-                        shard = None
-                        if s == 0 and k_train > 1:
-                            shard = (splitmix64(lines[sel].astype(np.uint64) + np.uint64(key_shard))
-                                     % np.uint64(k_train)).astype(np.int64)
-                        spills[s].add(part, shard)
-                    if bad.bad > 10_000 and bad.bad / max(bad.total, 1) > max_bad_fraction:
-                        bad.check(max_bad_fraction)  # stop early on a broken file
-                    bar.update(pos - last_pos)
-                    last_pos = pos
-                done_bytes += path.stat().st_size
-                if bad.total == 0:
-                    raise DataError(f"input file {path} contains no rows")
-                bad.check(max_bad_fraction)
-                file_stats.append(bad)
-        finally:
-            bar.close()
-        t_read = time.perf_counter() - t0
-
-        # ---- the fitted pipeline: vocabularies (store/vocab, as Arrow) and the whole pipeline -----------
-        if fitter is not None:
-            fitter.finish()
-        vocabs = pipe.vocabs_
-        save_vocabularies(tmp / "vocab", vocabs, fitted_on=[str(f) for f in files] if fitter is not None
-                          else f"copied from {vocab_from}")
-        save_pipeline(pipe, tmp / PIPELINE_DIR)
-        sizes = {c: vocabs[c].size for c in SPARSE_NAMES}
-        options = {"min_freq": min_freq, "max_vocab": max_vocab, "max_vocab_mode": max_vocab_mode,
-                   "split": "days" if day_mode else ",".join(f"{f:g}" for f in fractions),
-                   "valid_from_test": valid_from_test, "seed": seed, "chunk_rows": chunk_rows,
-                   "max_bad_fraction": max_bad_fraction, "embedding_dim": embedding_dim,
-                   "vocab_from": str(vocab_from) if vocab_from else None}
-        inputs_meta = [{"path": str(f), "bytes": f.stat().st_size,
-                        "role": ("test" if day_mode and f == test_day else "train") if day_mode else "split"}
-                       for f in files]
-        rows = {s: int(sp.rows.sum()) for s, sp in zip(SPLITS, spills)}
-        bad_total = sum(b.bad for b in file_stats)
-        stats_common = {
-            "input_rows": sum(b.total for b in file_stats), "bad_rows": bad_total,
-            "first_bad_lines": [{"file": b.file, "line": n, "reason": r} for b in file_stats for n, r in b.first][:20],
-            "files": [b.to_dict() for b in file_stats], "empty_lines": empty_lines,
-            "clamped_dense": dict(zip(DENSE_NAMES, clamped.tolist())),
-            "vocab_sizes": sizes, "vocab": {c: vocabs[c].meta() for c in SPARSE_NAMES},
-            "split_rows": rows,
-        }
-
-        # ---- write one store per split -------------------------------------------------------------
-        written: list[str] = []
-        shuffle_key = stream_key(seed, 3)
-        for s, (name, spill) in enumerate(zip(SPLITS, spills)):
-            if rows[name] == 0:
-                if not day_mode and fractions[s] > 0:
-                    log.warning("split %r received no rows (too few input rows); not written", name)
-                continue
-            meta = {"preprocessing": {"kind": "criteo", "split": name, "options": options, "inputs": inputs_meta,
-                                      "rules": "seed 000 §3.3: missing -> 0; dense ln(x+3) float32, x+3 <= e^-2 "
-                                               "clamped to -2; categorical first-appearance ids, 0 missing, 1 rare"},
-                    "stats": {**stats_common, "rows": rows[name],
-                              "label_rate": float(pos_rows[s] / max(rows[name], 1))}}
-            written.append(name)
-            write_split_store(
-                output.stage(name), pipe, spill, shuffle_seed=shuffle_key if s == 0 and shuffle else None,
-                luts=fitter.luts if fitter is not None else None, fitted_dir=tmp, meta=meta)
-        result = output.publish(written)  # with overwrite, also away: a previous run's splits not written now
-    elapsed = time.perf_counter() - t0
-    n_in = stats_common["input_rows"]
-    log.info("criteo: %d rows (%d bad) -> %s in %.1fs (read+parse %.1fs, %.0f rows/s)", n_in, bad_total,
-             {k: rows[k] for k in result}, elapsed, t_read, n_in / max(elapsed, 1e-9))
+    front = _Criteo(files, pipe, options=options, day_mode=day_mode, fractions=fractions, shuffle=shuffle,
+                    progress=progress)
+    result, summary = preprocess(front, out, overwrite=overwrite, shard_bytes=shard_bytes)
+    elapsed = time.perf_counter() - front._t0
+    n_in, n_bad = sum(s.bad.total for s in front.inputs), sum(s.bad.bad for s in front.inputs)
+    log.info("criteo: %d rows (%d bad) -> %s in %.1fs (read+parse %.1fs, %.0f rows/s)", n_in, n_bad,
+             {k: summary.rows[k] for k in result}, elapsed, front.t_read, n_in / max(elapsed, 1e-9))
     return result
 
 

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,37 +53,18 @@ import pyarrow.compute as pc
 from ctrkit.data.pipeline.columns import to_string
 from ctrkit.data.pipeline.encode import Encoded, as_columns
 from ctrkit.data.pipeline.feature_pipeline import FeaturePipeline
-from ctrkit.data.pipeline.persist import PIPELINE_DIR, save_pipeline
-from ctrkit.data.pipeline.rows import (
-    BadRows,
-    assign_split,
-    parse_split,
-    row_uniform,
-    splitmix64,
-    stream_key,
-)
+from ctrkit.data.pipeline.rows import BadRows, assign_split, parse_split, row_uniform, stream_key
 from ctrkit.data.pipeline.spec import SPLITS, TableSpecYaml, load_spec
-from ctrkit.data.pipeline.vocab import MODES, check_vocab_options, save_vocabularies
-from ctrkit.data.sources.driver import write_split_store
+from ctrkit.data.pipeline.vocab import MODES, check_vocab_options
+from ctrkit.data.sources.driver import Chunk, Frontend, Input, Summary, preprocess
 from ctrkit.data.sources.table_read import header, iter_batches
-from ctrkit.data.storage.fitted import reuse_fitted
-from ctrkit.data.storage.spill import RawSpill, ShardSpill, shard_count
-from ctrkit.data.storage.store import SplitOutput
+from ctrkit.data.storage.spill import RawSpill
 from ctrkit.errors import DataError
 
 log = logging.getLogger(__name__)
 
 # ---- the pipeline -------------------------------------------------------------------------------------------
 DEFAULT_SPLIT = "0.8,0.1,0.1"
-
-
-@dataclass(eq=False)  # hashed by identity: several splits may share one source
-class _Source:
-    """One input file of the run: its bad rows and log-clamp counts (the stats of the stores it feeds)."""
-
-    path: Path
-    bad: BadRows
-    clamped: np.ndarray  # (Nd,)
 
 
 def _raw_split(t: pa.Table, lines: np.ndarray, spec: TableSpecYaml, fractions: tuple[float, float, float],
@@ -99,6 +80,77 @@ def _raw_split(t: pa.Table, lines: np.ndarray, spec: TableSpecYaml, fractions: t
     for i, name in enumerate(SPLITS):
         code[pc.equal(sv.fill_null(""), name).to_numpy(zero_copy_only=False)] = i
     return code
+
+
+class _Table(Frontend):
+    """A table's part of a preprocess run: batches of the input (train rows first; valid / test rows wait raw
+    on disk while the pipeline is fitted), explicit valid / test files, the split rule, the manifest record."""
+
+    kind = "table"
+    dense_stats = True  # standardize: mean / std of the train rows
+
+    def __init__(self, path: Path, spec: TableSpecYaml, pipe: FeaturePipeline, files: dict[str, Path], *,
+                 fractions: tuple[float, float, float], options: dict[str, Any], batch_rows: int) -> None:
+        self.path, self.spec, self.pipe, self.files, self.fractions = path, spec, pipe, files, fractions
+        self.options, self.batch_rows, self.vocab_from = options, batch_rows, options["vocab_from"]
+        seed = options["seed"]
+        self.key_split, self.key_shard, self.shuffle_key = (stream_key(seed, 11), stream_key(seed, 12),
+                                                            stream_key(seed, 13))
+        self.est_rows = path.stat().st_size / (8 if path.suffix == ".gz" else 32) if path.exists() else 1  # gzip: ~4x
+        nd = len(spec.dense)
+        self.main = Input(path, BadRows(str(path)), np.zeros(nd, np.int64))
+        self.source = {s: self.main for s in SPLITS} | {
+            s: Input(f, BadRows(str(f)), np.zeros(nd, np.int64), split=SPLITS.index(s)) for s, f in files.items()}
+        self.held: RawSpill | None = None
+
+    def read(self, fitting: bool, tmp: Path) -> Iterator[Chunk]:
+        """The input; while fitting (and without explicit valid / test files) valid / test rows wait raw."""
+        self.held = RawSpill(tmp / "held-out.arrows") if fitting and not self.files else None
+        for t, lines in iter_batches(self.path, self.spec.columns(), self.batch_rows, self.main.bad):
+            self.main.bad.total += t.num_rows
+            if self.held is not None:
+                later = _raw_split(t, lines, self.spec, self.fractions, self.key_split) > 0
+                if later.any():
+                    self.held.add(t.filter(pa.array(later)), lines[later])
+                    t, lines = t.filter(pa.array(~later)), lines[~later]
+            if t.num_rows:
+                yield Chunk(t, self.main, lines)
+
+    def read_held(self) -> Iterator[Chunk]:
+        """Valid / test rows held out of the fit, then the explicit valid / test files; then the bad-row checks."""
+        for t, lines in self.held if self.held is not None else ():
+            yield Chunk(t, self.main, lines)
+        for name, f in self.files.items():
+            src = self.source[name]
+            for t, lines in iter_batches(f, self.spec.columns(), self.batch_rows, src.bad):
+                src.bad.total += t.num_rows
+                yield Chunk(t, src, lines)
+        for src in dict.fromkeys(self.source.values()):
+            if src.bad.total == 0:
+                raise DataError(f"input file {src.path} contains no rows")
+            src.bad.check(self.options["max_bad_fraction"])
+
+    def route(self, chunk: Chunk, enc: Encoded) -> np.ndarray:
+        """The split column's codes, else the fractions drawn per line number."""
+        return enc.split if self.spec.split_column else assign_split(row_uniform(self.key_split, enc.lines),
+                                                                     self.fractions)
+
+    def shard_keys(self, chunk: Chunk, enc: Encoded) -> np.ndarray:
+        return enc.lines.astype(np.uint64) + np.uint64(self.key_shard)
+
+    def meta(self, split: str, summary: Summary) -> dict[str, Any]:
+        src, spec, pipe = self.source[split], self.spec, self.pipe
+        stats = {"input_rows": src.bad.total, "bad_rows": src.bad.bad,
+                 "first_bad_lines": [{"file": str(src.path), "line": n, "reason": r} for n, r in src.bad.first],
+                 "clamped_dense": {e["name"]: int(src.clamped[j]) for j, e in enumerate(spec.dense)},
+                 "vocab_sizes": {t: v.size for t, v in pipe.vocabs_.items()}, "split_rows": summary.rows}
+        dense_stats = {e["name"]: {"transform": e["transform"], "mean": float(pipe.mean_[j]),
+                                   "std": float(pipe.std_[j])} for j, e in enumerate(spec.dense)}
+        return {"preprocessing": {"kind": "table", "split": split, "input": str(src.path), "options": self.options,
+                                  "spec": {"label": spec.label, "label_threshold": spec.label_threshold,
+                                           "dense": spec.dense, "sparse": spec.sparse, "sequence": spec.sequence},
+                                  "dense_stats": dense_stats, "tables": pipe.table_of},
+                "stats": {**stats, "rows": summary.rows[split], "label_rate": summary.label_rate(split)}}
 
 
 def preprocess_table(
@@ -132,8 +184,32 @@ def preprocess_table(
     sparse entry's own ``min_freq`` / ``embedding_dim`` win). Returns {split: path}.
     """
     spec = load_spec(schema_yaml)
-    path, out = Path(input), Path(out)
+    path = Path(input)
     files = {name: Path(f) for name, f in (("valid", valid), ("test", test)) if f is not None}
+    split = _check_split(spec, split, files)
+    o = spec.options
+    min_freq = int(min_freq if min_freq is not None else o.get("min_freq", 1))
+    max_vocab = max_vocab if max_vocab is not None else o.get("max_vocab")
+    max_vocab_mode = o.get("max_vocab_mode", max_vocab_mode)
+    embedding_dim = embedding_dim if embedding_dim is not None else o.get("embedding_dim", "auto")
+    check_vocab_options(min_freq, max_vocab, max_vocab_mode)
+    fractions = parse_split(split) if split not in ("1", "1.0") else (1.0, 0.0, 0.0)
+    pipe = FeaturePipeline.table(spec, min_freq=min_freq, max_vocab=max_vocab, max_vocab_mode=max_vocab_mode,
+                                 embedding_dim=embedding_dim)
+    options = {"split": None if files else split, "valid": str(files["valid"]) if "valid" in files else None,
+               "test": str(files["test"]) if "test" in files else None, "seed": seed, "min_freq": min_freq,
+               "max_vocab": max_vocab, "max_vocab_mode": max_vocab_mode, "embedding_dim": embedding_dim,
+               "max_bad_fraction": max_bad_fraction, "vocab_from": str(vocab_from) if vocab_from else None}
+    front = _Table(path, spec, pipe, files, fractions=fractions, options=options, batch_rows=batch_rows)
+    result, summary = preprocess(front, out, overwrite=overwrite, shard_bytes=shard_bytes)
+    log.info("table %s: %d rows (%d bad) -> %s%s", path, front.main.bad.total, front.main.bad.bad,
+             {k: summary.rows[k] for k in result}, "".join(f"; {n} from {f}" for n, f in files.items()))
+    return result
+
+
+def _check_split(spec: TableSpecYaml, split: str | None, files: dict[str, Path]) -> str:
+    """The split option in effect, after checking that it, the spec's split column and explicit valid / test
+    files do not contradict each other (and that those files have the spec's columns)."""
     if files and split not in (None, "1", "1.0"):
         raise DataError(f"split={split!r} (--split) cannot be combined with explicit valid / test files "
                         "(--valid / --test): with them the whole input is the training set. Drop --split, or "
@@ -154,130 +230,7 @@ def preprocess_table(
                     spec.split_column)
     if split is None:
         split = "1" if files else DEFAULT_SPLIT
-    o = spec.options
-    min_freq = int(min_freq if min_freq is not None else o.get("min_freq", 1))
-    max_vocab = max_vocab if max_vocab is not None else o.get("max_vocab")
-    max_vocab_mode = o.get("max_vocab_mode", max_vocab_mode)
-    embedding_dim = embedding_dim if embedding_dim is not None else o.get("embedding_dim", "auto")
-    check_vocab_options(min_freq, max_vocab, max_vocab_mode)
-    fractions = parse_split(split) if split not in ("1", "1.0") else (1.0, 0.0, 0.0)
-
-    pipe = FeaturePipeline.table(spec, min_freq=min_freq, max_vocab=max_vocab, max_vocab_mode=max_vocab_mode,
-                                 embedding_dim=embedding_dim)
-    fitter = None
-    if vocab_from is not None:  # the fitted pipeline of another store: its ids and its dense statistics
-        reuse_fitted(pipe, vocab_from)
-    else:
-        fitter = pipe.fitter()  # one streaming pass: provisional ids now, final ids when the stores are written
-    encoder = fitter if fitter is not None else pipe
-    spill_cols = pipe.spill_columns()
-    n_single = sum(not e.get("multi_valued") for e in spec.sparse)
-
-    main = _Source(path, BadRows(str(path)), np.zeros(len(spec.dense), np.int64))
-    source = {s: main for s in SPLITS} | {s: _Source(f, BadRows(str(f)), np.zeros(len(spec.dense), np.int64))
-                                          for s, f in files.items()}
-    pos_rows = np.zeros(3, np.int64)
-    key_split, key_shard = stream_key(seed, 11), stream_key(seed, 12)
-    est_rows = path.stat().st_size / (8 if path.suffix == ".gz" else 32) if path.exists() else 1  # gzip: ~4x
-    with SplitOutput(out, SPLITS, overwrite=overwrite, prefix=".table-tmp-") as output:  # nothing published on failure
-        tmp = output.tmp
-        row_bytes = 8 * (len(spill_cols) + len(spec.dense) + n_single + 8)
-        k_train = shard_count(est_rows, row_bytes, shard_bytes)
-        roll = max(1, shard_bytes // row_bytes)  # valid / test keep input order in shards of bounded size
-        spills = [ShardSpill(tmp / "train", k_train, spill_cols)] + [
-            ShardSpill(tmp / s, 1, spill_cols, roll_rows=roll) for s in SPLITS[1:]]
-
-        def add(enc: Encoded, code: np.ndarray, src: _Source) -> None:
-            """Encoded rows -> the spills of their splits (``code`` [n]: 0 train, 1 valid, 2 test)."""
-            src.clamped += enc.clamped
-            for s in range(3):
-                sel = np.flatnonzero(code == s)
-                if len(sel) == 0:
-                    continue
-                part = enc.parts(sel)
-                pos_rows[s] += int(part["label"].sum())
-                shard = None
-                if s == 0 and k_train > 1:
-                    shard = (splitmix64(enc.lines[sel].astype(np.uint64) + np.uint64(key_shard))
-                             % np.uint64(k_train)).astype(np.int64)
-                spills[s].add(part, shard)
-
-        def code_of(enc: Encoded) -> np.ndarray:
-            return enc.split if spec.split_column else assign_split(row_uniform(key_split, enc.lines), fractions)
-
-        # pass 1: the input; with a fitter, valid / test rows wait raw (they must not enter the vocabularies)
-        held = RawSpill(tmp / "held-out.arrows") if fitter is not None and not files else None
-        for t, lines in iter_batches(path, spec.columns(), batch_rows, main.bad):
-            main.bad.total += t.num_rows
-            if held is not None:
-                later = _raw_split(t, lines, spec, fractions, key_split) > 0
-                if later.any():
-                    held.add(t.filter(pa.array(later)), lines[later])
-                    t, lines = t.filter(pa.array(~later)), lines[~later]
-            if t.num_rows == 0:
-                continue
-            enc = encoder.encode(t, lines=lines, bad=main.bad)
-            code = code_of(enc)
-            if fitter is not None:
-                fitter.add_dense_stats(enc.dense[code == 0])
-            add(enc, code, main)
-
-        # ---- the fitted pipeline: vocabularies (store/vocab, as Arrow), dense statistics, schema -------------
-        if fitter is not None:
-            fitter.finish()
-        # pass 2: valid / test rows through the fitted pipeline (final ids: unseen values -> 1)
-        for t, lines in held if held is not None else ():
-            enc = pipe.encode(t, lines=lines, bad=main.bad)
-            add(enc, code_of(enc), main)
-        for name, f in files.items():
-            src = source[name]
-            for t, lines in iter_batches(f, spec.columns(), batch_rows, src.bad):
-                src.bad.total += t.num_rows
-                enc = pipe.encode(t, lines=lines, bad=src.bad)
-                add(enc, np.full(len(enc), SPLITS.index(name), np.int8), src)
-        for src in dict.fromkeys(source.values()):
-            if src.bad.total == 0:
-                raise DataError(f"input file {src.path} contains no rows")
-            src.bad.check(max_bad_fraction)
-
-        vocabs = pipe.vocabs_
-        fitted_on = f"{path} (train rows)" if fractions[0] < 1 or spec.split_column else str(path)
-        save_vocabularies(tmp / "vocab", vocabs, fitted_on=fitted_on if fitter is not None
-                          else f"copied from {vocab_from}")
-        save_pipeline(pipe, tmp / PIPELINE_DIR)
-        sizes = {t: v.size for t, v in vocabs.items()}
-        dense_stats = {e["name"]: {"transform": e["transform"], "mean": float(pipe.mean_[j]),
-                                   "std": float(pipe.std_[j])} for j, e in enumerate(spec.dense)}
-        rows = {s: int(sp.rows.sum()) for s, sp in zip(SPLITS, spills)}
-        options = {"split": None if files else split, "valid": str(files["valid"]) if "valid" in files else None,
-                   "test": str(files["test"]) if "test" in files else None, "seed": seed, "min_freq": min_freq,
-                   "max_vocab": max_vocab, "max_vocab_mode": max_vocab_mode, "embedding_dim": embedding_dim,
-                   "max_bad_fraction": max_bad_fraction, "vocab_from": str(vocab_from) if vocab_from else None}
-
-        written: list[str] = []
-        shuffle_key = stream_key(seed, 13)
-        for s, (name, spill) in enumerate(zip(SPLITS, spills)):
-            if rows[name] == 0:
-                continue
-            src = source[name]
-            stats = {"input_rows": src.bad.total, "bad_rows": src.bad.bad,
-                     "first_bad_lines": [{"file": str(src.path), "line": n, "reason": r} for n, r in src.bad.first],
-                     "clamped_dense": {e["name"]: int(src.clamped[j]) for j, e in enumerate(spec.dense)},
-                     "vocab_sizes": sizes, "split_rows": rows}
-            meta = {"preprocessing": {"kind": "table", "split": name, "input": str(src.path), "options": options,
-                                      "spec": {"label": spec.label, "label_threshold": spec.label_threshold,
-                                               "dense": spec.dense, "sparse": spec.sparse, "sequence": spec.sequence},
-                                      "dense_stats": dense_stats, "tables": pipe.table_of},
-                    "stats": {**stats, "rows": rows[name], "label_rate": float(pos_rows[s] / max(rows[name], 1))}}
-            written.append(name)
-            # train rows hold the fitter's provisional ids; valid / test rows were encoded by the fitted pipeline
-            write_split_store(
-                output.stage(name), pipe, spill, shuffle_seed=shuffle_key if s == 0 else None,
-                luts=fitter.luts if fitter is not None and s == 0 else None, fitted_dir=tmp, meta=meta)
-        result = output.publish(written)  # with overwrite, also away: a previous run's splits not written now
-    log.info("table %s: %d rows (%d bad) -> %s%s", path, main.bad.total, main.bad.bad, {k: rows[k] for k in result},
-             "".join(f"; {n} from {f}" for n, f in files.items()))
-    return result
+    return split
 
 
 # ---- command line ------------------------------------------------------------------------------------------
