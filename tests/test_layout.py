@@ -50,15 +50,13 @@ KNOWN_CYCLES: list[list[str]] = [
 
 # Files over 400 lines / functions over 60 lines on the way to the limits (issue 25); the lists only shrink.
 LONG_FILES: set[str] = {
-    "ctrkit.data.pipeline.feature_pipeline", "ctrkit.data.sources.criteo", "ctrkit.data.storage.loader",
+    "ctrkit.data.pipeline.feature_pipeline", "ctrkit.data.storage.loader",
     "ctrkit.data.storage.store", "ctrkit.nn.embedding", "ctrkit.runner", "ctrkit.serving.export",
     "ctrkit.serving.validation", "ctrkit.train.trainer", "ctrkit.tune",
 }
 LONG_FUNCTIONS: set[str] = {
     "ctrkit.data.pipeline.criteo_parse:parse_block", "ctrkit.data.pipeline.encode:encode",
-    "ctrkit.data.sources.behaviour:preprocess_behaviour", "ctrkit.data.sources.behaviour:read_behaviour_log",
-    "ctrkit.data.sources.criteo:preprocess_criteo",
-    "ctrkit.data.sources.table:preprocess_table", "ctrkit.data.storage.loader:__init__",
+    "ctrkit.data.storage.loader:__init__",
     "ctrkit.nn.embedding:__init__", "ctrkit.nn.embedding:make_embeddings", "ctrkit.retrieval.recall:recall",
     "ctrkit.runner:_train", "ctrkit.serving.server:create_app", "ctrkit.train.trainer:__init__",
     "ctrkit.train.trainer:_fit",

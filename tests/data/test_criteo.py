@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ctrkit.data.pipeline.vocab import load_vocabularies
+from ctrkit.data.pipeline.persist import load_pipeline
 from ctrkit.data.sources.criteo import (
     DENSE_NAMES,
     SPARSE_NAMES,
@@ -207,7 +207,7 @@ def test_min_freq_and_max_vocab(tmp_path: Path) -> None:
     assert s.preprocessing["options"]["max_vocab_mode"] == "hash"
     # hashing is a function of the raw value: equal raw values -> equal ids, missing stays 0
     raw = np.array([ln.split("\t")[14:] for ln in lines])
-    vocabs = load_vocabularies(hsh["train"])
+    vocabs = load_pipeline(hsh["train"]).vocabs_
     for j in (2, 3, 11):
         col = raw[:, j]
         keys = np.array([int(v, 16) if v else 0 for v in col], np.int64)
@@ -235,7 +235,8 @@ def test_vocab_from_maps_unseen_to_one(tmp_path: Path) -> None:
     np.testing.assert_array_equal(sort_rows(store_rows(second["train"])), sort_rows(want))
     a, b = Store(first["train"]), Store(second["train"])
     assert [f.vocab_size for f in a.schema.sparse] == [f.vocab_size for f in b.schema.sparse]
-    assert (Path(second["train"]) / "vocab" / "vocab.json").is_file()
+    assert (Path(second["train"]) / "pipeline" / "pipeline.json").is_file()
+    assert not (Path(second["train"]) / "vocab").exists()  # vocabularies stored once, in the pipeline
 
 
 # ---- day files -------------------------------------------------------------------------------------------

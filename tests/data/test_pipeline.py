@@ -16,6 +16,7 @@ import torch
 from ctrkit.data.pipeline.feature_pipeline import DENSE_NAMES, SPARSE_NAMES, FeaturePipeline
 from ctrkit.data.pipeline.multihot import MultiHot
 from ctrkit.data.pipeline.persist import from_payload, load_pipeline, save_pipeline, to_payload
+from ctrkit.data.pipeline.vocab import save_vocabularies
 from ctrkit.data.sources.criteo import preprocess_criteo
 from ctrkit.data.storage.fitted import pipeline_from_store, store_vocab_fingerprint
 from ctrkit.data.storage.store import Store
@@ -242,6 +243,7 @@ def test_criteo_pipeline_of_a_store_maps_raw_text_like_preprocessing(tmp_path: P
     for c in ("label", *DENSE_NAMES, *SPARSE_NAMES):
         np.testing.assert_array_equal(got[c], np.asarray(s[c]), err_msg=c)
     # the same pipeline, rebuilt from the manifest and vocab/ of a store written before pipelines existed
+    save_vocabularies(Path(store) / "vocab", pipe.vocabs_)
     shutil.rmtree(Path(store) / "pipeline")
     old = pipeline_from_store(store)
     np.testing.assert_array_equal(old.transform(rows)["C5"], np.asarray(s["C5"]))
@@ -259,7 +261,8 @@ def test_vocab_fingerprints_of_stores(tmp_path: Path) -> None:
     assert len(set(fps.values())) == 1  # train / valid / test of one run share the vocabularies
     assert fps["train"] == load_pipeline(a["train"]).vocab_fingerprint()
     assert store_vocab_fingerprint(b["train"]) != fps["train"]
-    shutil.rmtree(a["test"] / "pipeline")  # an older store: computed from vocab/
+    save_vocabularies(a["test"] / "vocab", load_pipeline(a["test"]).vocabs_)  # an older store: vocab/ only,
+    shutil.rmtree(a["test"] / "pipeline")  # the fingerprint computed from it
     assert store_vocab_fingerprint(a["test"]) == fps["train"]
 
 
@@ -270,6 +273,7 @@ def test_checkpoints_written_before_pipelines_get_theirs_rebuilt(tmp_path: Path)
     src = tmp_path / "s.tsv"
     src.write_text("\n".join(criteo_lines(500)) + "\n")
     train = Store(preprocess_criteo(src, tmp_path / "o", min_freq=2, embedding_dim=8, progress=False)["train"])
+    save_vocabularies(train.path / "vocab", load_pipeline(train.path).vocabs_)  # the layout of those days
     old = {"schema": train.schema.to_dict(), "vocab": {"arrays": vocab_payload(train), "path": None},
            "extra": {"data_format": "criteo", "preprocessing": train.preprocessing}, "pipeline": None,
            "config": {"data": {"multi_hot_size": 2, "multi_hot_min_table_size": 30}}}

@@ -121,10 +121,10 @@ def test_stores_of_one_run_and_vocab_from_stores_agree(criteo_stores):
     train = criteo_stores["train"]
     for name in ("valid", "test", "mapped", "train"):
         check_same_vocabulary(train, criteo_stores[name], f"data.{name}")
-    # the --vocab-from store wrote its own vocab.json (other fitting notes) but the same ids
-    a = json.loads((Path(train) / "vocab" / "vocab.json").read_text())
-    b = json.loads((Path(criteo_stores["mapped"]) / "vocab" / "vocab.json").read_text())
-    assert a != b and a["vocabularies"] == b["vocabularies"]
+    # the --vocab-from store holds its own copy of the pipeline, with the same per-table fingerprints
+    a = json.loads((Path(train) / "pipeline" / "pipeline.json").read_text())
+    b = json.loads((Path(criteo_stores["mapped"]) / "pipeline" / "pipeline.json").read_text())
+    assert len(a["table_fingerprints"]) == 26 and a["table_fingerprints"] == b["table_fingerprints"]
     assert Vocabularies.of_store(train).differences(Vocabularies.of_store(criteo_stores["mapped"])) == []
 
 
@@ -151,12 +151,12 @@ def test_same_sizes_but_other_keys_is_refused(tmp_path):
 
 
 def test_checkpoint_vocabularies(criteo_stores):
-    """A checkpoint carries the training store's vocab files as bytes (runner.vocab_payload)."""
-    from ctrkit.runner import vocab_payload
+    """A checkpoint carries the training store's pipeline (its vocabularies and their fingerprints)."""
+    from ctrkit.data.pipeline.persist import load_pipeline, to_payload
 
     train = Store(criteo_stores["train"])
-    ref = Vocabularies.of_checkpoint({"arrays": vocab_payload(train), "path": None}, train.schema.to_dict(),
-                                     "checkpoint best.pt", "data/criteo/train")
+    ref = Vocabularies.of_checkpoint(None, train.schema.to_dict(), "checkpoint best.pt", "data/criteo/train",
+                                     pipeline=to_payload(load_pipeline(train.path)))
     check_same_vocabulary(ref, criteo_stores["mapped"], "--data")
     with pytest.raises(StoreError, match=r"--data: store .* than checkpoint best\.pt .*--vocab-from data/criteo/train"):
         check_same_vocabulary(ref, criteo_stores["other"], "--data")

@@ -12,7 +12,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
-from ctrkit.data.pipeline.vocab import load_vocabularies
+from ctrkit.data.pipeline.persist import load_pipeline
 from ctrkit.data.sources.table import load_spec, preprocess_table
 from ctrkit.data.storage.store import Store
 from ctrkit.errors import DataError
@@ -59,7 +59,7 @@ def test_movielens_100k_store_matches_naive(tmp_path: Path, shared_data) -> None
     assert s.schema.feature("item_id").vocab_size == len(items) + 2
     assert s.stats["label_rate"] == pytest.approx(np.mean(t["label"]))
     # jagged columns row by row: genres ids and last-20 history ids through item_id's vocabulary
-    vocabs = load_vocabularies(res["train"])
+    vocabs = load_pipeline(res["train"]).vocabs_
     assert vocabs["item_id"].keys.tolist()[:5] == list(items)[:5]
     gv, go = s["genres"]
     hv, ho = s["hist_items"]
@@ -124,7 +124,7 @@ def test_parquet_lists_split_column_weight_and_log(tmp_path: Path) -> None:
     assert te["label"].tolist() == [1.0, 0.0] and te["weight"].tolist() == [1.0, 3.0]
     # item vocab (int keys) of the train rows only: items 10, 20, 30 and hist tokens, first appearance in feed
     # order (the chunk's item column, then its hist tokens); 40 and 60 appear only in test rows -> id 1 (unseen)
-    v = load_vocabularies(res["test"])["item"]
+    v = load_pipeline(res["test"]).vocabs_["item"]
     assert dict(zip(v.keys.tolist(), v.ids.tolist())) == {10: 2, 20: 3, 30: 4, 50: 5}
     assert te["item"].tolist() == [0, 1]
     hv, ho = te["hist"]

@@ -13,7 +13,7 @@ import pyarrow.csv as pacsv
 import pytest
 
 from ctrkit.cli import main
-from ctrkit.data.pipeline.vocab import load_vocabularies
+from ctrkit.data.pipeline.persist import load_pipeline
 from ctrkit.data.sources.table import preprocess_table
 from ctrkit.data.storage.store import Store
 from ctrkit.errors import DataError
@@ -81,7 +81,7 @@ def test_fraction_split_fits_vocabularies_and_statistics_on_the_train_rows_only(
     assert sorted(b["line"] for b in st["test"].stats["first_bad_lines"]) == [302, 702]  # header = line 1
     assert all(len(r) > 150 for r in rows.values())
     train = sorted(rows["train"])  # input order
-    vocabs = load_vocabularies(res["train"])
+    vocabs = load_pipeline(res["train"]).vocabs_
     # naive vocabularies over the train rows only, in input order (a chunk's single-valued columns first)
     want = {"rid": _first_ids([raw["rid"][i] for i in train]),
             "d": _first_ids([raw["d"][i] for i in train], min_freq=2),

@@ -40,14 +40,9 @@ or Ctrl-C leaves ``out`` as it was.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import logging
-import queue
-import re
-import threading
 import time
-import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -65,145 +60,23 @@ from ctrkit.data.pipeline.encode import Encoded
 from ctrkit.data.pipeline.feature_pipeline import DENSE_NAMES, SPARSE_NAMES, FeaturePipeline
 from ctrkit.data.pipeline.rows import BadRows, assign_split, parse_split, row_uniform, stream_key
 from ctrkit.data.pipeline.vocab import MODES, check_vocab_options
+from ctrkit.data.sources.criteo_read import (
+    DAY_RE,
+    background,
+    block_columns,
+    day_number,
+    is_gzip,
+    iter_blocks,
+    resolve_inputs,
+)
 from ctrkit.data.sources.driver import Chunk, Frontend, Input, Summary, preprocess
 from ctrkit.errors import DataError
-from ctrkit.io import missing_path
 from ctrkit.progress import progress_bar
 
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "valid", "test")
-_DAY_RE = re.compile(r"^day_(\d+)(\.[A-Za-z0-9]+)*$")
 _AVG_LINE_BYTES = 256  # chunk_rows -> read block size
-_BOM = b"\xef\xbb\xbf"  # UTF-8 byte-order mark (files saved by some Windows editors)
-
-# ---- reading -----------------------------------------------------------------------------------------
-def _open(path: Path) -> tuple[Any, Any]:
-    """(stream to read, raw file for the progress position); gzip is detected by its magic bytes."""
-    raw = open(path, "rb")  # noqa: SIM115  (closed by iter_blocks)
-    magic = raw.read(2)
-    raw.seek(0)
-    if magic == b"\x1f\x8b":
-        return gzip.GzipFile(fileobj=raw, mode="rb"), raw
-    return raw, raw
-
-
-def iter_blocks(path: Path, block_bytes: int) -> Iterator[tuple[bytes, int]]:
-    """Blocks of whole lines (each ending in b"\\n") and the compressed bytes read so far. A UTF-8 byte-order
-    mark at the start of the (decompressed) file is dropped: it is no part of the first line."""
-    stream, raw = _open(path)
-    try:
-        carry = b""
-        head = True  # the start of the file: strip a BOM there
-        while True:
-            try:
-                data = stream.read(block_bytes)
-            except (EOFError, OSError, zlib.error) as e:
-                raise DataError(
-                    f"{path}: cannot read past byte {raw.tell()} ({e}); the gzip file is truncated or corrupt, "
-                    "re-download or re-compress it"
-                ) from None
-            if not data:
-                break
-            buf = carry + data if carry else data
-            if head:
-                if len(buf) < len(_BOM) and _BOM.startswith(buf):  # a read shorter than the BOM: read on
-                    carry = buf
-                    continue
-                buf, head = buf.removeprefix(_BOM), False
-            cut = buf.rfind(b"\n")
-            if cut < 0:
-                carry = buf
-                continue
-            carry = buf[cut + 1:]
-            yield buf[: cut + 1], raw.tell()
-        if carry:
-            yield carry + b"\n", raw.tell()
-    finally:
-        stream.close()
-        raw.close()
-
-
-def _background(gen: Iterator[Any], depth: int = 2) -> Iterator[Any]:
-    """Run a generator in a daemon thread (gunzip and file reads release the GIL); re-raise its errors."""
-    q: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-    done = object()
-
-    def work() -> None:
-        try:
-            for item in gen:
-                while not stop.is_set():
-                    try:
-                        q.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-            q.put(done)
-        except BaseException as e:  # noqa: BLE001  (forwarded to the consumer)
-            q.put(e)
-
-    t = threading.Thread(target=work, daemon=True)
-    t.start()
-    try:
-        while True:
-            item = q.get()
-            if item is done:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
-
-
-def block_columns(blk: ParsedBlock) -> dict[str, np.ndarray]:
-    """The parser's decoded rows as the pipeline's raw columns: label, I1..I13 (integers), C1..C26 (keys, -1
-    missing)."""
-    cols: dict[str, np.ndarray] = {"label": blk.label}
-    dense, keys = np.ascontiguousarray(blk.raw_dense.T), np.ascontiguousarray(blk.keys.T)  # one copy: columns
-    cols.update((n, dense[j]) for j, n in enumerate(DENSE_NAMES))  # contiguous, not strided views of rows
-    cols.update((c, keys[j]) for j, c in enumerate(SPARSE_NAMES))
-    return cols
-
-
-def resolve_inputs(inputs: str | Path | Sequence[str | Path]) -> list[Path]:
-    """Input files in processing order; a directory means its ``day_*`` files (by day number)."""
-    items = [inputs] if isinstance(inputs, (str, Path)) else list(inputs)
-    if not items:
-        raise DataError("no input files given")
-    files: list[Path] = []
-    for it in items:
-        p = Path(it)
-        if p.is_dir():
-            days = sorted((f for f in p.iterdir() if _DAY_RE.match(f.name)), key=_day_number)
-            if not days:
-                raise DataError(f"{p} is a directory without day_* files; pass the input files themselves")
-            files.extend(days)
-        else:
-            files.append(p)
-    for f in files:
-        if not f.exists():
-            raise DataError(missing_path(f, "input file"))
-        if not f.is_file():
-            raise DataError(f"input {f} is not a regular file")
-        if f.stat().st_size == 0:
-            raise DataError(f"input file {f} is empty")
-    days: dict[tuple[Path, int], Path] = {}
-    for f in files:  # day_3 next to day_3.gz: every row read twice, and the test day leaks into train
-        if _DAY_RE.match(f.name):
-            twin = days.setdefault((f.parent.resolve(), _day_number(f)), f)
-            if twin != f:
-                raise DataError(f"{twin} and {f} are both day {_day_number(f)}; keep one of them (a plain "
-                                "and a compressed copy of a day would both be read)")
-    return files
-
-
-def _day_number(p: Path) -> int:
-    m = _DAY_RE.match(p.name)
-    return int(m.group(1)) if m else -1
 
 
 # ---- the front-end of the preprocess driver --------------------------------------------------------------
@@ -222,7 +95,7 @@ class _Criteo(Frontend):
         self.seed, self.valid_from_test = options["seed"], options["valid_from_test"]
         self.shuffle_key = stream_key(self.seed, 3)
         self.expected_splits = () if day_mode else tuple(n for n, f in zip(SPLITS, fractions or ()) if f > 0)
-        comp = [0.25 if _is_gzip(f) else 1.0 for f in files]  # gzip ratio of Criteo text is ~4
+        comp = [0.25 if is_gzip(f) else 1.0 for f in files]  # gzip ratio of Criteo text is ~4
         self.est_rows = sum(f.stat().st_size / c for f, c in zip(files, comp)) / _AVG_LINE_BYTES * 1.5
         self.inputs = [Input(str(f), BadRows(str(f)), np.zeros(NUM_DENSE, np.int64), i) for i, f in enumerate(files)]
         self.empty_lines, self.t_read, self._stats = 0, 0.0, None
@@ -235,7 +108,7 @@ class _Criteo(Frontend):
         try:
             for path, src in zip(self.files, self.inputs):
                 line0, last_pos = 0, 0
-                parsed = _background((parse_block(buf), pos) for buf, pos in _background(iter_blocks(path, block_bytes)))
+                parsed = background((parse_block(buf), pos) for buf, pos in background(iter_blocks(path, block_bytes)))
                 for blk, pos in parsed:
                     for idx, reason in blk.bad:
                         src.bad.add(line0 + idx + 1, reason)
@@ -297,6 +170,28 @@ class _Criteo(Frontend):
         }
 
 
+def _options(args: dict[str, Any], day_mode: bool) -> dict[str, Any]:
+    """The run's options as the manifest records them, after checking them (``args``: the keyword arguments of
+    :func:`preprocess_criteo`)."""
+    check_vocab_options(args["min_freq"], args["max_vocab"], args["max_vocab_mode"])
+    if not 0 <= args["max_bad_fraction"] <= 1:
+        raise DataError(f"max_bad_fraction must be in [0, 1], got {args['max_bad_fraction']}")
+    dim = args["embedding_dim"]
+    if dim != "auto" and (not str(dim).isdigit() or int(dim) < 1):
+        raise DataError(f"embedding_dim must be a positive integer or 'auto', got {dim!r}")
+    if args["chunk_rows"] < 1:
+        raise DataError(f"chunk_rows must be >= 1, got {args['chunk_rows']}")
+    split = "days"
+    if not day_mode:
+        split = ",".join(f"{f:g}" for f in parse_split("0.8,0.1,0.1" if args["split"] is None else args["split"]))
+        if args["valid_from_test"]:
+            raise DataError("--valid-from-test applies to day files (day_0 .. day_N) without --split")
+    keys = ("min_freq", "max_vocab", "max_vocab_mode", "split", "valid_from_test", "seed", "chunk_rows",
+            "max_bad_fraction", "embedding_dim", "vocab_from")
+    return {**{k: args[k] for k in keys}, "split": split, "embedding_dim": dim if dim == "auto" else int(dim),
+            "vocab_from": str(args["vocab_from"]) if args["vocab_from"] else None}
+
+
 def preprocess_criteo(
     inputs: str | Path | Sequence[str | Path],
     out: str | Path,
@@ -334,29 +229,12 @@ def preprocess_criteo(
     ``shuffle=False`` keeps train in input order too (scoring raw rows in order, e.g. ``predict``).
     """
     files = resolve_inputs(inputs)
-    check_vocab_options(min_freq, max_vocab, max_vocab_mode)
-    if not 0 <= max_bad_fraction <= 1:
-        raise DataError(f"max_bad_fraction must be in [0, 1], got {max_bad_fraction}")
-    if embedding_dim != "auto" and (not str(embedding_dim).isdigit() or int(embedding_dim) < 1):
-        raise DataError(f"embedding_dim must be a positive integer or 'auto', got {embedding_dim!r}")
-    embedding_dim = embedding_dim if embedding_dim == "auto" else int(embedding_dim)
-    if chunk_rows < 1:
-        raise DataError(f"chunk_rows must be >= 1, got {chunk_rows}")
-    day_mode = split is None and len(files) >= 2 and all(_DAY_RE.match(f.name) for f in files)
-    fractions = None
-    if day_mode:
-        files = sorted(files, key=_day_number)
-    else:
-        fractions = parse_split("0.8,0.1,0.1" if split is None else split)
-        if valid_from_test:
-            raise DataError("--valid-from-test applies to day files (day_0 .. day_N) without --split")
-    options = {"min_freq": min_freq, "max_vocab": max_vocab, "max_vocab_mode": max_vocab_mode,
-               "split": "days" if day_mode else ",".join(f"{f:g}" for f in fractions),
-               "valid_from_test": valid_from_test, "seed": seed, "chunk_rows": chunk_rows,
-               "max_bad_fraction": max_bad_fraction, "embedding_dim": embedding_dim,
-               "vocab_from": str(vocab_from) if vocab_from else None}
+    day_mode = split is None and len(files) >= 2 and all(DAY_RE.match(f.name) for f in files)
+    files = sorted(files, key=day_number) if day_mode else files
+    options = _options(locals(), day_mode)  # checked; as the manifests record them
+    fractions = None if day_mode else parse_split("0.8,0.1,0.1" if split is None else split)
     pipe = FeaturePipeline.criteo(min_freq=min_freq, max_vocab=max_vocab, max_vocab_mode=max_vocab_mode,
-                                  embedding_dim=embedding_dim)
+                                  embedding_dim=options["embedding_dim"])
     front = _Criteo(files, pipe, options=options, day_mode=day_mode, fractions=fractions, shuffle=shuffle,
                     progress=progress)
     result, summary = preprocess(front, out, overwrite=overwrite, shard_bytes=shard_bytes)
@@ -365,11 +243,6 @@ def preprocess_criteo(
     log.info("criteo: %d rows (%d bad) -> %s in %.1fs (read+parse %.1fs, %.0f rows/s)", n_in, n_bad,
              {k: summary.rows[k] for k in result}, elapsed, front.t_read, n_in / max(elapsed, 1e-9))
     return result
-
-
-def _is_gzip(path: Path) -> bool:
-    with open(path, "rb") as f:
-        return f.read(2) == b"\x1f\x8b"
 
 
 def _progress(total: int, enabled: bool | None) -> Any:

@@ -21,7 +21,7 @@ import numpy as np
 from ctrkit.data.pipeline.criteo_parse import NUM_FIELDS, parse_block
 from ctrkit.data.pipeline.feature_pipeline import CRITEO, FeaturePipeline
 from ctrkit.data.pipeline.rows import BadRows
-from ctrkit.data.sources.criteo import block_columns, iter_blocks
+from ctrkit.data.sources.criteo_read import block_columns, iter_blocks
 from ctrkit.data.sources.table_read import header, iter_batches
 from ctrkit.errors import DataError
 from ctrkit.io import missing_path
