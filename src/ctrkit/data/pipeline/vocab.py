@@ -18,9 +18,11 @@ the caller applies to ids it has already written (min_freq and the cap can only 
 * ``mode="cap"``: the first ``max_vocab - 2`` kept values (first-appearance order) keep their ids and
   later values map to 1.
 
-On disk (``<store>/vocab/``): ``vocab.json`` (options and sizes per vocabulary) and one Arrow IPC file
-per vocabulary with the kept raw keys in id order (column ``key``), their training counts (``count``)
-and, in hash mode, their ids (``id``). :meth:`Vocabulary.lookup` maps new raw values with the same
+On disk a store holds its vocabularies once, as arrays of its fitted pipeline (``<store>/pipeline``,
+:mod:`ctrkit.data.pipeline.persist`). Stores of earlier releases also (or only) hold ``<store>/vocab/``, read by
+:func:`load_vocabularies`: ``vocab.json`` (options and sizes per vocabulary) and one Arrow IPC file per
+vocabulary with the kept raw keys in id order (column ``key``), their training counts (``count``) and, in hash
+mode, their ids (``id``); :func:`save_vocabularies` writes that layout (for tests of those stores). :meth:`Vocabulary.lookup` maps new raw values with the same
 rules (unseen -> 1, missing -> 0), vectorised with ``numpy.searchsorted``.
 """
 
