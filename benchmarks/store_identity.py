@@ -10,8 +10,8 @@ slice) once per checkout, each in a subprocess with ``PYTHONPATH=<src>``, and co
 of every store byte for byte (ids, values, row order after the shuffle), plus the row counts of the
 manifests. Prints one line per case and a JSON summary; exits 1 on any difference.
 
-Data: ``$CTRKIT_DATA`` (default ``/work/shared/data``) for MovieLens and the behaviour logs; a case whose data
-is missing fails loudly.
+Data: ``$CTRKIT_SHARED_DATA`` (default ``../shared/data`` beside the repository) for MovieLens and the
+behaviour logs; a case whose data is missing fails loudly.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def main() -> int:
     ap.add_argument("--candidate-src", default=str(REPO / "src"), help="src/ directory of the checkout to check")
     ap.add_argument("--workdir", default=None, help="keep inputs and stores here (default: a temporary directory)")
     a = ap.parse_args()
-    data = Path(os.environ.get("CTRKIT_DATA", "/work/shared/data"))
+    data = Path(os.environ.get("CTRKIT_SHARED_DATA") or REPO.parent / "shared" / "data")
     with tempfile.TemporaryDirectory(prefix="ctrkit-identity-") as tmp:
         work = Path(a.workdir or tmp)
         inp = _inputs(work, data)
