@@ -6,6 +6,10 @@ derives from the built-in exception a caller would expect (ValueError for bad in
 ``except ValueError`` keeps working.
 """
 
+from __future__ import annotations
+
+from dataclasses import dataclass
+
 
 class CtrkitError(Exception):
     """Base class of every error ctrkit raises on purpose."""
@@ -80,3 +84,23 @@ class StoreError(CtrkitError, RuntimeError):
 
 class TrainingError(CtrkitError, RuntimeError):
     """Training cannot go on (non-finite loss, empty data, bad resume); the message says where."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One bad value of one row: ``row`` as the caller counts rows (a 1-based line of a file, a 0-based index
+    of a request), ``field`` the raw column (None: the row as a whole), ``reason`` what is wrong."""
+
+    row: int
+    field: str | None
+    reason: str
+
+
+class RowErrors(DataError):
+    """Rows that break the pipeline's column rules. ``problems`` lists them as structured (row, field, reason)
+    entries (the first few when there are many), so a caller (the server's 4xx answer) reports them without
+    reading the message; the message says the same in one line."""
+
+    def __init__(self, message: str, problems: list[Problem]) -> None:
+        super().__init__(message)
+        self.problems = list(problems)

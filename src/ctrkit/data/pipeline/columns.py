@@ -1,21 +1,26 @@
-"""Per-column value rules applied to every batch of raw rows: text, numbers, delimited tokens,
-last-``max_len`` truncation and the arrow kind of a column; malformed values are counted as bad rows.
+"""The column rules of :mod:`ctrkit.data.pipeline.rules` applied to whole columns of raw rows (pyarrow /
+numpy, no per-row Python): text, numbers, the float32 range, Criteo's 8-hex-digit keys, delimited tokens,
+last-``max_len`` truncation and the arrow kind of a column. A malformed value marks its row bad in a
+:class:`~ctrkit.data.pipeline.rows.BadRows`, with the raw column it was found in.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from ctrkit.data.pipeline.rows import BadRows
+from ctrkit.data.pipeline.rules import F32_MAX, NUMBER, decode_hex8
 
-_NUMBER = r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$"
+_NUMBER = f"^{NUMBER}$"
 
 
-def to_string(col: pa.Array | np.ndarray, lines: np.ndarray, bad_rows: np.ndarray, bad: BadRows, name: str) -> pa.Array:
+def to_string(col: pa.Array | np.ndarray, lines: np.ndarray, bad_rows: np.ndarray, bad: BadRows, name: str,
+              column: str | None = None) -> pa.Array:
     """A column as text: binary -> string, numbers -> their text. Rows holding invalid UTF-8, or a value
     that is no single value (a list, a mapping: rows given as dicts of nested data) are marked bad and read
     as null (a per-value check only on failure)."""
@@ -32,7 +37,7 @@ def to_string(col: pa.Array | np.ndarray, lines: np.ndarray, bad_rows: np.ndarra
                 pass
         what = "a list or mapping" if pa.types.is_nested(t) else f"a {t} value"
         bad.flag(col.is_valid().to_numpy(zero_copy_only=False), lines,
-                 f"column {name!r} holds {what}, not a single value", bad_rows)
+                 f"column {name!r} holds {what}, not a single value", bad_rows, column or name)
         return pa.nulls(len(col), pa.string())
     try:
         return pc.cast(col, pa.string())
@@ -45,30 +50,65 @@ def to_string(col: pa.Array | np.ndarray, lines: np.ndarray, bad_rows: np.ndarra
             except UnicodeDecodeError:
                 invalid.append(i)
                 vals[i] = b""
-        bad.flag(np.array(invalid, np.int64), lines, f"column {name!r}: non-UTF-8 bytes", bad_rows)
+        bad.flag(np.array(invalid, np.int64), lines, f"column {name!r}: non-UTF-8 bytes", bad_rows, column or name)
         return pc.cast(pa.array(vals, pa.binary()), pa.string())
 
 
-def numeric(col: pa.Array, lines: np.ndarray, bad_rows: np.ndarray, bad: BadRows, what: str) -> np.ndarray:
+def numeric(col: pa.Array, lines: np.ndarray, bad_rows: np.ndarray, bad: BadRows, what: str,
+            column: str | None = None) -> np.ndarray:
     """A column as float64 [n]; empty / null (and a float NaN, pandas' missing value) -> NaN. Non-numeric
-    strings and values that are not finite (inf, or text like "1e400" beyond float64) mark the row bad and
-    read as NaN."""
+    strings (``NUMBER``) and values that are not finite (inf, or text like "1e400" beyond float64) mark the
+    row bad and read as NaN. ``what`` names the column in reasons ("dense 'I1'"), ``column`` is the raw one."""
     if pa.types.is_integer(col.type) or pa.types.is_floating(col.type) or pa.types.is_boolean(col.type):
         # unsafe: an integer beyond 2^53 becomes the nearest float64 instead of an error
         x = pc.cast(col, pa.float64(), safe=False).fill_null(math.nan).to_numpy(zero_copy_only=False)
     else:
-        s = to_string(col, lines, bad_rows, bad, what)
+        s = to_string(col, lines, bad_rows, bad, what, column)
         empty = pc.equal(pc.utf8_trim_whitespace(s.fill_null("")), "")
         ok = pc.or_(pc.match_substring_regex(s.fill_null(""), _NUMBER), empty).to_numpy(zero_copy_only=False)
         if not ok.all():
-            bad.flag(~ok, lines, f"{what} is not a number", bad_rows)
+            bad.flag(~ok, lines, f"{what} is not a number", bad_rows, column)
         clean = pc.if_else(pc.or_(empty, pa.array(~ok)), pa.scalar(None, pa.string()), s)
         x = pc.cast(pc.utf8_trim_whitespace(clean), pa.float64()).fill_null(math.nan).to_numpy(zero_copy_only=False)
     inf = np.isinf(x)
     if inf.any():
         x = np.where(inf, math.nan, x)
-        bad.flag(inf, lines, f"{what} is not finite (inf, or beyond the float64 range)", bad_rows)
+        bad.flag(inf, lines, f"{what} is not finite (inf, or beyond the float64 range)", bad_rows, column)
     return x
+
+
+def within_f32(x: np.ndarray, lines: np.ndarray, bad_rows: np.ndarray, bad: BadRows, reason: str, column: str,
+               fill: float) -> np.ndarray:
+    """``x`` with values beyond +-float32 max (they would be +-inf in a store) replaced by ``fill``, their rows
+    marked bad for ``reason``."""
+    big = np.abs(x) > F32_MAX
+    if big.any():
+        bad.flag(big, lines, reason, bad_rows, column)
+        x = np.where(big, fill, x)
+    return x
+
+
+def hex_keys(col: Any, lines: np.ndarray, bad_rows: np.ndarray, bad: BadRows, name: str) -> np.ndarray:
+    """Criteo categoricals -> 32-bit keys int64 [n], -1 = missing. Text must be empty or 8 hex digits
+    (else the row is bad); integers (already decoded, e.g. by the block parser) pass, negative = missing."""
+    if isinstance(col, np.ndarray) and col.dtype.kind in "iu":
+        return col.astype(np.int64, copy=False)
+    if isinstance(col, pa.Array) and pa.types.is_integer(col.type):
+        return pc.fill_null(col, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+    s = to_string(col if isinstance(col, pa.Array) else pa.array(col, pa.string()), lines, bad_rows, bad, name)
+    s = s.cast(pa.string()).fill_null("")  # 32-bit offsets (large_string has 64-bit ones), read below
+    n8 = pc.equal(pc.binary_length(s), 8).to_numpy(zero_copy_only=False)
+    empty = pc.equal(pc.binary_length(s), 0).to_numpy(zero_copy_only=False)
+    keys = np.full(len(s), -1, np.int64)
+    idx = np.flatnonzero(n8)
+    if len(idx):
+        f = s.filter(pa.array(n8))  # every value 8 bytes long: the data buffer is an (m, 8) byte matrix
+        offs = np.frombuffer(f.buffers()[1], np.int32)[f.offset: f.offset + len(f) + 1]
+        decoded, ok = decode_hex8(np.frombuffer(f.buffers()[2], np.uint8)[offs[0]: offs[-1]].reshape(-1, 8))
+        keys[idx[ok]] = decoded[ok]
+        n8[idx[~ok]] = False
+    bad.flag(~n8 & ~empty, lines, f"categorical {name!r} is not empty or 8 hex digits", bad_rows, name)
+    return keys
 
 
 def tokens(col: pa.Array | np.ndarray, delimiter: str, lines: np.ndarray, bad_rows: np.ndarray, bad: BadRows,
@@ -93,7 +133,7 @@ def tokens(col: pa.Array | np.ndarray, delimiter: str, lines: np.ndarray, bad_ro
         flat = to_string(flat, parent, scratch, BadRows(name, keep=0), name)  # token-level check ...
         if scratch.any():  # ... reported per row
             bad.flag(np.unique(parent[scratch]), lines, f"column {name!r} holds nested lists or non-UTF-8 bytes",
-                     bad_rows)
+                     bad_rows, name)
     keep = flat.is_valid()
     if pa.types.is_string(flat.type):
         flat = pc.utf8_trim_whitespace(flat)

@@ -37,21 +37,26 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ctrkit.data.pipeline.columns import keep_last, numeric, to_string, tokens
+from ctrkit.data.pipeline.columns import hex_keys, keep_last, numeric, to_string, tokens, within_f32
 from ctrkit.data.pipeline.criteo_parse import dense_transform
 from ctrkit.data.pipeline.rows import BadRows, jagged_take
-from ctrkit.data.pipeline.spec import SPLITS, TableSpecYaml
+from ctrkit.data.pipeline.rules import (
+    CRITEO,
+    F32_MAX,
+    HEX,
+    IDS,
+    LOG_FLOOR,
+    SPLIT_CODES,
+    TABLE,
+    ColumnRules,
+)
+from ctrkit.data.pipeline.spec import TableSpecYaml
 from ctrkit.data.pipeline.vocab import GROUP_TABLE
-from ctrkit.errors import DataError
+from ctrkit.errors import DataError, RowErrors
 
-CRITEO, TABLE, IDS = "criteo", "table", "ids"
 KINDS = (CRITEO, TABLE, IDS)
-_LOG_FLOOR = math.exp(-2)
-F32_MAX = float(np.finfo(np.float32).max)  # a dense value or weight beyond it is a bad row (module docstring)
-_HEX = np.full(256, -1, np.int64)
-_HEX[np.frombuffer(b"0123456789", np.uint8)] = np.arange(10)
-_HEX[np.frombuffer(b"abcdef", np.uint8)] = np.arange(10, 16)
-_HEX[np.frombuffer(b"ABCDEF", np.uint8)] = np.arange(10, 16)
+__all__ = ["CRITEO", "F32_MAX", "GROUP_TABLE", "IDS", "KINDS", "TABLE", "Encoded", "Raw", "RowEncoder", "as_columns",
+           "hex_keys", "jagged_key", "log_transform"]
 
 Raw = Any  # pa.Table | pandas.DataFrame | list[dict] | Mapping[str, pa.Array | np.ndarray | (values, lengths)]
 
@@ -97,34 +102,9 @@ def jagged_key(name: str) -> str:
 
 def log_transform(x: np.ndarray) -> tuple[np.ndarray, int]:
     """``ln(x + 3)`` with x + 3 <= e^-2 clamped to -2 -> (float64 values, clamped count)."""
-    low = x + 3 <= _LOG_FLOOR
+    low = x + 3 <= LOG_FLOOR
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(low, -2.0, np.log(np.maximum(x + 3, 1e-300))), int(low.sum())
-
-
-def hex_keys(col: Any, lines: np.ndarray, bad_rows: np.ndarray, bad: BadRows, name: str) -> np.ndarray:
-    """Criteo categoricals -> 32-bit keys int64 [n], -1 = missing. Text must be empty or 8 hex digits
-    (else the row is bad); integers (already decoded, e.g. by the block parser) pass, negative = missing."""
-    if isinstance(col, np.ndarray) and col.dtype.kind in "iu":
-        return col.astype(np.int64, copy=False)
-    if isinstance(col, pa.Array) and pa.types.is_integer(col.type):
-        return pc.fill_null(col, -1).to_numpy(zero_copy_only=False).astype(np.int64)
-    s = to_string(col if isinstance(col, pa.Array) else pa.array(col, pa.string()), lines, bad_rows, bad, name)
-    s = s.cast(pa.string()).fill_null("")  # 32-bit offsets (large_string has 64-bit ones), read below
-    n8 = pc.equal(pc.binary_length(s), 8).to_numpy(zero_copy_only=False)
-    empty = pc.equal(pc.binary_length(s), 0).to_numpy(zero_copy_only=False)
-    keys = np.full(len(s), -1, np.int64)
-    idx = np.flatnonzero(n8)
-    if len(idx):
-        f = s.filter(pa.array(n8))  # every value 8 bytes long: the data buffer is an (m, 8) byte matrix
-        offs = np.frombuffer(f.buffers()[1], np.int32)[f.offset: f.offset + len(f) + 1]
-        raw = np.frombuffer(f.buffers()[2], np.uint8)[offs[0]: offs[-1]].reshape(-1, 8)
-        nib = _HEX[raw]  # (m, 8) nibble per character, -1 if not hex
-        ok = (nib >= 0).all(axis=1)
-        keys[idx[ok]] = (nib[ok] << (4 * np.arange(7, -1, -1))).sum(axis=1)
-        n8[idx[~ok]] = False
-    bad.flag(~n8 & ~empty, lines, f"categorical {name!r} is not empty or 8 hex digits", bad_rows)
-    return keys
 
 
 _ARROW_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError)
@@ -223,11 +203,11 @@ def _num_rows(cols: dict[str, Any]) -> int:
     return 0
 
 
-def _numbers(col: Any, lines: np.ndarray, bad_rows: np.ndarray, bad: BadRows, what: str) -> np.ndarray:
+def _numbers(col: Any, lines: np.ndarray, bad_rows: np.ndarray, bad: BadRows, what: str, column: str) -> np.ndarray:
     """A column as float64 [n], NaN = missing; not a number / not finite -> a bad row (:func:`numeric`)."""
     if isinstance(col, np.ndarray) and col.dtype.kind in "biu":  # integers: always finite
         return col.astype(np.float64)
-    return numeric(col if isinstance(col, pa.Array) else pa.array(col), lines, bad_rows, bad, what)
+    return numeric(col if isinstance(col, pa.Array) else pa.array(col), lines, bad_rows, bad, what, column)
 
 
 def _take(a: Any, keep: np.ndarray) -> Any:
@@ -247,6 +227,7 @@ class RowEncoder:
     spec: TableSpecYaml
     kind: str
     table_of: dict[str, str]  # sparse feature -> its vocabulary (= embedding table)
+    rules: ColumnRules  # the spec compiled (:mod:`ctrkit.data.pipeline.rules`): what every reader applies
 
     def _ids(self, table: str, values: Any, missing: np.ndarray | None = None) -> np.ndarray:
         raise NotImplementedError
@@ -264,10 +245,10 @@ class RowEncoder:
 
     def input_columns(self, *, optional: bool = True) -> list[str]:
         """Raw columns the rows need (feature columns), plus label / weight / group / split with ``optional``."""
-        s = self.spec
-        need = [e["column"] for e in (*s.dense, *s.sparse, *s.sequence)]
-        extra = [s.label, s.weight, s.group_id, s.split_column] if optional else []
-        return list(dict.fromkeys(c for c in (*extra, *need) if c))
+        r = self.rules
+        need = [x.column for x in r.inputs]
+        extra = [x.column for x in (r.label, r.weight, r.group, r.split) if x is not None] if optional else []
+        return list(dict.fromkeys((*extra, *need)))
 
     def _single_keys(self, a: Any, lines: np.ndarray, badm: np.ndarray, bad: BadRows, c: str, *,
                      hexed: bool) -> Any:
@@ -287,8 +268,8 @@ class RowEncoder:
 
     def encode(self, raw: Raw, *, lines: np.ndarray | None = None, bad: BadRows | None = None,
                unit: str | None = None) -> Encoded:
-        """Parse, validate and look up one chunk of raw rows (see the module docstring)."""
-        s = self.spec
+        """Parse, validate and look up one chunk of raw rows (see the module docstring). Without ``bad``, a
+        malformed row raises :class:`~ctrkit.errors.RowErrors` naming its row, field and reason."""
         cols = as_columns(raw)
         if isinstance(raw, list) and not raw:  # no rows, so no column names to read: zero rows of each column
             cols = {c: pa.array([], pa.string()) for c in self.input_columns(optional=False)}
@@ -299,85 +280,121 @@ class RowEncoder:
         where = unit or ("line" if lines is not None else "row")  # what the numbers in an error count
         lines = np.arange(1, n + 1) if lines is None else np.asarray(lines)
         strict = bad is None
-        bad = BadRows("rows") if bad is None else bad
-        badm = np.zeros(n, bool)
-        y = None
-        if s.label in cols:
-            y = _numbers(cols[s.label], lines, badm, bad, f"label {s.label!r}")
-            if s.label_threshold is not None:
-                y = np.where(np.isnan(y), np.nan, (y >= s.label_threshold).astype(np.float64))
-            bad.flag(~np.isin(y, (0.0, 1.0)) & ~badm, lines, f"label {s.label!r} is not 0 or 1", badm)
-        dense = np.zeros((n, len(s.dense)), self._dense_dtype, order="F")  # filled column by column
-        clamped = np.zeros(len(s.dense), np.int64)
-        for j, e in enumerate(s.dense):
-            col = cols[e["column"]]
-            if e["transform"] == "log" and isinstance(col, np.ndarray) and col.dtype.kind in "iu":
-                dense[:, j], clamped[j] = dense_transform(col)  # integer counts: lookup-table fast path
-                continue
-            x = np.nan_to_num(_numbers(col, lines, badm, bad, f"dense {e['name']!r}"), nan=0.0)
-            if e["transform"] == "log":
-                x, k = log_transform(x)
-                clamped[j] += k
-            big = np.abs(x) > F32_MAX  # would be +-inf in a float32 store
-            if big.any():
-                bad.flag(big, lines, f"dense {e['name']!r} is beyond the float32 range (|value| > {F32_MAX:.4g}"
-                         f"{' after ln(x + 3)' if e['transform'] == 'log' else ''})", badm)
-                x = np.where(big, 0.0, x)
-            dense[:, j] = x
-        w = None
-        if s.weight and s.weight in cols:
-            w = np.nan_to_num(_numbers(cols[s.weight], lines, badm, bad, f"weight {s.weight!r}"), nan=1.0)
-            big = np.abs(w) > F32_MAX
-            if big.any():
-                bad.flag(big, lines, f"weight {s.weight!r} is beyond the float32 range", badm)
-                w = np.where(big, 1.0, w)
-        split = None
-        if s.split_column and s.split_column in cols:
-            sv = to_string(cols[s.split_column], lines, badm, bad, s.split_column)
-            split = np.full(n, -1, np.int8)
-            for i, name in enumerate(SPLITS):
-                split[pc.equal(sv.fill_null(""), name).to_numpy(zero_copy_only=False)] = i
-            bad.flag((split < 0) & ~badm, lines, f"split column {s.split_column!r} is not train/valid/test", badm)
+        chunk = _Chunk(cols, n, lines, BadRows("rows") if bad is None else bad, np.zeros(n, bool))
+        y = self._label(chunk)
+        dense, clamped = self._dense(chunk)
+        w = self._weight(chunk)
+        split = self._split(chunk)
         # categorical columns are validated (hex, UTF-8, single values) and multi-valued ones split into tokens
         # before any value enters a vocabulary, so a bad row found there is dropped like any other
-        single = [e for e in s.sparse if not e.get("multi_valued")]
-        multi = [e for e in s.sparse if e.get("multi_valued")]
-        group_col = s.group_id if s.group_id and s.group_id in cols else None
-        cat: dict[Any, Any] = {}
-        for c in (*(e["column"] for e in single), *([group_col] if group_col else [])):
-            if c not in cat:
-                cat[c] = self._single_keys(cols[c], lines, badm, bad, c, hexed=self.kind == CRITEO and c != group_col)
-        for e in (*multi, *s.sequence):
-            key = (e["column"], e.get("delimiter", "|"))
-            if key not in cat:
-                a = cols[e["column"]]
-                cat[key] = (a if isinstance(a, tuple) else
-                            tokens(a, key[1], lines, badm, bad, e["column"]))  # (flat values, lengths [n])
-        if strict and bad.bad:
-            first = "; ".join(f"{where} {k}: {r}" for k, r in bad.first)
-            raise DataError(f"{bad.bad} of {n} rows are malformed: {first}")
-        whole = not badm.any()
-        keep = np.arange(n) if whole else np.flatnonzero(~badm)
-
-        def kept(c: Any) -> Any:
-            return cat[c] if whole else _take(cat[c], keep)
-
-        sparse = np.empty((len(keep), len(single)), self._sparse_dtype, order="F")  # filled column by column
-        for j, e in enumerate(single):
-            v = kept(e["column"])
-            sparse[:, j] = self._ids(self.table_of[e["name"]], v, v < 0 if self.kind == CRITEO else None)
-        jagged: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        for e in (*multi, *s.sequence):
-            flat, lens = kept((e["column"], e.get("delimiter", "|")))
-            lens = np.asarray(lens, np.int64)
-            ids = self._ids(self.feature_table(e), flat) if len(flat) else np.zeros(0, np.int64)
-            if e.get("max_len"):
-                ids, lens = keep_last(ids, lens, int(e["max_len"]))
-            jagged[e["name"]] = (ids, lens)
-        group = self._ids(GROUP_TABLE, kept(group_col)) if group_col else None
+        cat = self._categorical(chunk)
+        if strict and chunk.bad.bad:
+            first = "; ".join(f"{where} {k}: {r}" for k, r in chunk.bad.first)
+            raise RowErrors(f"{chunk.bad.bad} of {n} rows are malformed: {first}", chunk.bad.problems)
+        whole = not chunk.badm.any()
+        keep = np.arange(n) if whole else np.flatnonzero(~chunk.badm)
 
         def rows(a: np.ndarray | None) -> np.ndarray | None:
             return a if a is None or whole else a[keep]
 
+        kept = {k: v if whole else _take(v, keep) for k, v in cat.items()}
+        sparse, jagged, group = self._lookup(kept, len(keep))
         return Encoded(keep, rows(lines), rows(y), rows(dense), sparse, jagged, rows(w), group, rows(split),
                        clamped)
+
+    # ---- one rule each: raw column -> values, bad rows flagged -----------------------------------------
+    def _label(self, c: _Chunk) -> np.ndarray | None:
+        rule = self.rules.label
+        if rule.column not in c.cols:
+            return None
+        y = _numbers(c.cols[rule.column], c.lines, c.badm, c.bad, f"label {rule.column!r}", rule.column)
+        if rule.threshold is not None:
+            y = np.where(np.isnan(y), np.nan, (y >= rule.threshold).astype(np.float64))
+        c.bad.flag(~np.isin(y, (0.0, 1.0)) & ~c.badm, c.lines, f"label {rule.column!r} is not 0 or 1", c.badm,
+                   rule.column)
+        return y
+
+    def _dense(self, c: _Chunk) -> tuple[np.ndarray, np.ndarray]:
+        """(dense [n, Nd] after the encode-time transform, values clamped by ln(x + 3) per column [Nd])."""
+        rules = self.rules.dense
+        dense = np.zeros((c.n, len(rules)), self._dense_dtype, order="F")  # filled column by column
+        clamped = np.zeros(len(rules), np.int64)
+        for j, r in enumerate(rules):
+            col = c.cols[r.column]
+            if r.transform == "log" and isinstance(col, np.ndarray) and col.dtype.kind in "iu":
+                dense[:, j], clamped[j] = dense_transform(col)  # integer counts: lookup-table fast path
+                continue
+            x = np.nan_to_num(_numbers(col, c.lines, c.badm, c.bad, f"dense {r.name!r}", r.column), nan=0.0)
+            if r.transform == "log":
+                x, clamped[j] = log_transform(x)
+            after = " after ln(x + 3)" if r.transform == "log" else ""
+            dense[:, j] = within_f32(x, c.lines, c.badm, c.bad, f"dense {r.name!r} is beyond the float32 range "
+                                     f"(|value| > {F32_MAX:.4g}{after})", r.column, 0.0)
+        return dense, clamped
+
+    def _weight(self, c: _Chunk) -> np.ndarray | None:
+        rule = self.rules.weight
+        if rule is None or rule.column not in c.cols:
+            return None
+        w = np.nan_to_num(_numbers(c.cols[rule.column], c.lines, c.badm, c.bad, f"weight {rule.column!r}",
+                                   rule.column), nan=1.0)
+        return within_f32(w, c.lines, c.badm, c.bad, f"weight {rule.column!r} is beyond the float32 range",
+                          rule.column, 1.0)
+
+    def _split(self, c: _Chunk) -> np.ndarray | None:
+        rule = self.rules.split
+        if rule is None or rule.column not in c.cols:
+            return None
+        sv = to_string(c.cols[rule.column], c.lines, c.badm, c.bad, rule.column).fill_null("")
+        split = np.full(c.n, -1, np.int8)
+        for name, code in SPLIT_CODES.items():
+            split[pc.equal(sv, name).to_numpy(zero_copy_only=False)] = code
+        c.bad.flag((split < 0) & ~c.badm, c.lines, f"split column {rule.column!r} is not train/valid/test", c.badm,
+                   rule.column)
+        return split
+
+    def _categorical(self, c: _Chunk) -> dict[Any, Any]:
+        """{column: keys or text} of the single-valued columns (and the group column), {(column, delimiter):
+        (flat tokens, lengths [n])} of the multi-valued and sequence ones."""
+        cat: dict[Any, Any] = {}
+        group = self.rules.group if self.rules.group and self.rules.group.column in c.cols else None
+        for r in (*self.rules.single, *([group] if group else [])):
+            if r.column not in cat:
+                cat[r.column] = self._single_keys(c.cols[r.column], c.lines, c.badm, c.bad, r.column,
+                                                  hexed=r.kind == HEX)
+        for r in self.rules.jagged:
+            key = (r.column, r.delimiter)
+            if key not in cat:
+                a = c.cols[r.column]
+                cat[key] = a if isinstance(a, tuple) else tokens(a, r.delimiter, c.lines, c.badm, c.bad, r.column)
+        return cat
+
+    def _lookup(self, kept: dict[Any, Any], n: int) -> tuple[np.ndarray, dict[str, tuple[np.ndarray, np.ndarray]],
+                                                              np.ndarray | None]:
+        """Ids of the kept rows: (sparse [n, Ns], jagged {feature: (ids, lengths)}, group ids or None)."""
+        sparse = np.empty((n, len(self.rules.single)), self._sparse_dtype, order="F")  # filled column by column
+        for j, r in enumerate(self.rules.single):
+            v = kept[r.column]
+            sparse[:, j] = self._ids(r.table, v, v < 0 if r.kind == HEX else None)
+        jagged: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for r in self.rules.jagged:
+            flat, lens = kept[(r.column, r.delimiter)]
+            lens = np.asarray(lens, np.int64)
+            ids = self._ids(r.table, flat) if len(flat) else np.zeros(0, np.int64)
+            if r.max_len:
+                ids, lens = keep_last(ids, lens, r.max_len)
+            jagged[r.name] = (ids, lens)
+        g = self.rules.group
+        group = self._ids(GROUP_TABLE, kept[g.column]) if g is not None and g.column in kept else None
+        return sparse, jagged, group
+
+
+@dataclass
+class _Chunk:
+    """One chunk under validation: its columns, size, line numbers, bad-row record and mask of bad rows."""
+
+    cols: dict[str, Any]
+    n: int
+    lines: np.ndarray
+    bad: BadRows
+    badm: np.ndarray

@@ -55,6 +55,7 @@ from ctrkit.data.pipeline.encode import (
 )
 from ctrkit.data.pipeline.multihot import MultiHot
 from ctrkit.data.pipeline.rows import ColumnSpec, SpillColumn
+from ctrkit.data.pipeline.rules import ColumnRules, compile_rules
 from ctrkit.data.pipeline.spec import TableSpecYaml, load_spec
 from ctrkit.data.pipeline.vocab import VocabBuilder, Vocabulary, check_vocab_options
 from ctrkit.data.pipeline.vocab_arrays import vocab_fingerprint
@@ -125,6 +126,17 @@ class FeaturePipeline(RowEncoder):
         return cls(spec, kind=IDS, schema=schema)
 
     # ---- fitting -----------------------------------------------------------------------------------
+    @property
+    def rules(self) -> ColumnRules:
+        """The spec compiled into typed column rules (once): what the encoder, the readers and the server's
+        request validation apply (:mod:`ctrkit.data.pipeline.rules`)."""
+        rules = self.__dict__.get("_rules")
+        if rules is None:
+            sizes = ({t: s.num_embeddings for t, s in self._schema.tables().items()}
+                     if self.kind == IDS and self._schema is not None else None)
+            rules = self._rules = compile_rules(self.spec, self.kind, self.table_of, sizes)
+        return rules
+
     @property
     def fitted(self) -> bool:
         return self.kind == IDS or self.vocabs_ is not None
@@ -357,7 +369,7 @@ class PipelineFitter(RowEncoder):
 
     def __init__(self, pipeline: FeaturePipeline) -> None:
         self.pipeline = pipeline
-        self.spec, self.kind, self.table_of = pipeline.spec, pipeline.kind, pipeline.table_of
+        self.spec, self.kind, self.table_of, self.rules = pipeline.spec, pipeline.kind, pipeline.table_of, pipeline.rules
         self._builders: dict[str, VocabBuilder] = {}
         self._n = 0  # training rows counted so far, their per-column mean and sum of squared deviations
         self._mean = np.zeros(len(self.spec.dense))

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ctrkit.errors import DataError
+from ctrkit.errors import DataError, Problem
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,8 @@ class BadRows:
 
     ``first`` holds ``(line_number, reason)`` with 1-based physical line numbers. A row counts once however
     many reasons it has: readers that validate a chunk column by column call :meth:`flag` with the chunk's
-    mask of rows already found bad, so a second reason only joins the first one's text.
+    mask of rows already found bad, so a second reason only joins the first one's text. ``problems`` holds the
+    same rows as structured :class:`~ctrkit.errors.Problem` entries, one per (row, field, reason), in row order.
     """
 
     file: str
@@ -32,8 +33,9 @@ class BadRows:
     total: int = 0
     bad: int = 0
     first: list[tuple[int, str]] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
 
-    def add(self, lines: np.ndarray, reason: str) -> None:
+    def add(self, lines: np.ndarray, reason: str, column: str | None = None) -> None:
         """Record malformed rows at 1-based ``lines`` [k] that share one ``reason`` (rows not yet counted)."""
         k = len(lines)
         if k == 0:
@@ -41,12 +43,15 @@ class BadRows:
         self.bad += k
         room = self.keep - len(self.first)
         if room > 0:
-            self.first.extend((int(n), reason) for n in np.asarray(lines)[:room])
+            new = [int(n) for n in np.asarray(lines)[:room]]
+            self.first.extend((n, reason) for n in new)
             self.first.sort()
-            del self.first[self.keep:]
+            self.problems.extend(Problem(n, column, reason) for n in new)
+            self.problems.sort(key=lambda p: p.row)  # stable: a row's problems in the order found
 
-    def flag(self, rows: np.ndarray, lines: np.ndarray, reason: str, seen: np.ndarray) -> None:
-        """Mark rows ``rows`` (bool mask [n] or indices) of a chunk bad for ``reason``.
+    def flag(self, rows: np.ndarray, lines: np.ndarray, reason: str, seen: np.ndarray,
+             column: str | None = None) -> None:
+        """Mark rows ``rows`` (bool mask [n] or indices) of a chunk bad for ``reason`` about raw ``column``.
 
         ``lines`` [n] are the chunk's line numbers and ``seen`` [n] its rows already bad (updated in place):
         those are not counted again; their reason is appended to the kept one when it is among ``first``.
@@ -59,8 +64,11 @@ class BadRows:
         lines = np.asarray(lines)
         if again.any() and self.first:  # at most ``keep`` entries to extend
             seen_lines = set(np.intersect1d(lines[idx[again]], [n for n, _ in self.first]).tolist())
-            self.first = [(n, f"{r}; {reason}" if n in seen_lines and reason not in r else r) for n, r in self.first]
-        self.add(lines[idx[~again]], reason)
+            joined = {n for n, r in self.first if n in seen_lines and reason not in r}
+            self.first = [(n, f"{r}; {reason}" if n in joined else r) for n, r in self.first]
+            self.problems.extend(Problem(n, column, reason) for n in sorted(joined))
+            self.problems.sort(key=lambda p: p.row)
+        self.add(lines[idx[~again]], reason, column)
 
     def check(self, max_bad_fraction: float) -> None:
         """Log the bad rows; raise :class:`DataError` when ``bad / total > max_bad_fraction``."""
