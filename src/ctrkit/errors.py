@@ -101,6 +101,9 @@ class RowErrors(DataError):
     entries (the first few when there are many), so a caller (the server's 4xx answer) reports them without
     reading the message; the message says the same in one line."""
 
-    def __init__(self, message: str, problems: list[Problem]) -> None:
+    def __init__(self, message: str, problems: list[Problem], *, bad_rows: int | None = None,
+                 total: int | None = None) -> None:
         super().__init__(message)
         self.problems = list(problems)
+        self.bad_rows = len({p.row for p in problems}) if bad_rows is None else bad_rows  # rows, all counted
+        self.total = len(self.problems) if total is None else total  # problems, all counted

@@ -93,7 +93,7 @@ def test_a_malformed_row_is_named_by_predict_and_skipped_by_score(criteo):
     with pytest.raises(DataError, match="row 7: categorical 'C3' is not empty or 8 hex digits"):
         p.predict(rows)
     s = p.score(rows)
-    assert [r for r, _ in s.bad] == [7, 12] and "'I2'" in s.bad[1][1]
+    assert [(p.row, p.field) for p in s.bad] == [(7, "C3"), (12, "I2")] and "'I2'" in s.bad[1].reason
     ok = np.ones(20, bool)
     ok[[6, 11]] = False
     np.testing.assert_array_equal(s.ok, ok)

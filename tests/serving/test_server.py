@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from ctrkit.cli import main
+from ctrkit.errors import Problem
 from ctrkit.runner import SAMPLE
 from ctrkit.serving import batching
 from ctrkit.serving.batching import MicroBatcher
@@ -307,7 +308,8 @@ def test_rows_the_pipeline_refuses_are_a_422_too(criteo_ckpt):
     def refuse_second_row(rows, **kw):
         out = score(rows, **kw)
         if len(out.scores) > 1:
-            out = Scored(np.where(np.arange(len(out.scores)) == 1, np.nan, out.scores), [(2, "dense 'I4' is odd")])
+            out = Scored(np.where(np.arange(len(out.scores)) == 1, np.nan, out.scores),
+                         [Problem(2, "I4", "dense 'I4' is odd")])
         return out
 
     predictor.score = refuse_second_row
@@ -405,7 +407,7 @@ def test_batcher_returns_bad_rows_and_failures_to_their_own_request():
         calls.append(n)
         if "boom" in columns["v"]:
             raise ValueError("boom")
-        bad = [(k + 1, f"bad {v}") for k, v in enumerate(columns["v"]) if v.startswith("bad")]
+        bad = [Problem(k + 1, "v", f"bad {v}") for k, v in enumerate(columns["v"]) if v.startswith("bad")]
         return np.arange(n, dtype=np.float32), bad
 
     async def run():
@@ -418,9 +420,9 @@ def test_batcher_returns_bad_rows_and_failures_to_their_own_request():
     a, c, boom, e = asyncio.run(run())
     assert calls == [8, 2, 2, 1, 3]  # the merged call failed: each request alone
     assert a.bad == [] and a.scores.tolist() == [0, 1]
-    assert c.bad == [(1, "bad bad-d")] and c.scores.tolist() == [0, 1]
+    assert c.bad == [Problem(1, "v", "bad bad-d")] and c.scores.tolist() == [0, 1]
     assert isinstance(boom, ValueError)
-    assert e.bad == [(0, "bad bad-e")] and e.scores.tolist() == [0, 1, 2]
+    assert e.bad == [Problem(0, "v", "bad bad-e")] and e.scores.tolist() == [0, 1, 2]
 
 
 class WaitClock:

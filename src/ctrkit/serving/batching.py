@@ -32,19 +32,21 @@ from typing import Any
 
 import numpy as np
 
+from ctrkit.errors import Problem
+
 log = logging.getLogger(__name__)
 
 Columns = dict[str, Any]  # column -> its n values: a list or a numpy array
-# columns of n rows -> (scores [n], [(1-based row, reason)] of the rows it could not score)
-ScoreFn = Callable[[Columns, int], tuple[np.ndarray, list[tuple[int, str]]]]
+# columns of n rows -> (scores [n], the (1-based row, field, reason) of the rows it could not score)
+ScoreFn = Callable[[Columns, int], tuple[np.ndarray, list[Problem]]]
 
 
 @dataclass
 class Scores:
-    """One request's result: ``scores`` [n] and its malformed rows as (0-based row, reason)."""
+    """One request's result: ``scores`` [n] and the problems of its malformed rows (0-based rows)."""
 
     scores: np.ndarray
-    bad: list[tuple[int, str]] = field(default_factory=list)
+    bad: list[Problem] = field(default_factory=list)
 
 
 @dataclass
@@ -167,10 +169,10 @@ class MicroBatcher:
             return [r for j in jobs for r in self._score_jobs([j])]
         self._count(jobs)
         starts = np.cumsum([0] + [j.n for j in jobs]).tolist()
-        per_job: list[list[tuple[int, str]]] = [[] for _ in jobs]
-        for line, reason in bad:
-            k = bisect.bisect_right(starts, line - 1) - 1
-            per_job[k].append((line - 1 - starts[k], reason))
+        per_job: list[list[Problem]] = [[] for _ in jobs]
+        for p in bad:
+            k = bisect.bisect_right(starts, p.row - 1) - 1
+            per_job[k].append(Problem(p.row - 1 - starts[k], p.field, p.reason))
         return [Scores(scores[starts[k]:starts[k + 1]], per_job[k]) for k in range(len(jobs))]
 
     def _count(self, jobs: list[_Job]) -> None:

@@ -29,7 +29,7 @@ import torch
 from ctrkit.data.pipeline.encode import Raw
 from ctrkit.data.pipeline.feature_pipeline import FeaturePipeline
 from ctrkit.data.pipeline.rows import BadRows
-from ctrkit.errors import DataError, JobError
+from ctrkit.errors import DataError, JobError, Problem
 from ctrkit.models.base import logits_of
 
 log = logging.getLogger(__name__)
@@ -37,11 +37,11 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Scored:
-    """Result of :meth:`Predictor.score`: ``scores`` [n] (NaN where the row was malformed), and per malformed
-    row its 1-based number (or line, when lines were given) and the reasons, in row order."""
+    """Result of :meth:`Predictor.score`: ``scores`` [n] (NaN where the row was malformed), and the problems of
+    the malformed rows (row: the 1-based number, or the line when lines were given; field; reason), in row order."""
 
     scores: np.ndarray
-    bad: list[tuple[int, str]] = field(default_factory=list)
+    bad: list[Problem] = field(default_factory=list)
 
     @property
     def ok(self) -> np.ndarray:
@@ -117,7 +117,7 @@ class Predictor:
             if len(enc):
                 scores[enc.keep] = self.score_columns(self.pipeline.finalize(enc.parts()))
             parts.append(scores)
-            bad_all += _merge_reasons(bad.first)
+            bad_all += bad.problems
         return Scored(np.concatenate(parts) if parts else np.zeros(0, np.float32), bad_all)
 
     def predict_file(self, path: str | Path, stats: Any = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
@@ -187,12 +187,3 @@ def _slice(rows: Raw, start: int, stop: int) -> Raw:
             return rows
         raise DataError("a dict of columns is scored in one chunk; raise batch_size or pass a pyarrow Table")
     return rows.iloc[start:stop]
-
-
-def _merge_reasons(first: list[tuple[int, str]]) -> list[tuple[int, str]]:
-    """(row, reason) pairs -> one entry per row with its reasons joined, in row order."""
-    by_row: dict[int, list[str]] = {}
-    for row, reason in first:
-        by_row.setdefault(row, []).append(reason)
-    return [(row, "; ".join(reasons)) for row, reasons in sorted(by_row.items())]
-

@@ -39,7 +39,6 @@ import argparse
 import gc
 import logging
 import math
-import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -51,7 +50,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 
-from ctrkit.errors import ConfigError, DataError
+from ctrkit.errors import ConfigError, DataError, Problem, RowErrors
 from ctrkit.serving.batching import MicroBatcher
 from ctrkit.serving.options import (
     MAX_BATCH_ROWS,
@@ -62,7 +61,7 @@ from ctrkit.serving.options import (
     default_threads,
 )
 from ctrkit.serving.predictor import Predictor
-from ctrkit.serving.validation import Checked, RowValidator, loads, to_arrays
+from ctrkit.serving.validation import Checked, RowValidator, loads, render, to_arrays
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +94,7 @@ def create_app(predictor: Predictor, *, max_rows: int = MAX_ROWS, max_body_bytes
     rules = validator.rules
     model_name = str(predictor.info.get("model") or type(predictor.model).__name__.lower())
 
-    def score_columns(columns: dict[str, Any], n: int) -> tuple[np.ndarray, list[tuple[int, str]]]:
+    def score_columns(columns: dict[str, Any], n: int) -> tuple[np.ndarray, list[Problem]]:
         """(worker thread) Canonical columns of n rows -> scores, in chunks the predictor takes."""
         size = predictor.batch_size
         parts, bad = [], []
@@ -120,9 +119,10 @@ def create_app(predictor: Predictor, *, max_rows: int = MAX_ROWS, max_body_bytes
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         batcher.start()
         warm = {r.column: None for r in rules}  # one row of missing values: loads the code paths and threads
-        checked = validator.check([warm])
-        if checked.errors:
-            raise RuntimeError(f"warm-up row refused: {checked.errors[0].message}")
+        try:
+            checked = validator.check([warm])
+        except RowErrors as e:
+            raise RuntimeError(f"warm-up row refused: {render(e.problems[0])}") from None
         await batcher.score(checked.columns, 1)
         state["ready"] = True
         log.info("ready: %s, %d input fields, limits %s", model_name, len(rules), limits)
@@ -170,14 +170,10 @@ def create_app(predictor: Predictor, *, max_rows: int = MAX_ROWS, max_body_bytes
         if len(rows) > max_rows:
             raise _Refused(413, "too_many_rows", f"{len(rows)} rows is more than this server's limit of "
                            f"{max_rows} per request; split them into several requests")
-        checked = validator.check(rows, max_errors)
-        if checked.errors:
-            listed = len(checked.errors)
-            more = "" if listed == checked.total_errors else f" ({listed} of {checked.total_errors} errors listed)"
-            raise _Refused(422, "invalid_rows", f"{checked.bad_rows} of {len(rows)} rows are invalid, so none was "
-                           f"scored{more}; fix them and send the request again. First: {checked.errors[0].message}",
-                           errors=[e.to_dict() for e in checked.errors], invalid_rows=checked.bad_rows)
-        return checked
+        try:
+            return validator.check(rows, max_errors)
+        except RowErrors as e:
+            raise _invalid_rows(e.problems, render, len(rows), e.bad_rows, e.total) from None
 
     @app.post("/predict")
     async def predict(request: Request) -> JSONResponse:
@@ -191,11 +187,9 @@ def create_app(predictor: Predictor, *, max_rows: int = MAX_ROWS, max_body_bytes
         except DataError as e:  # rows the pipeline refused as a whole (the checks above should prevent it)
             raise _Refused(422, "invalid_rows", f"{e}; fix the rows and send the request again") from None
         if res.bad:  # the pipeline refused rows the validator passed (it should not): still the row's error
-            errors = [{"row": row, "field": _field_of(reason, validator.rules), "message": f"row {row}: {reason}"}
-                      for row, reason in res.bad]
-            raise _Refused(422, "invalid_rows", f"{len(errors)} of {n} rows are invalid, so none was scored; "
-                           f"fix them and send the request again. First: {errors[0]['message']}",
-                           errors=errors[:max_errors], invalid_rows=len(errors))
+            bad_rows = len({p.row for p in res.bad})
+            raise _invalid_rows(res.bad[:max_errors], lambda p: f"row {p.row}: {p.reason}", n, bad_rows,
+                                len(res.bad))
         scores = res.scores.tolist()
         if not all(map(math.isfinite, scores)):
             raise RuntimeError(f"the model gave non-finite scores for valid rows: {scores[:5]}...")
@@ -232,10 +226,13 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _field_of(reason: str, rules: list[Any]) -> str | None:
-    """The input field a pipeline reason names ("dense 'I1' is not a number"), or None."""
-    names = {r.column for r in rules}
-    return next((m for m in re.findall(r"'([^']*)'", reason) if m in names), None)
+def _invalid_rows(problems: list[Problem], message: Any, n: int, bad_rows: int, total: int) -> _Refused:
+    """The 422 answer listing ``problems`` (the first of ``total``; 0-based rows), each rendered by ``message``."""
+    more = "" if len(problems) == total else f" ({len(problems)} of {total} errors listed)"
+    errors = [{"row": p.row, "field": p.field, "message": message(p)} for p in problems]
+    return _Refused(422, "invalid_rows", f"{bad_rows} of {n} rows are invalid, so none was scored{more}; fix them "
+                    f"and send the request again. First: {errors[0]['message']}", errors=errors,
+                    invalid_rows=bad_rows)
 
 
 def _json_type(v: Any) -> str:

@@ -1,0 +1,317 @@
+"""The column rules of :mod:`ctrkit.data.pipeline.rules` applied to one JSON value at a time: what the server's
+request validation (:mod:`ctrkit.serving.validation`) reads each value of a request with.
+
+:func:`reader` gives, per :class:`~ctrkit.data.pipeline.rules.ColumnRule`, a function from one JSON value to
+its canonical form (the form whose pipeline reading does not depend on the values beside it), raising
+:class:`Refused` with the reason otherwise; :func:`fast_column` and :func:`fast_hex_columns` read a whole
+column at once when every value is of the usual JSON type and well-formed. Both take the rules' constants
+(``NUMBER``, ``F32_MAX`` through ``ColumnRule.bound``, ``KEY_LIMIT``, the hex digits), so a value the server
+accepts is one the encoder reads without error, and a value it refuses is a bad row there (tested by
+``tests/serving/test_rules_agree.py``).
+
+=====================  ===============================================  =========================================
+column                 accepted JSON values                             canonical value
+=====================  ===============================================  =========================================
+dense                  number, numeric string (``"3"``, ``" 1e-3 "``),  float, NaN = missing (the pipeline reads
+                       ``""`` or null (missing); finite only            it as 0 before its transform); a column
+                                                                        of integers and nulls: int, null -> 0
+Criteo categorical     8 hex digits, ``""`` or null (missing), or the   int key (-1 = missing): the block
+                       decoded key as an integer in [0, 2^32)           parser's form, the pipeline's fast path
+table categorical      string, integer (or an integral float), null     str or None
+multi-valued /         list of strings / integers, a delimited string   list[str] (tokens trimmed and empty ones
+sequence               (the spec's delimiter), or null (no values)      dropped later by the pipeline)
+``ids`` pipeline       integer id in [0, table size), null (= id 0);    int; list[int]
+                       a list of such ids for multi-valued columns
+=====================  ===============================================  =========================================
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable
+from itertools import chain
+from typing import Any
+
+import numpy as np
+
+from ctrkit.data.pipeline.rules import (
+    CATEGORY,
+    DENSE,
+    HEX,
+    ID,
+    ID_TOKENS,
+    KEY_LIMIT,
+    NUMBER,
+    TOKENS,
+    ColumnRule,
+    decode_hex8,
+)
+
+_NUMBER = re.compile(NUMBER)
+_KEY_LIMIT = KEY_LIMIT
+
+
+class NonFinite:
+    """A ``NaN`` / ``Infinity`` / ``-Infinity`` token of a request body: not a number any rule accepts."""
+
+    __slots__ = ("token",)
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+
+
+class Refused(Exception):
+    """A value a rule refuses; the message completes "field 'x' ..." (an empty one: the caller words it)."""
+
+
+
+def describe(v: Any) -> str:
+    """A JSON value as an error message names it: 'an object', 'the string "ab"', ..."""
+    if isinstance(v, NonFinite):
+        return f"{v.token} (not a finite number; JSON has no NaN / Infinity)"
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, dict):
+        return "an object"
+    if isinstance(v, list):
+        return "a list"
+    if isinstance(v, str):
+        s = v if len(v) <= 40 else v[:37] + "..."
+        return f"the string {json.dumps(s)}"
+    if isinstance(v, float) and not math.isfinite(v):
+        return f"{v} (a number too large for a 64-bit float)"
+    text = repr(v)
+    return f"the number {text if len(text) <= 40 else text[:37] + '...'}"
+
+
+# ---- one value -> its canonical form --------------------------------------------------------------------------------------
+def _dense(v: Any) -> float:
+    t = type(v)
+    if t is float:
+        if v - v == 0.0:  # finite (inf - inf and nan - nan are nan)
+            return v
+        raise Refused(f"is {describe(v)}; send a finite number, or null for a missing value")
+    if t is int:
+        try:
+            return float(v)
+        except OverflowError:
+            raise Refused("is an integer too large for a 64-bit float; send a smaller number") from None
+    if v is None:
+        return math.nan
+    if t is str:
+        if not v.strip():
+            return math.nan
+        if _NUMBER.fullmatch(v):
+            x = float(v)
+            if x - x == 0.0:
+                return x
+            raise Refused(f"is {describe(v)}, too large for a 64-bit float; send a smaller number")
+    if isinstance(v, NonFinite):
+        raise Refused(f"is {v.token}, not a finite number (JSON has no NaN / Infinity); send a finite number, or "
+                   "null for a missing value")
+    raise Refused(f"must be a number, a numeric string, \"\" or null (missing); got {describe(v)}")
+
+
+def _dense_within(bound: float) -> Callable[[Any], float]:
+    if bound == math.inf:
+        return _dense
+
+    def read(v: Any) -> float:
+        x = _dense(v)
+        if -bound <= x <= bound or math.isnan(x):  # NaN: missing
+            return x
+        raise Refused(f"is {describe(v)}, beyond the float32 range the model reads (|value| <= {bound:.4g}); send "
+                   "a smaller number")
+
+    return read
+
+
+def _hex(v: Any) -> int:
+    t = type(v)
+    if t is str:
+        if len(v) == 8 and v.isascii() and v.isalnum():
+            try:
+                return int(v, 16)
+            except ValueError:
+                pass
+        elif not v:
+            return -1
+        raise Refused(f"must be 8 hex digits (e.g. \"68fd1e64\"), \"\" or null (missing); got {describe(v)}")
+    if v is None:
+        return -1
+    if t is int and 0 <= v < _KEY_LIMIT:
+        return v
+    raise Refused("must be 8 hex digits (e.g. \"68fd1e64\"), \"\" or null (missing), or the key as an integer in "
+               f"[0, 2^32); got {describe(v)}")
+
+
+def _utf8(s: str) -> str:
+    if not s.isascii():
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError:
+            raise Refused(f"holds a lone UTF-16 surrogate ({describe(s)}), which is not Unicode text; "
+                       "send valid UTF-8") from None
+    return s
+
+
+def _token(v: Any) -> str | None:
+    """One categorical value -> str (None: missing); integers and integral floats as their decimal text."""
+    t = type(v)
+    if t is str:
+        return _utf8(v)
+    if v is None:
+        return None
+    if t is int:
+        return str(v)
+    if t is float and v - v == 0.0 and v == int(v):
+        return str(int(v))
+    raise Refused
+
+
+def _category(v: Any) -> str | None:
+    try:
+        return _token(v)
+    except Refused as e:
+        if e.args:
+            raise
+        raise Refused(f"must be a string, an integer or null (missing); got {describe(v)}") from None
+
+
+def _tokens(delimiter: str) -> Callable[[Any], list[str]]:
+    def read(v: Any) -> list[str]:
+        if type(v) is str:
+            return _utf8(v).split(delimiter)
+        if v is None:
+            return []
+        if type(v) is list:
+            out = []
+            for i, item in enumerate(v):
+                try:
+                    tok = _token(item)
+                except Refused as e:
+                    if e.args:
+                        raise
+                    raise Refused(f"item {i} must be a string or an integer; got {describe(item)}") from None
+                if tok is not None:
+                    out.append(tok)
+            return out
+        raise Refused(f"must be a list of strings / integers, a {delimiter!r}-delimited string or null (no values); "
+                   f"got {describe(v)}")
+
+    return read
+
+
+def _id(size: int) -> Callable[[Any], int]:
+    def read(v: Any) -> int:
+        if type(v) is int and 0 <= v < size:
+            return v
+        if v is None:
+            return 0
+        raise Refused(f"must be an integer id in [0, {size}) or null (id 0, missing); got {describe(v)}")
+
+    return read
+
+
+def _id_tokens(size: int) -> Callable[[Any], list[int]]:
+    def read(v: Any) -> list[int]:
+        if v is None:
+            return []
+        if type(v) is list:
+            out = []
+            for i, x in enumerate(v):
+                if type(x) is int and 0 <= x < size:
+                    out.append(x)
+                else:
+                    raise Refused(f"item {i} must be an integer id in [0, {size}); got {describe(x)}")
+            return out
+        raise Refused(f"must be a list of integer ids in [0, {size}) or null (no values); got {describe(v)}")
+
+    return read
+
+
+def reader(rule: ColumnRule) -> Callable[[Any], Any]:
+    """The per-value reader of ``rule``: one JSON value -> its canonical value, or :class:`Refused`."""
+    return {DENSE: lambda: _dense_within(rule.bound), HEX: lambda: _hex, CATEGORY: lambda: _category,
+            TOKENS: lambda: _tokens(rule.delimiter), ID: lambda: _id(rule.table_size),
+            ID_TOKENS: lambda: _id_tokens(rule.table_size)}[rule.kind]()
+
+
+# ---- whole columns at once ------------------------------------------------------------------------------
+NUMPY = {DENSE: np.float64, HEX: np.int64, ID: np.int64}  # kinds whose canonical column is a numpy array
+_NONE = type(None)
+_INTEGERS, _NUMBERS, _TEXT = {int, _NONE}, {int, float, _NONE}, {str, _NONE}
+
+
+def fast_column(rule: ColumnRule, vals: list[Any]) -> Any:
+    """The canonical column of ``vals`` when every value is well-formed and of the usual JSON type (numbers
+    for dense, 8-hex-digit strings or null for Criteo keys, ASCII strings or null for categories); None
+    otherwise (then every value is checked on its own, which also names the bad ones)."""
+    types = set(map(type, vals))
+    if rule.kind == DENSE and types <= _INTEGERS:  # counts (Criteo's I1..I13): int64, null -> 0, as the pipeline
+        try:  # reads null; integer columns take its ln(x + 3) lookup table
+            return np.array(vals if _NONE not in types else [0 if v is None else v for v in vals], np.int64)
+        except OverflowError:  # beyond int64: read as floats below
+            pass
+    if rule.kind == DENSE and types <= _NUMBERS:
+        try:
+            x = np.array(vals, np.float64)  # null -> NaN (missing)
+        except OverflowError:  # an integer beyond float64
+            return None
+        with np.errstate(invalid="ignore"):
+            if np.isinf(x).any() or (rule.bound < math.inf and (np.abs(x) > rule.bound).any()):
+                return None
+        return x
+    if rule.kind == HEX and types <= _TEXT:
+        return fast_hex_columns([rule], {rule.column: vals}).get(rule.column)
+    if rule.kind == CATEGORY and types <= _TEXT:
+        strs = [v for v in vals if v is not None] if _NONE in types else vals
+        return vals if "".join(strs).isascii() else None
+    return None
+
+
+def fast_hex_columns(rules: list[ColumnRule], values: dict[str, list[Any]]) -> dict[str, np.ndarray]:
+    """Criteo keys of the columns of ``rules`` whose values are all 8-hex-digit strings, "" or null, decoded
+    together (one numpy pass for all columns): {column: keys int64 [n], -1 = missing}. A column with any other
+    value is left out (checked value by value), and so are all of them when any key is not hex."""
+    picked, keys, present = [], [], []
+    for r in rules:
+        vals = values[r.column]
+        types = set(map(type, vals))
+        if not types <= _TEXT:
+            continue
+        k = [v for v in vals if v] if _NONE in types or "" in vals else vals  # "" / null: missing
+        if k and set(map(len, k)) != {8}:
+            continue
+        picked.append(r.column)
+        keys.append(k)
+        present.append(None if len(k) == len(vals) else np.fromiter(map(bool, vals), bool, len(vals)))
+    if not picked:
+        return {}
+    try:
+        raw = "".join(chain.from_iterable(keys)).encode("ascii")
+    except UnicodeEncodeError:
+        return _each_alone(rules, values)
+    decoded, ok = decode_hex8(np.frombuffer(raw, np.uint8).reshape(-1, 8))  # (all keys,)
+    if not ok.all():
+        return _each_alone(rules, values)
+    out, at = {}, 0
+    for column, k, mask in zip(picked, keys, present):
+        part, at = decoded[at:at + len(k)], at + len(k)
+        if mask is None:
+            out[column] = part
+        else:
+            out[column] = np.full(len(mask), -1, np.int64)
+            out[column][mask] = part
+    return out
+
+
+def _each_alone(rules: list[ColumnRule], values: dict[str, list[Any]]) -> dict[str, np.ndarray]:
+    """:func:`fast_hex_columns` column by column, keeping the columns that pass (after a joint pass failed)."""
+    if len(rules) == 1:
+        return {}
+    return {k: v for r in rules for k, v in fast_hex_columns([r], values).items()}
