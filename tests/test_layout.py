@@ -50,13 +50,11 @@ KNOWN_CYCLES: list[list[str]] = [
 
 # Files over 400 lines / functions over 60 lines on the way to the limits (issue 25); the lists only shrink.
 LONG_FILES: set[str] = {
-    "ctrkit.data.pipeline.feature_pipeline", "ctrkit.data.storage.loader",
     "ctrkit.data.storage.store", "ctrkit.nn.embedding", "ctrkit.runner", "ctrkit.serving.export",
-    "ctrkit.serving.validation", "ctrkit.train.trainer", "ctrkit.tune",
+    "ctrkit.train.trainer", "ctrkit.tune",
 }
 LONG_FUNCTIONS: set[str] = {
-    "ctrkit.data.pipeline.criteo_parse:parse_block", "ctrkit.data.pipeline.encode:encode",
-    "ctrkit.data.storage.loader:__init__",
+    "ctrkit.data.pipeline.criteo_parse:parse_block",
     "ctrkit.nn.embedding:__init__", "ctrkit.nn.embedding:make_embeddings", "ctrkit.retrieval.recall:recall",
     "ctrkit.runner:_train", "ctrkit.serving.server:create_app", "ctrkit.train.trainer:__init__",
     "ctrkit.train.trainer:_fit",

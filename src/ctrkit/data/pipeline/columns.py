@@ -1,7 +1,7 @@
 """The column rules of :mod:`ctrkit.data.pipeline.rules` applied to whole columns of raw rows (pyarrow /
-numpy, no per-row Python): text, numbers, the float32 range, Criteo's 8-hex-digit keys, delimited tokens,
-last-``max_len`` truncation and the arrow kind of a column. A malformed value marks its row bad in a
-:class:`~ctrkit.data.pipeline.rows.BadRows`, with the raw column it was found in.
+numpy, no per-row Python): text, numbers, the float32 range, Criteo's 8-hex-digit keys, delimited tokens
+and the arrow kind of a column (last-``max_len`` truncation: :func:`ctrkit.data.pipeline.collate.keep_last`).
+A malformed value marks its row bad in a :class:`~ctrkit.data.pipeline.rows.BadRows`, with its raw column.
 """
 
 from __future__ import annotations
@@ -143,16 +143,6 @@ def tokens(col: pa.Array | np.ndarray, delimiter: str, lines: np.ndarray, bad_ro
         flat, parent = flat.filter(pa.array(keep)), parent[keep]
     lengths = np.bincount(parent, minlength=len(col)).astype(np.int64)
     return flat, lengths
-
-
-def keep_last(values: np.ndarray, lengths: np.ndarray, max_len: int) -> tuple[np.ndarray, np.ndarray]:
-    """Keep the last ``max_len`` values of every row of a jagged column."""
-    if len(lengths) == 0 or lengths.max(initial=0) <= max_len:
-        return values, lengths
-    ends = np.cumsum(lengths)
-    row = np.repeat(np.arange(len(lengths)), lengths)
-    keep = (ends[row] - np.arange(len(values))) <= max_len
-    return values[keep], np.minimum(lengths, max_len)
 
 
 def kind_of(col: pa.Array) -> str:

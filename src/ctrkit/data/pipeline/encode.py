@@ -37,7 +37,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ctrkit.data.pipeline.columns import hex_keys, keep_last, numeric, to_string, tokens, within_f32
+from ctrkit.data.pipeline.collate import keep_last
+from ctrkit.data.pipeline.columns import hex_keys, numeric, to_string, tokens, within_f32
 from ctrkit.data.pipeline.criteo_parse import dense_transform
 from ctrkit.data.pipeline.rows import BadRows, jagged_take
 from ctrkit.data.pipeline.rules import (
@@ -55,9 +56,6 @@ from ctrkit.data.pipeline.vocab import GROUP_TABLE
 from ctrkit.errors import DataError, RowErrors
 
 KINDS = (CRITEO, TABLE, IDS)
-__all__ = ["CRITEO", "F32_MAX", "GROUP_TABLE", "IDS", "KINDS", "TABLE", "Encoded", "Raw", "RowEncoder", "as_columns",
-           "hex_keys", "jagged_key", "log_transform"]
-
 Raw = Any  # pa.Table | pandas.DataFrame | list[dict] | Mapping[str, pa.Array | np.ndarray | (values, lengths)]
 
 

@@ -36,10 +36,9 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import torch
 
-from ctrkit.batch import Batch, KeyedJagged
-from ctrkit.data.pipeline.columns import keep_last, kind_of
+from ctrkit.batch import Batch
+from ctrkit.data.pipeline.collate import collate
 from ctrkit.data.pipeline.criteo_parse import NUM_DENSE, NUM_SPARSE
 from ctrkit.data.pipeline.encode import (
     CRITEO,
@@ -53,11 +52,12 @@ from ctrkit.data.pipeline.encode import (
     RowEncoder,
     jagged_key,
 )
+from ctrkit.data.pipeline.fitter import PipelineFitter
 from ctrkit.data.pipeline.multihot import MultiHot
 from ctrkit.data.pipeline.rows import ColumnSpec, SpillColumn
 from ctrkit.data.pipeline.rules import ColumnRules, compile_rules
 from ctrkit.data.pipeline.spec import TableSpecYaml, load_spec
-from ctrkit.data.pipeline.vocab import VocabBuilder, Vocabulary, check_vocab_options
+from ctrkit.data.pipeline.vocab import Vocabulary, check_vocab_options
 from ctrkit.data.pipeline.vocab_arrays import vocab_fingerprint
 from ctrkit.errors import DataError, NotFittedError
 from ctrkit.schema import DenseFeature, Schema, SequenceFeature, SparseFeature
@@ -217,38 +217,21 @@ class FeaturePipeline(RowEncoder):
         return out
 
     def to_batch(self, columns: dict[str, Any]) -> Batch:
-        """Columns (from :meth:`transform` or a store) -> Batch, with the batch-level stage (multi-hot)
-        applied. Rows without a label get labels 0 (placeholders: scoring ignores them)."""
+        """Columns (from :meth:`transform` or a store) -> Batch (:func:`~ctrkit.data.pipeline.collate.collate`,
+        as the loader builds them), with the batch-level stage (multi-hot) applied. Rows without a label get
+        labels 0 (placeholders: scoring ignores them)."""
         s = self.schema
         first = columns[s.dense[0].name] if s.dense else columns[s.sparse_keys[0]]
         n = len(first[1]) if isinstance(first, tuple) else len(first)
-        dense = np.empty((n, s.num_dense), np.float32)  # (B, Nd)
-        c0 = 0
-        for d in s.dense:
-            dense[:, c0:c0 + d.dim] = np.asarray(columns[d.name], np.float32).reshape(n, d.dim)
-            c0 += d.dim
-        per_key: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        for key in s.sparse_keys:
-            c = columns[key]
-            if isinstance(c, tuple):  # (values [nnz], lengths [B])
-                v, ln = np.asarray(c[0], np.int64), np.asarray(c[1], np.int64)
-                f = s.feature(key)
-                if isinstance(f, SequenceFeature):
-                    v, ln = keep_last(v, ln, f.max_len)
-            else:
-                v, ln = np.asarray(c, np.int64), np.ones(n, np.int64)
-            per_key[key] = (torch.from_numpy(np.ascontiguousarray(v)), torch.from_numpy(ln))
-        kj = KeyedJagged.from_per_key(per_key, stride=n)
-        if self.batch_stage is not None:
-            kj = self.batch_stage(kj)
+        feats = [s.feature(k) for k in s.sparse_keys]
 
-        def opt(name: str | None, dtype: type) -> torch.Tensor | None:
-            return torch.from_numpy(np.asarray(columns[name], dtype).copy()) if name and name in columns else None
+        def opt(name: str | None) -> np.ndarray | None:
+            return columns[name] if name and name in columns else None
 
-        labels = opt(s.label, np.float32)
-        return Batch(dense=torch.from_numpy(dense), sparse=kj,
-                     labels=labels if labels is not None else torch.zeros(n, dtype=torch.float32),
-                     weights=opt(s.weight, np.float32), group_ids=opt(s.group_id, np.int64))
+        return collate(n, [np.asarray(columns[d.name], np.float32).reshape(n, d.dim) for d in s.dense],
+                       s.sparse_keys, [_ids(columns[k]) for k in s.sparse_keys],
+                       max_len=[f.max_len if isinstance(f, SequenceFeature) else None for f in feats],
+                       labels=opt(s.label), weights=opt(s.weight), groups=opt(s.group_id), stage=self.batch_stage)
 
     # ---- what it produces --------------------------------------------------------------------------
     def _jagged_entries(self) -> list[dict[str, Any]]:
@@ -362,62 +345,11 @@ class FeaturePipeline(RowEncoder):
                 f"sequence={len(self.spec.sequence)}, {state}{mh})")
 
 
-class PipelineFitter(RowEncoder):
-    """Streaming fit of a :class:`FeaturePipeline`: :meth:`encode` chunks (provisional ids: rank of first
-    appearance), :meth:`add_dense_stats` for training rows, then :meth:`finish`; ``luts`` then maps
-    provisional ids to final ones (min_freq and max_vocab can only be decided at the end)."""
-
-    def __init__(self, pipeline: FeaturePipeline) -> None:
-        self.pipeline = pipeline
-        self.spec, self.kind, self.table_of, self.rules = pipeline.spec, pipeline.kind, pipeline.table_of, pipeline.rules
-        self._builders: dict[str, VocabBuilder] = {}
-        self._n = 0  # training rows counted so far, their per-column mean and sum of squared deviations
-        self._mean = np.zeros(len(self.spec.dense))
-        self._m2 = np.zeros(len(self.spec.dense))
-        self.luts: dict[str, np.ndarray | None] = {}
-
-    def _ids(self, table: str, values: Any, missing: np.ndarray | None = None) -> np.ndarray:
-        b = self._builders.get(table)
-        if b is None:
-            if self.kind == CRITEO or (isinstance(values, np.ndarray) and values.dtype.kind in "iu"):
-                kind = "int"
-            else:
-                kind = kind_of(values) if isinstance(values, pa.Array) else "str"
-            b = self._builders[table] = VocabBuilder(table, kind)
-        if b.kind == "int" and isinstance(values, pa.Array) and not pa.types.is_integer(values.type):
-            raise DataError(f"vocabulary {table!r} mixes integer and string columns; give them the same type")
-        ids = b.add(values, missing)
-        if self.kind == CRITEO and b.next_id >= 1 << 32:
-            raise DataError("a categorical column has more than 2^32 - 2 distinct values")
-        return ids
-
-    def add_dense_stats(self, dense: np.ndarray) -> None:
-        """Count training rows ``dense`` [m, Nd] (before scaling) in the mean / std of every dense column."""
-        m = len(dense)
-        if m == 0:
-            return
-        mean = dense.mean(0, dtype=np.float64)
-        m2 = ((dense - mean) ** 2).sum(0)  # centred per chunk: no cancellation for large offsets (timestamps)
-        delta, n = mean - self._mean, self._n  # Chan et al.'s pairwise update of (n, mean, M2)
-        self._n = n + m
-        self._mean += delta * (m / self._n)
-        self._m2 += m2 + delta ** 2 * (n * m / self._n)
-
-    def finish(self) -> FeaturePipeline:
-        """Fit the pipeline (vocabularies, dense statistics) and fill ``luts``; returns the pipeline."""
-        p, o = self.pipeline, self.pipeline.options
-        vocabs: dict[str, Vocabulary] = {}
-        for table, b in self._builders.items():
-            vocabs[table], self.luts[table] = b.finish(
-                p.table_min_freq.get(table, 1), None if table == GROUP_TABLE else o["max_vocab"], o["max_vocab_mode"])
-        for table in sorted(set(self.table_of.values()) - set(vocabs)):  # a table that saw no values
-            vocabs[table] = Vocabulary.build(table, "str", np.array([], str), np.array([], np.int64))
-            self.luts[table] = None
-        mean = self._mean
-        std = np.sqrt(self._m2 / max(self._n, 1))
-        p.vocabs_, p.mean_, p.std_ = vocabs, mean, np.where(std > 0, std, 1.0)
-        p._fingerprint, p._stage = None, None
-        return p
+def _ids(col: Any) -> Any:
+    """A stored sparse column as collate takes it: ids int64 [n], or jagged (values int64, lengths int64)."""
+    if isinstance(col, tuple):
+        return np.asarray(col[0], np.int64), np.asarray(col[1], np.int64)
+    return np.asarray(col, np.int64)
 
 
 __all__ = [

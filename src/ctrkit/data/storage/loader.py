@@ -1,17 +1,12 @@
 """Batch loader: memory-mapped store columns -> :class:`ctrkit.batch.Batch`, with no per-row Python.
 
 A batch is built column by column from contiguous slices: of the memory-mapped columns when not
-shuffling, of a shuffled window (below) when shuffling:
-
-* ``dense``  [B, Nd] float32: the dense columns written side by side into one preallocated array;
-* ``sparse`` KeyedJagged over ``sparse_keys`` (schema order: sparse features, then sequences),
-  key-major. A single-valued column contributes ``col[idx]`` (B ids, lengths 1); a jagged column
-  (values, offsets) contributes, for each row, ``values[offsets[r]:offsets[r+1]]`` gathered in one
-  vectorised step (``repeat(start - excl_cumsum(len), len) + arange(nnz)``); a SequenceFeature
-  keeps only its last ``max_len`` ids (the most recent, histories being stored oldest first);
-* ``labels`` [B] float32, and ``weights`` [B] / ``group_ids`` [B] when the schema names them;
-* the batch-level stage of the data's :class:`~ctrkit.data.pipeline.feature_pipeline.FeaturePipeline` (the multi-hot
-  expansion of seed 000 when training set one), so training, evaluate and predict expand alike.
+shuffling, of a shuffled window (below) when shuffling. The columns of a batch go through
+:func:`~ctrkit.data.pipeline.collate.collate`, the step :meth:`FeaturePipeline.to_batch` uses too: dense
+[B, Nd], a KeyedJagged over ``sparse_keys`` (schema order; a jagged column's rows gathered in one vectorised
+step, a SequenceFeature keeping its last ``max_len`` ids), labels, weights and group ids, then the batch-level
+stage of the data's :class:`~ctrkit.data.pipeline.feature_pipeline.FeaturePipeline` (the multi-hot expansion
+of seed 000 when training set one), so training, evaluate and predict expand alike.
 
 Shuffling (reproducible from (seed, epoch)): rows are cut into blocks of ``block_size`` contiguous
 rows, the blocks are permuted with ``default_rng([seed, epoch])``, consecutive groups of
@@ -37,9 +32,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-from ctrkit.batch import Batch, KeyedJagged
+from ctrkit.batch import Batch
+from ctrkit.data.pipeline.collate import JaggedRows, collate
 from ctrkit.data.storage.store import Store
 from ctrkit.schema import SequenceFeature
 
@@ -125,7 +120,7 @@ class BatchLoader:
         rows: slice | None = None,
     ) -> None:
         self.store = store if isinstance(store, Store) else Store(store)
-        schema = self.schema = self.store.schema
+        self.schema = self.store.schema
         if int(batch_size) < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if int(block_size) < 1 or int(shuffle_buffer) < 1:
@@ -144,16 +139,27 @@ class BatchLoader:
         self.row_start, self.row_stop = start, max(start, stop)
         self.num_rows = self.row_stop - self.row_start
 
-        where = f"store {self.store.path}"
+        self._columns(dense_features, sparse_keys)
+        self._store_view = _View(
+            list(self._dense),
+            [col if kind == "single" else None for kind, col, _ in self._sparse],
+            self._labels, self._weights, self._groups, None,
+        )
+        self.epoch = 0
+        self.batches_yielded = 0
+        self._resume_from = 0
+        self._window_cache: tuple[tuple[int, int], _View] | None = None
+
+    def _columns(self, dense_features: Sequence[str] | None, sparse_keys: Sequence[str] | None) -> None:
+        """Open the columns a batch reads: dense, sparse (single or jagged, with the max_len of sequences),
+        labels, weights and groups."""
+        schema, where = self.schema, f"store {self.store.path}"
         self.dense_names = list(schema.dense_names if dense_features is None else dense_features)
-        self._dense: list[tuple[np.ndarray, int, int]] = []  # (column, first output col, width)
-        c0 = 0
+        self._dense: list[np.ndarray] = []  # per dense feature: (rows,) or (rows, width)
         for name in self.dense_names:
             col = self._column(name, ("dense",), where)
-            width = int(np.prod(col.shape[1:], dtype=np.int64)) if col.ndim > 1 else 1
-            self._dense.append((col.reshape(col.shape[0], width) if col.ndim > 2 else col, c0, width))
-            c0 += width
-        self.num_dense = c0
+            self._dense.append(col.reshape(col.shape[0], -1) if col.ndim > 2 else col)
+        self.num_dense = sum(int(np.prod(c.shape[1:], dtype=np.int64)) for c in self._dense)
         self.sparse_keys = list(schema.sparse_keys if sparse_keys is None else sparse_keys)
         # per key: ("single", column, None) or ("jagged", (values, offsets), max_len or None)
         self._sparse: list[tuple[str, Any, int | None]] = []
@@ -174,16 +180,6 @@ class BatchLoader:
         self._labels = self._column(schema.label, ("label",), where)
         self._weights = self._column(schema.weight, ("weight",), where) if schema.weight else None
         self._groups = self._column(schema.group_id, ("group",), where) if schema.group_id else None
-
-        self._store_view = _View(
-            [c for c, _, _ in self._dense],
-            [col if kind == "single" else None for kind, col, _ in self._sparse],
-            self._labels, self._weights, self._groups, None,
-        )
-        self.epoch = 0
-        self.batches_yielded = 0
-        self._resume_from = 0
-        self._window_cache: tuple[tuple[int, int], _View] | None = None
 
     def _column(self, name: str, kinds: tuple[str, ...], where: str) -> np.ndarray:
         if name not in self.store:
@@ -271,47 +267,13 @@ class BatchLoader:
 
     def _build(self, view: _View, sel: Index) -> Batch:
         B = sel.stop - sel.start if isinstance(sel, slice) else int(sel.shape[0])
-        dense = np.empty((B, self.num_dense), dtype=np.float32)  # (B, Nd)
-        for col, (_, c0, width) in zip(view.dense, self._dense):
-            if width == 1:
-                dense[:, c0] = col[sel]
-            else:
-                dense[:, c0 : c0 + width] = col[sel]
-        sparse = self._build_sparse(view, sel, B)
-        if self.batch_stage is not None:
-            sparse = self.batch_stage(sparse)
-        labels = _take(view.labels, sel, np.float32)
-        weights = None if view.weights is None else _take(view.weights, sel, np.float32)
-        groups = None if view.groups is None else _take(view.groups, sel, np.int64)
-        return Batch(dense=torch.from_numpy(dense), sparse=sparse, labels=labels, weights=weights, group_ids=groups)
-
-    def _build_sparse(self, view: _View, sel: Index, B: int) -> KeyedJagged:
-        F = len(self._sparse)
-        lengths = np.ones((F, B), dtype=np.int64)  # (F, B)
-        jagged: dict[int, np.ndarray] = {}  # key index -> gathered ids
-        global_idx = sel if view.rows is None else view.rows[sel]
-        for f, (kind, col, max_len) in enumerate(self._sparse):
-            if kind == "jagged":
-                jagged[f], lengths[f] = _gather_jagged(col[0], col[1], global_idx, max_len)
-        if not jagged:  # all single-valued: values is the [F, B] id block, key-major
-            vals = np.empty((F, B), dtype=np.int64)
-            for f, col in enumerate(view.single):
-                vals[f] = col[sel]
-            values = vals.reshape(-1)
-        else:
-            key_off = np.concatenate([[0], np.cumsum(lengths.sum(1))])
-            values = np.empty(int(key_off[-1]), dtype=np.int64)
-            for f, col in enumerate(view.single):
-                values[key_off[f] : key_off[f + 1]] = jagged[f] if col is None else col[sel]
-        offsets = np.zeros(F * B + 1, dtype=np.int64)
-        np.cumsum(lengths.reshape(-1), out=offsets[1:])
-        return KeyedJagged(
-            self.sparse_keys,
-            torch.from_numpy(values),
-            lengths=torch.from_numpy(lengths.reshape(-1)),
-            offsets=torch.from_numpy(offsets),
-            stride=B,
-        )
+        global_idx = sel if view.rows is None else view.rows[sel]  # jagged columns are read from the store
+        sparse = [col[sel] if col is not None else JaggedRows(*self._sparse[f][1], global_idx)
+                  for f, col in enumerate(view.single)]
+        return collate(B, [col[sel] for col in view.dense], self.sparse_keys, sparse,
+                       max_len=[m for _, _, m in self._sparse], labels=view.labels[sel],
+                       weights=None if view.weights is None else view.weights[sel],
+                       groups=None if view.groups is None else view.groups[sel], stage=self.batch_stage)
 
     # ---- iteration -----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Batch]:
@@ -364,35 +326,6 @@ class BatchLoader:
     def __repr__(self) -> str:
         return (f"BatchLoader({self.store.path}, rows={self.num_rows}, batch_size={self.batch_size}, "
                 f"shuffle={self.shuffle}, epoch={self.epoch})")
-
-
-def _take(col: np.ndarray, idx: Index, dtype: type) -> torch.Tensor:
-    """``col[idx]`` as a tensor that owns its memory (a slice of a memmap is copied)."""
-    a = col[idx]
-    if isinstance(idx, slice) or a.dtype != dtype:
-        a = a.astype(dtype)
-    return torch.from_numpy(a)
-
-
-def _gather_jagged(
-    values: np.ndarray, offsets: np.ndarray, idx: Index, max_len: int | None
-) -> tuple[np.ndarray, np.ndarray]:
-    """Ids and lengths [B] of rows ``idx`` of a jagged column, keeping the last ``max_len`` ids."""
-    if isinstance(idx, slice):
-        starts = np.asarray(offsets[idx.start : idx.stop], dtype=np.int64)
-        ends = np.asarray(offsets[idx.start + 1 : idx.stop + 1], dtype=np.int64)
-    else:
-        starts = np.asarray(offsets[idx], dtype=np.int64)
-        ends = np.asarray(offsets[idx + 1], dtype=np.int64)
-    if max_len is not None:
-        starts = np.maximum(starts, ends - max_len)
-    lengths = ends - starts  # (B,)
-    if isinstance(idx, slice) and max_len is None:
-        return np.asarray(values[starts[0] : ends[-1]] if lengths.size else values[:0], np.int64), lengths
-    nnz = int(lengths.sum())
-    excl = np.cumsum(lengths) - lengths  # exclusive prefix sum: where each row starts in the output
-    pos = np.repeat(starts - excl, lengths) + np.arange(nnz)
-    return np.asarray(values[pos], dtype=np.int64), lengths
 
 
 def _prefetch(source: Iterator[Batch], depth: int) -> Iterator[Batch]:

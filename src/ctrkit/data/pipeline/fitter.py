@@ -1,0 +1,75 @@
+"""Streaming fit of a :class:`~ctrkit.data.pipeline.feature_pipeline.FeaturePipeline`: chunks encoded with
+provisional ids, dense statistics counted, then vocabularies and statistics fitted at the end."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from ctrkit.data.pipeline.columns import kind_of
+from ctrkit.data.pipeline.encode import CRITEO, GROUP_TABLE, RowEncoder
+from ctrkit.data.pipeline.vocab import VocabBuilder, Vocabulary
+from ctrkit.errors import DataError
+
+if TYPE_CHECKING:
+    from ctrkit.data.pipeline.feature_pipeline import FeaturePipeline
+
+
+class PipelineFitter(RowEncoder):
+    """Streaming fit of a :class:`FeaturePipeline`: :meth:`encode` chunks (provisional ids: rank of first
+    appearance), :meth:`add_dense_stats` for training rows, then :meth:`finish`; ``luts`` then maps
+    provisional ids to final ones (min_freq and max_vocab can only be decided at the end)."""
+
+    def __init__(self, pipeline: FeaturePipeline) -> None:
+        self.pipeline = pipeline
+        self.spec, self.kind, self.table_of, self.rules = pipeline.spec, pipeline.kind, pipeline.table_of, pipeline.rules
+        self._builders: dict[str, VocabBuilder] = {}
+        self._n = 0  # training rows counted so far, their per-column mean and sum of squared deviations
+        self._mean = np.zeros(len(self.spec.dense))
+        self._m2 = np.zeros(len(self.spec.dense))
+        self.luts: dict[str, np.ndarray | None] = {}
+
+    def _ids(self, table: str, values: Any, missing: np.ndarray | None = None) -> np.ndarray:
+        b = self._builders.get(table)
+        if b is None:
+            if self.kind == CRITEO or (isinstance(values, np.ndarray) and values.dtype.kind in "iu"):
+                kind = "int"
+            else:
+                kind = kind_of(values) if isinstance(values, pa.Array) else "str"
+            b = self._builders[table] = VocabBuilder(table, kind)
+        if b.kind == "int" and isinstance(values, pa.Array) and not pa.types.is_integer(values.type):
+            raise DataError(f"vocabulary {table!r} mixes integer and string columns; give them the same type")
+        ids = b.add(values, missing)
+        if self.kind == CRITEO and b.next_id >= 1 << 32:
+            raise DataError("a categorical column has more than 2^32 - 2 distinct values")
+        return ids
+
+    def add_dense_stats(self, dense: np.ndarray) -> None:
+        """Count training rows ``dense`` [m, Nd] (before scaling) in the mean / std of every dense column."""
+        m = len(dense)
+        if m == 0:
+            return
+        mean = dense.mean(0, dtype=np.float64)
+        m2 = ((dense - mean) ** 2).sum(0)  # centred per chunk: no cancellation for large offsets (timestamps)
+        delta, n = mean - self._mean, self._n  # Chan et al.'s pairwise update of (n, mean, M2)
+        self._n = n + m
+        self._mean += delta * (m / self._n)
+        self._m2 += m2 + delta ** 2 * (n * m / self._n)
+
+    def finish(self) -> FeaturePipeline:
+        """Fit the pipeline (vocabularies, dense statistics) and fill ``luts``; returns the pipeline."""
+        p, o = self.pipeline, self.pipeline.options
+        vocabs: dict[str, Vocabulary] = {}
+        for table, b in self._builders.items():
+            vocabs[table], self.luts[table] = b.finish(
+                p.table_min_freq.get(table, 1), None if table == GROUP_TABLE else o["max_vocab"], o["max_vocab_mode"])
+        for table in sorted(set(self.table_of.values()) - set(vocabs)):  # a table that saw no values
+            vocabs[table] = Vocabulary.build(table, "str", np.array([], str), np.array([], np.int64))
+            self.luts[table] = None
+        mean = self._mean
+        std = np.sqrt(self._m2 / max(self._n, 1))
+        p.vocabs_, p.mean_, p.std_ = vocabs, mean, np.where(std > 0, std, 1.0)
+        p._fingerprint, p._stage = None, None
+        return p
