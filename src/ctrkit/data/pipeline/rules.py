@@ -33,6 +33,7 @@ CRITEO, TABLE, IDS = "criteo", "table", "ids"  # pipeline kinds: how categorical
 
 # the number rule, in the syntax both RE2 (pyarrow) and Python's re read alike (ASCII \d and \s spelled out)
 NUMBER = r"[ \t\n\f\r]*[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?[ \t\n\f\r]*"
+INT_KEY = r"[+-]?[0-9]{1,18}"  # a key column of a behaviour log is read as int64 when every value is one
 F32_MAX = float(np.finfo(np.float32).max)
 KEY_LIMIT = 1 << 32
 LOG_FLOOR = math.exp(-2)  # ln(x + 3) is clamped at -2 where x + 3 <= e^-2

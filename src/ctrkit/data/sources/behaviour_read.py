@@ -23,12 +23,13 @@ import pyarrow.parquet as pq
 
 from ctrkit.data.pipeline.columns import numeric, to_string
 from ctrkit.data.pipeline.rows import BadRows
+from ctrkit.data.pipeline.rules import INT_KEY, NUMBER
 from ctrkit.errors import DataError
 
 log = logging.getLogger(__name__)
 
-_INT = r"^[+-]?[0-9]{1,18}$"
-_NUMBER = r"^[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$"
+_INT = f"^{INT_KEY}$"
+_NUMBER = f"^{NUMBER}$"  # (on trimmed text)
 
 
 @dataclass
