@@ -72,14 +72,14 @@ def collate(n: int, dense: Sequence[np.ndarray], keys: Sequence[str], sparse: Se
             weights: np.ndarray | None = None, groups: np.ndarray | None = None,
             stage: Callable[[KeyedJagged], KeyedJagged] | None = None) -> Batch:
     """The Batch of ``n`` rows given as columns (see the module docstring); ``max_len`` per key (None: all)."""
-    widths = [int(np.prod(a.shape[1:], dtype=np.int64)) for a in dense]
+    widths = [a.shape[1] if a.ndim == 2 else 1 for a in dense]  # (B,) or (B, width) each
     out = np.empty((n, sum(widths)), np.float32)  # (B, Nd)
     c0 = 0
     for a, w in zip(dense, widths):
-        if w == 1:
-            out[:, c0] = a.reshape(n)
+        if a.ndim == 1:
+            out[:, c0] = a
         else:
-            out[:, c0: c0 + w] = a.reshape(n, w)
+            out[:, c0: c0 + w] = a
         c0 += w
     kj = _keyed(n, keys, sparse, max_len or [None] * len(keys))
     if stage is not None:

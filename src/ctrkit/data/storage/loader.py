@@ -158,7 +158,7 @@ class BatchLoader:
         self._dense: list[np.ndarray] = []  # per dense feature: (rows,) or (rows, width)
         for name in self.dense_names:
             col = self._column(name, ("dense",), where)
-            self._dense.append(col.reshape(col.shape[0], -1) if col.ndim > 2 else col)
+            self._dense.append(col.reshape(col.shape[0], -1) if col.ndim > 2 else col)  # (rows,) or (rows, width)
         self.num_dense = sum(int(np.prod(c.shape[1:], dtype=np.int64)) for c in self._dense)
         self.sparse_keys = list(schema.sparse_keys if sparse_keys is None else sparse_keys)
         # per key: ("single", column, None) or ("jagged", (values, offsets), max_len or None)
@@ -177,6 +177,7 @@ class BatchLoader:
                     f"{where} has no sparse or jagged column {key!r} (kind {kind!r}); sparse columns: "
                     f"{self.store.columns('sparse') + self.store.columns('jagged')}"
                 )
+        self._max_len = [m for _, _, m in self._sparse]
         self._labels = self._column(schema.label, ("label",), where)
         self._weights = self._column(schema.weight, ("weight",), where) if schema.weight else None
         self._groups = self._column(schema.group_id, ("group",), where) if schema.group_id else None
@@ -271,7 +272,7 @@ class BatchLoader:
         sparse = [col[sel] if col is not None else JaggedRows(*self._sparse[f][1], global_idx)
                   for f, col in enumerate(view.single)]
         return collate(B, [col[sel] for col in view.dense], self.sparse_keys, sparse,
-                       max_len=[m for _, _, m in self._sparse], labels=view.labels[sel],
+                       max_len=self._max_len, labels=view.labels[sel],
                        weights=None if view.weights is None else view.weights[sel],
                        groups=None if view.groups is None else view.groups[sel], stage=self.batch_stage)
 
