@@ -46,9 +46,9 @@ from ctrkit.data.pipeline.rules import (
     HEX,
     IDS,
     LOG_FLOOR,
-    SPLIT_CODES,
     TABLE,
     ColumnRules,
+    split_codes,
 )
 from ctrkit.data.pipeline.spec import TableSpecYaml
 from ctrkit.data.pipeline.vocab import GROUP_TABLE
@@ -251,10 +251,7 @@ class RowEncoder:
         rule = self.rules.split
         if rule is None or rule.column not in c.cols:
             return None
-        sv = to_string(c.cols[rule.column], c.lines, c.badm, c.bad, rule.column).fill_null("")
-        split = np.full(c.n, -1, np.int8)
-        for name, code in SPLIT_CODES.items():
-            split[pc.equal(sv, name).to_numpy(zero_copy_only=False)] = code
+        split = split_codes(to_string(c.cols[rule.column], c.lines, c.badm, c.bad, rule.column))
         c.bad.flag((split < 0) & ~c.badm, c.lines, f"split column {rule.column!r} is not train/valid/test", c.badm,
                    rule.column)
         return split

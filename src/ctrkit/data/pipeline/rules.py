@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from ctrkit.data.pipeline.spec import SPLITS, TableSpecYaml
 from ctrkit.data.pipeline.vocab import GROUP_TABLE
@@ -163,3 +165,13 @@ def _inputs(rules: list[ColumnRule]) -> tuple[ColumnRule, ...]:
     for r in rules:
         first.setdefault(r.column, r)
     return tuple(first.values())
+
+
+def split_codes(text: pa.Array) -> np.ndarray:
+    """Split code (int8) of every split-column value: its index in ``SPLITS``, -1 for anything else (null
+    included): the one reading of a split column, for the encoder and for the table reader's early split."""
+    text = text.fill_null("")
+    code = np.full(len(text), -1, np.int8)
+    for name, i in SPLIT_CODES.items():
+        code[pc.equal(text, name).to_numpy(zero_copy_only=False)] = i
+    return code

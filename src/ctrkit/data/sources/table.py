@@ -48,12 +48,12 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ctrkit.data.pipeline.columns import to_string
 from ctrkit.data.pipeline.encode import Encoded, as_columns
 from ctrkit.data.pipeline.feature_pipeline import FeaturePipeline
 from ctrkit.data.pipeline.rows import BadRows, assign_split, parse_split, row_uniform, stream_key
+from ctrkit.data.pipeline.rules import split_codes
 from ctrkit.data.pipeline.spec import SPLITS, TableSpecYaml, load_spec
 from ctrkit.data.pipeline.vocab import MODES, check_vocab_options
 from ctrkit.data.sources.driver import Chunk, Frontend, Input, Summary, preprocess
@@ -75,11 +75,8 @@ def _raw_split(t: pa.Table, lines: np.ndarray, spec: TableSpecYaml, fractions: t
     if not spec.split_column:
         return assign_split(row_uniform(key_split, lines), fractions)
     col = as_columns(t.select([spec.split_column]))[spec.split_column]
-    sv = to_string(col, lines, np.zeros(len(lines), bool), BadRows("split", keep=0), spec.split_column)
-    code = np.full(len(lines), -1, np.int8)
-    for i, name in enumerate(SPLITS):
-        code[pc.equal(sv.fill_null(""), name).to_numpy(zero_copy_only=False)] = i
-    return code
+    return split_codes(to_string(col, lines, np.zeros(len(lines), bool), BadRows("split", keep=0),
+                                 spec.split_column))
 
 
 class _Table(Frontend):
