@@ -16,11 +16,11 @@ dense features enter through the linear part. Needs >= 2 sparse fields sharing o
 
 from __future__ import annotations
 
-import torch
+from types import MappingProxyType
 
 from ctrkit.batch import Batch
 from ctrkit.models._towers import check_min, layer_options
-from ctrkit.models.base import CTRModel
+from ctrkit.models.base import CTRModel, ModelOutput
 from ctrkit.models.registry import ConfigError, register_model
 from ctrkit.nn.attention import AFMAttention
 from ctrkit.nn.inputs import ZOO_INIT_STD, FieldEmbedding, LinearTerm
@@ -29,10 +29,12 @@ from ctrkit.schema import Schema
 
 @register_model("afm")
 class AFM(CTRModel):
-    """Linear part + attention-pooled pairwise interactions (``attention_dim`` A, ``attention_dropout``)."""
+    """Linear part + attention-pooled pairwise interactions (``att_dim`` A, ``att_dropout``)."""
+
+    renamed_options = MappingProxyType({"attention_dim": "att_dim", "attention_dropout": "att_dropout"})
 
     def __init__(
-        self, schema: Schema, *, attention_dim: int = 16, attention_dropout: float = 0.0,
+        self, schema: Schema, *, att_dim: int = 16, att_dropout: float = 0.0,
         embedding_init_std: float | None = ZOO_INIT_STD,
     ) -> None:
         super().__init__()
@@ -44,12 +46,12 @@ class AFM(CTRModel):
                 f"afm needs at least 2 sparse fields to form a pair, the schema has {f}: {self.embedding.keys}; "
                 "add a sparse feature or use model 'lr'/'wide_deep'"
             )
-        check_min("afm", "attention_dim", attention_dim, 1)
+        check_min("afm", "att_dim", att_dim, 1)
         self.linear = LinearTerm(schema)  # (B,)
-        with layer_options("afm", "attention_dropout"):
-            self.attention = AFMAttention(d, attention_dim=attention_dim, dropout=attention_dropout,
+        with layer_options("afm", "att_dropout"):
+            self.attention = AFMAttention(d, attention_dim=att_dim, dropout=att_dropout,
                                           num_fields=f)  # (B, F, D) -> (B, 1)
 
-    def forward(self, batch: Batch) -> torch.Tensor:
+    def forward(self, batch: Batch) -> ModelOutput:
         second = self.attention(self.embedding(batch)).squeeze(-1)  # (B,)
-        return self.linear(batch) + second  # (B,)
+        return ModelOutput(self.linear(batch) + second, {})  # (B,)

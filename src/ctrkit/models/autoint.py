@@ -16,13 +16,15 @@ Every sparse field must share one embedding dim D.
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import torch
 from torch import nn
 from typing_extensions import Unpack
 
 from ctrkit.batch import Batch
 from ctrkit.models._towers import DNNOptions, TowerHead, check_min, dnn_options, layer_options
-from ctrkit.models.base import CTRModel
+from ctrkit.models.base import CTRModel, ModelOutput
 from ctrkit.models.registry import ConfigError, register_model
 from ctrkit.nn.attention import MultiHeadSelfAttention
 from ctrkit.nn.inputs import ZOO_INIT_STD, FieldEmbedding
@@ -31,15 +33,17 @@ from ctrkit.schema import Schema
 
 @register_model("autoint")
 class AutoInt(CTRModel):
-    """``attention_layers`` interacting layers (``num_heads`` × ``head_dim``, default D // num_heads),
+    """``num_layers`` interacting layers (``num_heads`` × ``head_dim``, default D // num_heads),
     a Linear over their flattened output, and with ``autoint_plus`` a parallel DNN (``dnn_hidden``)."""
+
+    renamed_options = MappingProxyType({"attention_layers": "num_layers"})
 
     def __init__(
         self,
         schema: Schema,
         *,
         embedding_init_std: float | None = ZOO_INIT_STD,
-        attention_layers: int = 3,
+        num_layers: int = 3,
         num_heads: int = 2,
         head_dim: int | None = None,
         use_residual: bool = True,
@@ -50,7 +54,7 @@ class AutoInt(CTRModel):
     ) -> None:
         super().__init__()
         tower = dnn_options(self, dnn)  # checked even when autoint_plus=False leaves them unused
-        check_min("autoint", "attention_layers", attention_layers, 1)
+        check_min("autoint", "num_layers", num_layers, 1)
         check_min("autoint", "num_heads", num_heads, 1)
         self.embedding = FieldEmbedding(schema, model="autoint", init_std=embedding_init_std)
         d = self.embedding.embedding_dim  # ConfigError naming autoint when dims differ
@@ -63,7 +67,7 @@ class AutoInt(CTRModel):
         self.attention = nn.ModuleList()
         width = d
         with layer_options("autoint", "num_heads / head_dim"):
-            for _ in range(attention_layers):
+            for _ in range(num_layers):
                 layer = MultiHeadSelfAttention(width, num_heads=num_heads, head_dim=head_dim,
                                                use_residual=use_residual, scaled=scaled)
                 self.attention.append(layer)
@@ -78,7 +82,7 @@ class AutoInt(CTRModel):
         else:  # w^T [flat(X^L); dense if dense_to_head] + b
             self.head = TowerHead(self, n_att + (nd if self.dense_to_head else 0))
 
-    def forward(self, batch: Batch) -> torch.Tensor:
+    def forward(self, batch: Batch) -> ModelOutput:
         emb = self.embedding(batch)  # (B, F, D)
         x = emb
         if self.dense_vectors is not None:
@@ -88,7 +92,7 @@ class AutoInt(CTRModel):
             x = layer(x)  # (B, M, H*d')
         att = x.flatten(1)  # (B, M*H*d')
         if self.autoint_plus:
-            return self.head(torch.cat([emb.flatten(1), batch.dense], dim=1), side=att)  # (B,)
+            return ModelOutput(self.head(torch.cat([emb.flatten(1), batch.dense], dim=1), side=att), {})  # (B,)
         if self.dense_to_head:
             att = torch.cat([att, batch.dense], dim=1)  # (B, M*H*d' + Nd)
-        return self.head(att)  # (B,)
+        return ModelOutput(self.head(att), {})  # (B,)

@@ -1,7 +1,9 @@
 """The model contract: what every ranking model is and declares, and what a retrieval model offers.
 
-A ranking model is a :class:`CTRModel`: ``forward(batch)`` returns logits ``(B,)``, or a
-:class:`ModelOutput` when it also has auxiliary losses (e.g. DIEN's next-behaviour loss). What the
+A ranking model is a :class:`CTRModel`: ``forward(batch)`` returns a :class:`ModelOutput`, always:
+``logits (B,)`` and ``aux_losses`` (empty unless the model has auxiliary losses, e.g. DIEN's
+next-behaviour loss in training). The type never depends on ``self.training``; :func:`logits_of` takes the
+logits of it (and of plain logits ``(B,)``, for callers that hold a bare tensor). What the
 trainer, the optimizers and the runner need to know about a model is declared on its class, never
 probed with ``hasattr``:
 
@@ -15,6 +17,9 @@ probed with ``hasattr``:
   task adds to the loss and logs by name.
 - ``embedding_parameters()``: the embedding tables, trained by the sparse-aware optimizer.
 - ``model_name``: the registry key (set by ``@register_model``).
+- ``renamed_options`` / ``renamed_values``: parameter names (old -> new) and values (parameter -> {old -> new})
+  this model no longer takes; a config using one gets an error naming the new one, an old checkpoint is
+  upgraded (:func:`ctrkit.models.registry.upgrade_params`).
 - ``option_defaults``: this model's defaults for options of a shared option group where they differ
   from the group's (NCF's pyramid tower: ``{"dnn_hidden": (64, 32, 16)}``); see
   :mod:`ctrkit.models.registry`.
@@ -47,10 +52,10 @@ GROUP_OPTIMIZERS = ("ftrl",)
 
 
 class ModelOutput(NamedTuple):
-    """A ranking model's output when it has auxiliary losses (a tuple, so DDP / tracing pass it through).
+    """Every ranking model's output (a tuple, so DDP / tracing pass it through).
 
-    ``logits`` (B,); ``aux_losses`` name -> scalar, already weighted: the task adds each to the main
-    loss and logs it under its name.
+    ``logits`` (B,); ``aux_losses`` name -> scalar, already weighted ({} when there are none): the task adds
+    each to the main loss and logs it under its name.
     """
 
     logits: torch.Tensor
@@ -126,7 +131,7 @@ class ParamGroup:
 
 
 class CTRModel(nn.Module):
-    """Base class of every ranking model: ``forward(batch) -> logits (B,)`` or :class:`ModelOutput`.
+    """Base class of every ranking model: ``forward(batch) -> ModelOutput(logits (B,), aux_losses)``.
 
     Subclasses declare their capabilities as class attributes / by overriding the methods below;
     the defaults describe a plain model (no prefit, exportable, no special parameter groups).
@@ -137,6 +142,8 @@ class CTRModel(nn.Module):
     exportable: ClassVar[bool] = True  # False: forward leaves torch (e.g. LightGBM inside)
     export_blocker: ClassVar[str] = ""  # why not, when exportable is False
     option_defaults: ClassVar[Mapping[str, Any]] = MappingProxyType({})  # option-group defaults that differ for this model
+    renamed_options: ClassVar[Mapping[str, str]] = MappingProxyType({})  # old parameter name -> new
+    renamed_values: ClassVar[Mapping[str, Mapping[Any, Any]]] = MappingProxyType({})  # parameter -> {old: new}
     task_kind: ClassVar[str] = "ctr"  # the task that trains it: "ctr" (CTRTask) or "retrieval" (RetrievalTask)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -187,7 +194,7 @@ class TwoTowerModel(CTRModel):
     ``temperature`` (τ), and implement :meth:`encode_query` / :meth:`encode_item`; ``encode_item`` reads
     only ``item_features`` from a batch, so a batch of catalogue items (no user side) works. Scores::
 
-        s(q, i) = <encode_query(q), encode_item(i)> / τ        forward(batch) = s of each row's own pair (B,)
+        s(q, i) = <encode_query(q), encode_item(i)> / τ        forward(batch).logits = s of each row's own pair (B,)
     """
 
     task_kind: ClassVar[str] = "retrieval"
@@ -204,6 +211,6 @@ class TwoTowerModel(CTRModel):
         """Item vectors (B, D) from the batch's ``item_features`` only."""
         raise NotImplementedError
 
-    def forward(self, batch: Batch) -> torch.Tensor:
+    def forward(self, batch: Batch) -> ModelOutput:
         q, v = self.encode_query(batch), self.encode_item(batch)  # (B, D) each
-        return (q * v).sum(-1) / self.temperature  # (B,)
+        return ModelOutput((q * v).sum(-1) / self.temperature, {})  # (B,)

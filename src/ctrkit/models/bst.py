@@ -22,7 +22,7 @@ from typing_extensions import Unpack
 from ctrkit.batch import Batch
 from ctrkit.models._behaviour import BehaviourEmbedding, behaviour_fields
 from ctrkit.models._towers import DNNOptions, TowerHead, check_min, layer_options
-from ctrkit.models.base import CTRModel
+from ctrkit.models.base import CTRModel, ModelOutput
 from ctrkit.models.registry import register_model
 from ctrkit.nn.attention import TransformerEncoderLayer
 from ctrkit.nn.sequence import masked_mean
@@ -57,7 +57,7 @@ class BST(CTRModel):
                 for _ in range(num_layers))
         self.head = TowerHead(self, self.embedding.other_dim + 2 * dt + schema.num_dense, dnn)
 
-    def forward(self, batch: Batch) -> torch.Tensor:
+    def forward(self, batch: Batch) -> ModelOutput:
         target, others = self.embedding.pooled(batch)  # (B, Dt), (B, Do)
         hist, mask = self.embedding.sequence(batch.sparse, self.fields.histories)  # (B, T, Dt), (B, T)
         lengths = mask.sum(1, keepdim=True)  # (B, 1)
@@ -68,4 +68,4 @@ class BST(CTRModel):
         for layer in self.layers:
             x = layer(x, full)  # (B, T+1, Dt)
         z_target, z_hist = x[:, -1], masked_mean(x[:, :-1], mask)  # (B, Dt) each
-        return self.head(torch.cat([others, z_target, z_hist, batch.dense], 1))  # (B,)
+        return ModelOutput(self.head(torch.cat([others, z_target, z_hist, batch.dense], 1)), {})  # (B,)

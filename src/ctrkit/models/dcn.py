@@ -21,7 +21,7 @@ from typing_extensions import Unpack
 
 from ctrkit.batch import Batch
 from ctrkit.models._towers import DNNOptions, TowerHead, check_min, dnn_options
-from ctrkit.models.base import CTRModel
+from ctrkit.models.base import CTRModel, ModelOutput
 from ctrkit.models.registry import register_model
 from ctrkit.nn.crossnet import VectorCrossNet
 from ctrkit.nn.inputs import ZOO_INIT_STD, FieldEmbedding
@@ -48,8 +48,8 @@ class DCN(CTRModel):
         # logit = w^T [cross(x0); MLP(x0)] + b, or over the cross net alone for dnn_hidden=()
         self.head = TowerHead(self, n, dnn, side_features=n if dnn_options(self, dnn)["dnn_hidden"] else 0)
 
-    def forward(self, batch: Batch) -> torch.Tensor:
+    def forward(self, batch: Batch) -> ModelOutput:
         x0 = torch.cat([self.embedding.concat(batch), batch.dense], dim=1)  # (B, N)
         if self.head.tower is None:
-            return self.head(self.cross(x0))  # (B,)
-        return self.head(x0, side=self.cross(x0))  # (B,)
+            return ModelOutput(self.head(self.cross(x0)), {})  # (B,)
+        return ModelOutput(self.head(x0, side=self.cross(x0)), {})  # (B,)

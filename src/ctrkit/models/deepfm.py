@@ -22,7 +22,7 @@ from typing_extensions import Unpack
 
 from ctrkit.batch import Batch
 from ctrkit.models._towers import DNNOptions, TowerHead
-from ctrkit.models.base import CTRModel
+from ctrkit.models.base import CTRModel, ModelOutput
 from ctrkit.models.registry import register_model
 from ctrkit.nn.fm import FMInteraction
 from ctrkit.nn.inputs import ZOO_INIT_STD, FieldEmbedding, LinearTerm
@@ -50,10 +50,12 @@ class DeepFM(CTRModel):
         self.deep = TowerHead(self, n, dnn, bias=False)  # (B, N) -> (B,)
         self.bias = nn.Parameter(torch.zeros(1)) if bias else None
 
-    def forward(self, batch: Batch) -> torch.Tensor:
+    def forward(self, batch: Batch) -> ModelOutput:
         emb = self.embedding(batch)  # (B, F, D)
         first = self.linear(batch)  # (B,)
         second = self.fm(emb).squeeze(-1)  # (B,)
         deep = self.deep(torch.cat([emb.flatten(1), batch.dense], dim=1))  # (B, F*D + Nd) -> (B,)
         logit = first + second + deep  # (B,)
-        return logit + self.bias if self.bias is not None else logit
+        if self.bias is not None:
+            logit = logit + self.bias
+        return ModelOutput(logit, {})

@@ -71,7 +71,9 @@ class DIEN(CTRModel):
             self.aux_net = AuxiliaryNet(2 * dt, hidden=tuple(aux_hidden)) if self.aux_loss_weight > 0 else None
         self.head = TowerHead(self, self.embedding.other_dim + 2 * dt + schema.num_dense, dnn)
 
-    def forward(self, batch: Batch) -> torch.Tensor | ModelOutput:
+    def forward(self, batch: Batch) -> ModelOutput:
+        """Logits (B,); in training with ``aux_loss_weight`` > 0 also the weighted aux loss "aux" (it needs the
+        sampled negatives, which only training batches have to carry)."""
         target, others = self.embedding.pooled(batch)  # (B, Dt), (B, Do)
         hist, mask = self.embedding.sequence(batch.sparse, self.fields.histories)  # (B, T, Dt), (B, T)
         states, _ = self.extractor(hist, mask)  # (B, T, H)
@@ -79,7 +81,7 @@ class DIEN(CTRModel):
         _, interest = self.evolution(states, mask, att)  # (B, H)
         logits = self.head(torch.cat([others, target, interest, batch.dense], 1))  # (B,)
         if not (self.training and self.aux_net is not None):
-            return logits
+            return ModelOutput(logits, {})
         neg, _ = self.embedding.sequence(batch.sparse, self.fields.negatives, trim=False)  # (B, T_max, Dt)
         aux = dien_auxiliary_loss(states, hist, neg[:, : hist.shape[1]], mask, self.aux_net)
         return ModelOutput(logits, {"aux": self.aux_loss_weight * aux})

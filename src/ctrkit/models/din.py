@@ -68,12 +68,14 @@ class DIN(CTRModel):
                 self.frequency.count(b.sparse)
         return self
 
-    def forward(self, batch: Batch) -> torch.Tensor | ModelOutput:
+    def forward(self, batch: Batch) -> ModelOutput:
+        """Logits (B,); in training with ``mba_l2`` > 0 also the aux loss "mba_l2" (a penalty on the rows the
+        batch reads, so it exists only where rows are being trained)."""
         target, others = self.embedding.pooled(batch)  # (B, Dt), (B, Do)
         hist, mask = self.embedding.sequence(batch.sparse, self.fields.histories)  # (B, T, Dt), (B, T)
         interest = self.attention(target, hist, mask)  # (B, Dt)
         logits = self.head(torch.cat([others, target, interest, batch.dense], 1))  # (B,)
+        aux: dict[str, torch.Tensor] = {}
         if self.training and self.mba_l2 > 0:
-            return ModelOutput(logits, {"mba_l2": self.frequency.penalty(self.embedding.embedding, batch.sparse,
-                                                                         self.mba_l2)})
-        return logits
+            aux["mba_l2"] = self.frequency.penalty(self.embedding.embedding, batch.sparse, self.mba_l2)
+        return ModelOutput(logits, aux)

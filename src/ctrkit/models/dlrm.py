@@ -10,7 +10,7 @@ top MLP maps the result to one logit.
     sparse KeyedJagged --SparseArch--> (B, F, D) --/
 
 Interaction arches: ``dot`` (pairwise dot products, seed 001 §2), ``dcn`` (a cross net over the
-flattened (F + 1)·D vector: ``dcn_type`` = full | low_rank | vector | low_rank_mixture, seed 001 §3)
+flattened (F + 1)·D vector: ``cross_type`` = full | low_rank | vector | low_rank_mixture, seed 001 §3)
 and ``projection`` (two MLP branches multiplied, seed 001 §4).
 
 Without dense features there is no DenseArch: the interaction runs over the F sparse vectors alone and
@@ -20,13 +20,13 @@ F·D; projection: the F1·F2 products); see :mod:`ctrkit.nn.interaction`.
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Literal
 
-import torch
 from torch import nn
 
 from ctrkit.batch import Batch
-from ctrkit.models.base import CTRModel
+from ctrkit.models.base import CTRModel, ModelOutput
 from ctrkit.models.registry import ConfigError, register_model
 from ctrkit.nn.crossnet import CrossNet, LowRankCrossNet, LowRankMixtureCrossNet, VectorCrossNet
 from ctrkit.nn.embedding import make_embeddings
@@ -35,30 +35,34 @@ from ctrkit.nn.mlp import MLP
 from ctrkit.schema import Schema
 
 INTERACTIONS = ("dot", "dcn", "projection")
-DCN_TYPES = ("full", "low_rank", "vector", "low_rank_mixture")
+CROSS_TYPES = ("full", "low_rank", "vector", "low_rank_mixture")
 
 
-def _crossnet(dcn_type: str, n: int, layers: int, rank: int, experts: int, activation: str) -> nn.Module:
-    if dcn_type == "full":
+def _crossnet(cross_type: str, n: int, layers: int, rank: int, experts: int, activation: str) -> nn.Module:
+    if cross_type == "full":
         return CrossNet(n, num_layers=layers)
-    if dcn_type == "low_rank":
+    if cross_type == "low_rank":
         return LowRankCrossNet(n, num_layers=layers, low_rank=rank)
-    if dcn_type == "vector":
+    if cross_type == "vector":
         return VectorCrossNet(n, num_layers=layers)
-    if dcn_type == "low_rank_mixture":
+    if cross_type == "low_rank_mixture":
         return LowRankMixtureCrossNet(n, num_layers=layers, low_rank=rank, num_experts=experts,
                                       activation=activation)
-    raise ConfigError(f"dlrm: dcn_type {dcn_type!r} is not one of {DCN_TYPES}")
+    raise ConfigError(f"dlrm: cross_type {cross_type!r} is not one of {CROSS_TYPES}")
 
 
 @register_model("dlrm")
 class DLRM(CTRModel):
-    """DLRM with a choice of interaction arch.
+    """DLRM with a choice of interaction arch (the cross net's options are named as DCN-V2's: ``cross_*``).
 
     ``dense_arch`` are the bottom MLP's hidden widths; its last layer is D (the embedding dim) so
     ``dense_arch=(512, 256)`` gives Nd-512-256-D. ``over_arch`` are the top MLP's hidden widths,
     followed by one output unit. Every sparse feature must use the same embedding dim D.
     """
+
+    renamed_options = MappingProxyType({"dcn_type": "cross_type", "dcn_layers": "cross_layers",
+                                        "dcn_rank": "cross_rank", "dcn_experts": "cross_experts",
+                                        "dcn_activation": "cross_activation"})
 
     def __init__(
         self,
@@ -67,11 +71,11 @@ class DLRM(CTRModel):
         dense_arch: tuple[int, ...] = (512, 256),
         over_arch: tuple[int, ...] = (512, 256),
         interaction: Literal["dot", "dcn", "projection"] = "dot",
-        dcn_type: Literal["full", "low_rank", "vector", "low_rank_mixture"] = "low_rank",
-        dcn_layers: int = 3,
-        dcn_rank: int = 16,
-        dcn_experts: int = 4,
-        dcn_activation: str = "relu",
+        cross_type: Literal["full", "low_rank", "vector", "low_rank_mixture"] = "low_rank",
+        cross_layers: int = 3,
+        cross_rank: int = 16,
+        cross_experts: int = 4,
+        cross_activation: str = "relu",
         projection_branch1: tuple[int, ...] = (256, 8),
         projection_branch2: tuple[int, ...] = (256, 8),
     ) -> None:
@@ -96,7 +100,8 @@ class DLRM(CTRModel):
         if interaction == "dot":
             self.interaction_arch: nn.Module = DotInteraction(F, D, with_dense=has_dense)
         elif interaction == "dcn":
-            cross = _crossnet(dcn_type, (F + int(has_dense)) * D, dcn_layers, dcn_rank, dcn_experts, dcn_activation)
+            cross = _crossnet(cross_type, (F + int(has_dense)) * D, cross_layers, cross_rank, cross_experts,
+                              cross_activation)
             self.interaction_arch = DCNInteraction(F, D, cross, with_dense=has_dense)
         else:
             self.interaction_arch = ProjectionInteraction(
@@ -107,10 +112,10 @@ class DLRM(CTRModel):
             nn.Linear(over_arch[-1] if over_arch else self.interaction_arch.out_features, 1),
         )
 
-    def forward(self, batch: Batch) -> torch.Tensor:
+    def forward(self, batch: Batch) -> ModelOutput:
         dense = self.dense_arch(batch.dense) if self.dense_arch is not None else None  # (B, D) or None
         kj = batch.sparse if batch.sparse.keys == self.sparse_keys else batch.sparse.select(self.sparse_keys)
         sparse = self.sparse_arch(kj).stacked()  # (B, F, D)
         z = self.interaction_arch(dense, sparse)  # (B, N)
-        return self.over_arch(z).squeeze(-1)  # (B,)
+        return ModelOutput(self.over_arch(z).squeeze(-1), {})  # (B,)
 

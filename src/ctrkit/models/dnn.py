@@ -16,7 +16,7 @@ from typing_extensions import Unpack
 from ctrkit.batch import Batch
 from ctrkit.models._behaviour import BehaviourEmbedding, behaviour_fields
 from ctrkit.models._towers import DNNOptions, TowerHead
-from ctrkit.models.base import CTRModel
+from ctrkit.models.base import CTRModel, ModelOutput
 from ctrkit.models.registry import ConfigError, register_model
 from ctrkit.nn.sequence import masked_mean
 from ctrkit.schema import Schema
@@ -36,10 +36,10 @@ class DNN(CTRModel):
         width = self.embedding.other_dim + (2 * dt if self.fields.histories else 0) + schema.num_dense
         self.head = TowerHead(self, width, dnn)
 
-    def forward(self, batch: Batch) -> torch.Tensor:
+    def forward(self, batch: Batch) -> ModelOutput:
         target, others = self.embedding.pooled(batch)  # (B, Dt), (B, Do)
         parts = [others]
         if self.fields.histories:
             hist, mask = self.embedding.sequence(batch.sparse, self.fields.histories)  # (B, T, Dt), (B, T)
             parts += [target, masked_mean(hist, mask)]  # (B, Dt) each
-        return self.head(torch.cat([*parts, batch.dense], 1))  # (B,)
+        return ModelOutput(self.head(torch.cat([*parts, batch.dense], 1)), {})  # (B,)

@@ -22,7 +22,7 @@ from typing_extensions import Unpack
 from ctrkit.batch import Batch
 from ctrkit.models._behaviour import BehaviourEmbedding, behaviour_fields
 from ctrkit.models._towers import DNNOptions, TowerHead, check_min, layer_options
-from ctrkit.models.base import CTRModel
+from ctrkit.models.base import CTRModel, ModelOutput
 from ctrkit.models.registry import ConfigError, register_model
 from ctrkit.nn.session import BiasEncoding, BiLSTM, SessionActivation, SessionInterestExtractor
 from ctrkit.schema import Schema
@@ -67,7 +67,7 @@ class DSIN(CTRModel):
         width = self.embedding.other_dim + 2 * dt + self.bilstm.out_features + schema.num_dense
         self.head = TowerHead(self, width, dnn)
 
-    def forward(self, batch: Batch) -> torch.Tensor:
+    def forward(self, batch: Batch) -> ModelOutput:
         target, others = self.embedding.pooled(batch)  # (B, Dt), (B, Do)
         parts = [self.embedding.sequence(batch.sparse, s, trim=False) for s in self.fields.sessions]
         q = torch.stack([e for e, _ in parts], 1)  # (B, K, T, Dt)
@@ -77,4 +77,4 @@ class DSIN(CTRModel):
         evolved = self.bilstm(interests, smask)  # (B, K, H')
         u_i = self.act_interest(target, interests, smask)  # (B, Dt)
         u_h = self.act_evolution(target, evolved, smask)  # (B, H')
-        return self.head(torch.cat([others, target, u_i, u_h, batch.dense], 1))  # (B,)
+        return ModelOutput(self.head(torch.cat([others, target, u_i, u_h, batch.dense], 1)), {})  # (B,)

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ctrkit.batch import Batch
-from ctrkit.models.base import CTRModel
+from ctrkit.models.base import CTRModel, ModelOutput
 from ctrkit.models.registry import ConfigError, register_model
 from ctrkit.nn.embedding import make_embeddings
 from ctrkit.nn.fm import FFMInteraction
@@ -73,6 +73,6 @@ class FFM(CTRModel):
             emb = torch.cat([emb, dense], dim=1)  # (B, F, F, D)
         return emb
 
-    def forward(self, batch: Batch) -> torch.Tensor:
+    def forward(self, batch: Batch) -> ModelOutput:
         pairwise = self.interaction(self.field_aware_embeddings(batch)).squeeze(1)  # (B,)
-        return self.linear(batch) + pairwise  # (B,)
+        return ModelOutput(self.linear(batch) + pairwise, {})  # (B,)

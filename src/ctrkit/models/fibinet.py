@@ -26,7 +26,7 @@ from typing_extensions import Unpack
 
 from ctrkit.batch import Batch
 from ctrkit.models._towers import DNNOptions, TowerHead, check_choice, layer_options
-from ctrkit.models.base import CTRModel
+from ctrkit.models.base import CTRModel, ModelOutput
 from ctrkit.models.registry import ConfigError, register_model
 from ctrkit.nn.inputs import ZOO_INIT_STD, FieldEmbedding, LinearTerm
 from ctrkit.nn.senet import SENET, BilinearInteraction
@@ -67,9 +67,9 @@ class FiBiNET(CTRModel):
         n = self.bilinear_raw.out_features + self.bilinear_senet.out_features + schema.num_dense
         self.deep = TowerHead(self, n, dnn, bias=False)  # (B, N) -> (B,)
 
-    def forward(self, batch: Batch) -> torch.Tensor:
+    def forward(self, batch: Batch) -> ModelOutput:
         emb = self.embedding(batch)  # (B, F, D)
         p = self.bilinear_raw(emb).flatten(1)  # (B, P*D)
         q = self.bilinear_senet(self.senet(emb)).flatten(1)  # (B, P*D)
         deep = self.deep(torch.cat([p, q, batch.dense], dim=1))  # (B, 2*P*D + Nd) -> (B,)
-        return self.linear(batch) + deep  # (B,)
+        return ModelOutput(self.linear(batch) + deep, {})  # (B,)

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ctrkit.batch import Batch
-from ctrkit.models.base import CTRModel
+from ctrkit.models.base import CTRModel, ModelOutput
 from ctrkit.models.registry import ConfigError, register_model
 from ctrkit.nn.fm import FMInteraction
 from ctrkit.nn.inputs import ZOO_INIT_STD, FieldEmbedding, LinearTerm
@@ -55,6 +55,6 @@ class FM(CTRModel):
             emb = torch.cat([emb, dense], dim=1)  # (B, F + Nd, D)
         return emb
 
-    def forward(self, batch: Batch) -> torch.Tensor:
+    def forward(self, batch: Batch) -> ModelOutput:
         pairwise = self.interaction(self.field_embeddings(batch)).squeeze(1)  # (B,)
-        return self.linear(batch) + pairwise  # (B,)
+        return ModelOutput(self.linear(batch) + pairwise, {})  # (B,)

@@ -28,7 +28,7 @@ from torch import nn
 
 from ctrkit.batch import Batch, KeyedJagged
 from ctrkit.errors import NotFittedError
-from ctrkit.models.base import CTRModel
+from ctrkit.models.base import CTRModel, ModelOutput
 from ctrkit.models.registry import ConfigError, register_model
 from ctrkit.nn.embedding import make_embeddings
 from ctrkit.nn.inputs import LinearTerm
@@ -150,9 +150,9 @@ class GBDTLR(CTRModel):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     # ---- LR over the leaves ------------------------------------------------------------------
-    def forward(self, batch: Batch) -> torch.Tensor:
+    def forward(self, batch: Batch) -> ModelOutput:
         leaves = KeyedJagged.from_dense(self.leaf_keys, self.leaf_indices(batch))  # T one-hot features
         out = self.leaf_weights(leaves).stacked().sum(dim=(1, 2)) + self.bias  # (B, T, 1) -> (B,)
         if self.linear is not None:
             out = out + self.linear(batch)  # (B,)
-        return out
+        return ModelOutput(out, {})

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from ctrkit.batch import Batch
-from ctrkit.models.base import CTRModel, ParamGroup
+from ctrkit.models.base import CTRModel, ModelOutput, ParamGroup
 from ctrkit.models.registry import ConfigError, register_model
 from ctrkit.nn.inputs import LinearTerm
 from ctrkit.schema import Schema
@@ -73,11 +73,11 @@ class LogisticRegression(CTRModel):
                 self.linear.bias.fill_(math.log(rate / (1 - rate)))
         return self
 
-    def forward(self, batch: Batch) -> torch.Tensor:
+    def forward(self, batch: Batch) -> ModelOutput:
         logit = self.linear(batch)  # (B,)  b + Σ_f w_f[id_f] + <w_d, x>
         if self.linear.dense is not None:
             logit = logit - self.linear.dense(self.dense_mean)  # - <w_d, μ>  (1,)
-        return logit
+        return ModelOutput(logit, {})
 
     def param_groups(self) -> list[ParamGroup]:
         """"weights" (id tables [R, 1] and the dense weight [1, Nd]) with the L2 penalty; none when l2 = 0."""

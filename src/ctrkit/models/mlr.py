@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctrkit.batch import Batch
-from ctrkit.models.base import CTRModel, ParamGroup
+from ctrkit.models.base import CTRModel, ModelOutput, ParamGroup
 from ctrkit.models.registry import ConfigError, register_model
 from ctrkit.nn.embedding import make_embeddings
 from ctrkit.schema import Schema
@@ -83,12 +83,12 @@ class MLR(CTRModel):
             z = z + self.dense(batch.dense)  # (B, 2m)
         return z[:, : self.regions], z[:, self.regions :]
 
-    def forward(self, batch: Batch) -> torch.Tensor:
+    def forward(self, batch: Batch) -> ModelOutput:
         gate, learner = self.region_scores(batch)  # (B, m) each
         log_pi = F.log_softmax(gate, dim=1)  # (B, m)
         log_p = torch.logsumexp(log_pi + F.logsigmoid(learner), dim=1)  # (B,)
         log_q = torch.logsumexp(log_pi + F.logsigmoid(-learner), dim=1)  # (B,)  log(1 - p)
-        return log_p - log_q  # (B,)
+        return ModelOutput(log_p - log_q, {})  # (B,)
 
     def param_groups(self) -> list[ParamGroup]:
         """The region weights with their penalties: the id tables (rows = ids, 2m wide) and the dense

@@ -24,7 +24,7 @@ from typing_extensions import Unpack
 
 from ctrkit.batch import Batch
 from ctrkit.models._towers import DNNOptions, TowerHead
-from ctrkit.models.base import CTRModel
+from ctrkit.models.base import CTRModel, ModelOutput
 from ctrkit.models.registry import ConfigError, register_model
 from ctrkit.nn.embedding import make_embeddings
 from ctrkit.schema import Schema, TableSpec
@@ -85,11 +85,11 @@ class NCF(CTRModel):
         # h^T [φ_GMF ; MLP(mlp_in)] + b
         self.head = TowerHead(self, 2 * self.mlp_dim + n_dense, dnn, side_features=self.gmf_dim)
 
-    def forward(self, batch: Batch) -> torch.Tensor:
+    def forward(self, batch: Batch) -> ModelOutput:
         emb = self.embedding(batch.sparse.select([self.user, self.item])).stacked()  # (B, 2, Dg + Dm)
         gmf_u, gmf_i = emb[:, 0, : self.gmf_dim], emb[:, 1, : self.gmf_dim]  # (B, Dg) each
         gmf = gmf_u * gmf_i  # (B, Dg)
         mlp_in = emb[:, :, self.gmf_dim :].flatten(1)  # (B, 2·Dm)
         if self.use_dense:
             mlp_in = torch.cat([mlp_in, batch.dense], dim=1)  # (B, 2·Dm + Nd)
-        return self.head(mlp_in, side=gmf)  # (B,)
+        return ModelOutput(self.head(mlp_in, side=gmf), {})  # (B,)

@@ -23,7 +23,7 @@ from typing_extensions import Unpack
 
 from ctrkit.batch import Batch
 from ctrkit.models._towers import DNNOptions, TowerHead, check_min
-from ctrkit.models.base import CTRModel
+from ctrkit.models.base import CTRModel, ModelOutput
 from ctrkit.models.registry import ConfigError, register_model
 from ctrkit.nn.fm import BiInteractionPooling
 from ctrkit.nn.inputs import ZOO_INIT_STD, FieldEmbedding, LinearTerm
@@ -61,7 +61,7 @@ class NFM(CTRModel):
         self.bi_dropout = nn.Dropout(bi_dropout)
         self.deep = TowerHead(self, n, dnn, bias=False)  # (B, D + Nd) -> (B,)
 
-    def forward(self, batch: Batch) -> torch.Tensor:
+    def forward(self, batch: Batch) -> ModelOutput:
         bi = self.bi(self.embedding(batch))  # (B, F, D) -> (B, D)
         z = self.bi_dropout(self.bn(torch.cat([bi, batch.dense], dim=1)))  # (B, D + Nd)
-        return self.linear(batch) + self.deep(z)  # (B,)
+        return ModelOutput(self.linear(batch) + self.deep(z), {})  # (B,)

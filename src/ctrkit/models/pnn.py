@@ -19,7 +19,7 @@ from typing_extensions import Unpack
 
 from ctrkit.batch import Batch
 from ctrkit.models._towers import DNNOptions, TowerHead
-from ctrkit.models.base import CTRModel
+from ctrkit.models.base import CTRModel, ModelOutput
 from ctrkit.models.registry import ConfigError, register_model
 from ctrkit.nn.inputs import ZOO_INIT_STD, FieldEmbedding
 from ctrkit.nn.product import PNNProductLayer
@@ -57,6 +57,6 @@ class PNN(CTRModel):
         self.product = PNNProductLayer(F, D, product_units, mode=product)
         self.deep = TowerHead(self, product_units + schema.num_dense, dnn)  # (B, units + Nd) -> (B,)
 
-    def forward(self, batch: Batch) -> torch.Tensor:
+    def forward(self, batch: Batch) -> ModelOutput:
         l1 = torch.relu(self.product(self.embedding(batch)))  # (B, F, D) -> (B, units)
-        return self.deep(torch.cat([l1, batch.dense], dim=1))  # (B, units + Nd) -> (B,)
+        return ModelOutput(self.deep(torch.cat([l1, batch.dense], dim=1)), {})  # (B, units + Nd) -> (B,)

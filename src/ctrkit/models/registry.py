@@ -13,6 +13,11 @@ defaults (:func:`register_option_group`) and taken as ``**dnn: Unpack[DNNOptions
 are parameters of the model like the keyword-only ones (listed, type-checked, suggested on a typo);
 a model whose defaults differ says so in its ``option_defaults`` class attribute, and reads the
 resolved values with :func:`resolve_options`.
+
+Renamed options: a model lists the names (and values) it no longer takes in its ``renamed_options`` /
+``renamed_values`` class attributes. A config that still uses one is a :class:`ConfigError` naming the new
+name; a checkpoint written before the rename is rebuilt through :func:`upgrade_params` (old -> new), so it
+keeps loading.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from ctrkit.typecheck import coerce, is_supported, suggest
 
 __all__ = [
     "ConfigError", "check_model_params", "create_model", "get_model_class", "list_models", "model_params",
-    "register_model", "register_option_group", "resolve_options", "suggest",
+    "register_model", "register_option_group", "resolve_options", "suggest", "upgrade_params",
 ]
 
 _MODELS: dict[str, type[nn.Module]] = {}
@@ -144,15 +149,37 @@ def check_model_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
         hint = did_you_mean(str(value), [str(c) for c in choices])
         return ConfigError(f"{name}: unknown {key}={value!r}{hint}; valid: {', '.join(map(str, choices))}")
 
+    renamed: Mapping[str, str] = getattr(cls, "renamed_options", {})
+    old_values: Mapping[str, Mapping[Any, Any]] = getattr(cls, "renamed_values", {})
     out = {}
     for key, value in params.items():
+        if key in renamed and key not in valid:
+            raise ConfigError(f"model {name!r} has no parameter {key!r}: it was renamed; use {renamed[key]!r} "
+                              f"(e.g. model.params.{renamed[key]}={value!r})")
         if key not in valid:
             raise ConfigError(f"model {name!r} has no parameter {key!r}{suggest(key, valid)}")
+        if isinstance(value, str) and value in old_values.get(key, {}):
+            raise ConfigError(f"{name}: {key}={value!r} was renamed; use {key}={old_values[key][value]!r}")
         tp = hints.get(key)
         if tp is None or not is_supported(tp):
             out[key] = value
         else:
             out[key] = coerce(value, tp, key, what=f"{name}: parameter", choice_error=choice_error)
+    return out
+
+
+def upgrade_params(name: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    """``params`` as saved by an older release, with renamed options and values mapped to today's (for
+    checkpoints; a user's config gets an error naming the new name instead, see :func:`check_model_params`)."""
+    cls = get_model_class(name)
+    renamed: Mapping[str, str] = getattr(cls, "renamed_options", {})
+    old_values: Mapping[str, Mapping[Any, Any]] = getattr(cls, "renamed_values", {})
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        key = renamed.get(key, key)
+        if isinstance(value, str):
+            value = old_values.get(key, {}).get(value, value)
+        out[key] = value
     return out
 
 

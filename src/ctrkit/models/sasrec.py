@@ -1,5 +1,6 @@
 """SASRec, self-attentive sequential recommendation (Kang & McAuley, "Self-Attentive Sequential
-Recommendation", ICDM 2018). Beyond the seeds; the Transformer block follows seed 002's Transformer notes.
+Recommendation", ICDM 2018). Beyond the seeds; the Transformer block (:class:`ctrkit.nn.attention.CausalTransformerBlock`)
+follows seed 002's Transformer notes.
 
 Idea: the user is their recent items read by causal self-attention; the hidden state at the most recent
 behaviour is the query, scored against the same item embeddings (shared input / output table):
@@ -16,6 +17,7 @@ never reaches its query: a row alone and in a batch give the same vector.
 from __future__ import annotations
 
 import math
+from types import MappingProxyType
 
 import torch
 from torch import nn
@@ -25,40 +27,17 @@ from ctrkit.errors import ConfigError
 from ctrkit.models._retrieval import RetrievalEmbedding, check_positive, retrieval_fields
 from ctrkit.models.base import TwoTowerModel
 from ctrkit.models.registry import register_model
+from ctrkit.nn.attention import CausalTransformerBlock
 from ctrkit.schema import Schema
-
-
-class CausalBlock(nn.Module):
-    """A pre-norm Transformer block with causal self-attention (position t attends to 0..t)::
-
-        X = X + Dropout(W_O · Attention(LN(X)))      softmax(Q Kᵀ / sqrt(D/h) + causal mask) V per head
-        X = X + Dropout(W_2 · Dropout(ReLU(W_1 · LN(X))))
-
-    (B, T, D) -> (B, T, D). Dropout acts on activations, not on the (B, h, T, T) attention weights (the
-    paper's; measured: dropping the attention weights cost as much as the rest of the forward on CPU).
-    """
-
-    def __init__(self, d: int, num_heads: int, ffn_dim: int, dropout: float) -> None:
-        super().__init__()
-        self.num_heads = num_heads
-        self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.out = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.ffn = nn.Sequential(nn.Linear(d, ffn_dim), nn.ReLU(), nn.Dropout(dropout), nn.Linear(ffn_dim, d))
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, D = x.shape
-        q, k, v = self.qkv(self.norm1(x)).view(B, T, 3, self.num_heads, D // self.num_heads).unbind(2)
-        a = nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                       is_causal=True)  # (B, h, T, D/h)
-        x = x + self.dropout(self.out(a.transpose(1, 2).reshape(B, T, D)))
-        return x + self.dropout(self.ffn(self.norm2(x)))  # (B, T, D)
 
 
 @register_model("sasrec")
 class SASRec(TwoTowerModel):
-    """``num_layers`` / ``num_heads`` (must divide D) / ``ffn_dim`` (default D, the paper) / ``dropout``:
-    the transformer; ``temperature``: τ. D is the item-id embedding dim; the history is ``hist_<item>``."""
+    """``num_layers`` / ``num_heads`` (must divide D) / ``ffn_dim`` (default D, the paper) / ``att_dropout``:
+    the transformer (named as BST's / DSIN's); ``temperature``: τ. D is the item-id embedding dim; the history
+    is the one declared for the item id (``shares`` its table)."""
+
+    renamed_options = MappingProxyType({"dropout": "att_dropout"})
 
     def __init__(
         self,
@@ -67,7 +46,7 @@ class SASRec(TwoTowerModel):
         num_layers: int = 2,
         num_heads: int = 1,
         ffn_dim: int | None = None,
-        dropout: float = 0.2,
+        att_dropout: float = 0.2,
         temperature: float = 1.0,
     ) -> None:
         super().__init__()
@@ -89,8 +68,9 @@ class SASRec(TwoTowerModel):
         self.position = nn.Parameter(torch.empty(max_len, d))
         nn.init.normal_(self.position, std=0.02)
         self.scale = math.sqrt(d)
-        self.dropout = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(CausalBlock(d, num_heads, ffn_dim or d, dropout) for _ in range(num_layers))
+        self.dropout = nn.Dropout(att_dropout)
+        self.blocks = nn.ModuleList(CausalTransformerBlock(d, num_heads, ffn_dim or d, att_dropout)
+                                    for _ in range(num_layers))
         self.norm = nn.LayerNorm(d)
 
     def encode_query(self, batch: Batch) -> torch.Tensor:

@@ -12,6 +12,8 @@ be computed once and searched with an ANN index (seed 002, 召回 / 向量召回
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import torch
 
 from ctrkit.batch import Batch
@@ -33,19 +35,22 @@ from ctrkit.schema import Schema
 
 @register_model("two_tower")
 class TwoTower(TwoTowerModel):
-    """``tower_hidden``: hidden widths of both towers; ``out_dim``: D; ``similarity``: dot | cosine;
-    ``temperature``: τ; ``dropout`` / ``activation``: of the hidden layers."""
+    """``dnn_hidden``: hidden widths of both towers; ``out_dim``: D; ``similarity``: dot | cosine;
+    ``temperature``: τ; ``dnn_dropout`` / ``dnn_activation``: of the hidden layers (named as every deep tower)."""
+
+    renamed_options = MappingProxyType({"tower_hidden": "dnn_hidden", "activation": "dnn_activation",
+                                        "dropout": "dnn_dropout"})
 
     def __init__(
         self,
         schema: Schema,
         *,
-        tower_hidden: tuple[int, ...] = (256, 128),
+        dnn_hidden: tuple[int, ...] = (256, 128),
         out_dim: int = 64,
         similarity: str = "cosine",
         temperature: float = 0.05,
-        activation: str = "relu",
-        dropout: float = 0.0,
+        dnn_activation: str = "relu",
+        dnn_dropout: float = 0.0,
     ) -> None:
         super().__init__()
         check_choice("two_tower", "similarity", similarity, SIMILARITIES)
@@ -57,11 +62,11 @@ class TwoTower(TwoTowerModel):
         self.embedding = RetrievalEmbedding(schema, self.fields, init_std=ZOO_INIT_STD)
         e = self.embedding
         q_in = e.query_dim + schema.num_dense + e.history_dim + sum(e.search_dims)
-        with layer_options("two_tower", "tower_hidden / activation / dropout"):
-            self.query_tower = MLP(max(q_in, 1), [*tower_hidden, out_dim], activation=activation, dropout=dropout,
-                                   final_activation=False)
-            self.item_tower = MLP(e.item_dim, [*tower_hidden, out_dim], activation=activation, dropout=dropout,
-                                  final_activation=False)
+        with layer_options("two_tower", "dnn_hidden / dnn_activation / dnn_dropout"):
+            self.query_tower = MLP(max(q_in, 1), [*dnn_hidden, out_dim], activation=dnn_activation,
+                                   dropout=dnn_dropout, final_activation=False)
+            self.item_tower = MLP(e.item_dim, [*dnn_hidden, out_dim], activation=dnn_activation,
+                                  dropout=dnn_dropout, final_activation=False)
 
     def encode_query(self, batch: Batch) -> torch.Tensor:
         e = self.embedding

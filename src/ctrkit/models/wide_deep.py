@@ -26,7 +26,7 @@ from typing_extensions import Unpack
 
 from ctrkit.batch import Batch, KeyedJagged
 from ctrkit.models._towers import DNNOptions, TowerHead
-from ctrkit.models.base import CTRModel, ParamGroup
+from ctrkit.models.base import CTRModel, ModelOutput, ParamGroup
 from ctrkit.models.registry import ConfigError, register_model
 from ctrkit.nn.embedding import make_embeddings
 from ctrkit.nn.inputs import ZOO_INIT_STD, FieldEmbedding, LinearTerm
@@ -109,9 +109,9 @@ class WideDeep(CTRModel):
         ]
         return KeyedJagged.from_dense(self.cross_keys, torch.stack(ids, dim=1))  # (B, C) ids
 
-    def forward(self, batch: Batch) -> torch.Tensor:
+    def forward(self, batch: Batch) -> ModelOutput:
         wide = self.linear(batch)  # (B,)
         if self.cross_weights is not None:
             wide = wide + self.cross_weights(self.cross_features(batch)).stacked().sum(dim=(1, 2))  # (B,)
         deep = self.deep(torch.cat([self.embedding.concat(batch), batch.dense], dim=1))  # (B,)
-        return wide + deep  # (B,)
+        return ModelOutput(wide + deep, {})  # (B,)

@@ -24,7 +24,7 @@ from typing_extensions import Unpack
 
 from ctrkit.batch import Batch
 from ctrkit.models._towers import DNNOptions, TowerHead, layer_options
-from ctrkit.models.base import CTRModel
+from ctrkit.models.base import CTRModel, ModelOutput
 from ctrkit.models.registry import register_model
 from ctrkit.nn.cin import CIN
 from ctrkit.nn.inputs import ZOO_INIT_STD, FieldEmbedding, LinearTerm
@@ -56,8 +56,8 @@ class XDeepFM(CTRModel):
         n = f * d + schema.num_dense
         self.deep = TowerHead(self, n, dnn, bias=False)  # (B, N) -> (B,)
 
-    def forward(self, batch: Batch) -> torch.Tensor:
+    def forward(self, batch: Batch) -> ModelOutput:
         emb = self.embedding(batch)  # (B, F, D)
         cin = self.cin.logit(emb, self.cin_out.weight)  # = cin_out(cin(emb)), (B,); folded when identity
         deep = self.deep(torch.cat([emb.flatten(1), batch.dense], dim=1))  # (B, F*D + Nd) -> (B,)
-        return self.linear(batch) + cin + deep  # (B,)
+        return ModelOutput(self.linear(batch) + cin + deep, {})  # (B,)

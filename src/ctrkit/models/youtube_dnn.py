@@ -18,6 +18,7 @@ Sequences named ``search_*`` are the search history; without them the tower read
 from __future__ import annotations
 
 from dataclasses import replace
+from types import MappingProxyType
 
 import torch
 
@@ -33,15 +34,17 @@ from ctrkit.schema import Schema
 
 @register_model("youtube_dnn")
 class YouTubeDNN(TwoTowerModel):
-    """``tower_hidden``: the ReLU tower (the paper: 1024, 512, 256); ``dropout``; ``temperature``: τ of the
+    """``dnn_hidden``: the ReLU tower (the paper: 1024, 512, 256); ``dnn_dropout``; ``temperature``: τ of the
     softmax. D is the item-id embedding dim."""
+
+    renamed_options = MappingProxyType({"tower_hidden": "dnn_hidden", "dropout": "dnn_dropout"})
 
     def __init__(
         self,
         schema: Schema,
         *,
-        tower_hidden: tuple[int, ...] = (256, 128),
-        dropout: float = 0.0,
+        dnn_hidden: tuple[int, ...] = (256, 128),
+        dnn_dropout: float = 0.0,
         temperature: float = 1.0,
     ) -> None:
         super().__init__()
@@ -54,8 +57,8 @@ class YouTubeDNN(TwoTowerModel):
                                             init_std=ZOO_INIT_STD)
         e = self.embedding
         q_in = e.history_dim + sum(e.search_dims) + e.query_dim + schema.num_dense
-        with layer_options("youtube_dnn", "tower_hidden / dropout"):
-            self.tower = MLP(max(q_in, 1), tower_hidden, activation="relu", dropout=dropout)
+        with layer_options("youtube_dnn", "dnn_hidden / dnn_dropout"):
+            self.tower = MLP(max(q_in, 1), dnn_hidden, activation="relu", dropout=dnn_dropout)
         self.out = torch.nn.Linear(self.tower.out_features, e.item_id_dim)
 
     def encode_query(self, batch: Batch) -> torch.Tensor:

@@ -3,9 +3,10 @@
 Shape letters: B batch, F fields, D embedding dim, T sequence length, N flattened width, K rank/experts.
 """
 
-from ctrkit.nn.activation import ACTIVATIONS, make_activation
+from ctrkit.nn.activation import ACTIVATIONS, Dice, make_activation
 from ctrkit.nn.attention import (
     AFMAttention,
+    CausalTransformerBlock,
     MultiHeadSelfAttention,
     TransformerEncoderLayer,
     positional_encoding,
@@ -24,7 +25,7 @@ from ctrkit.nn.mlp import MLP
 from ctrkit.nn.product import InnerProduct, PNNProductLayer
 from ctrkit.nn.rnn import AttentionGRU, AuxiliaryNet, dien_auxiliary_loss
 from ctrkit.nn.senet import SENET, BilinearInteraction
-from ctrkit.nn.sequence import Dice, TargetAttention, masked_mean, masked_sum, mba_l2
+from ctrkit.nn.sequence import TargetAttention, masked_mean, masked_sum, mba_l2
 from ctrkit.nn.session import BiasEncoding, BiLSTM, SessionActivation, SessionInterestExtractor
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "BiLSTM",
     "BiasEncoding",
     "BilinearInteraction",
+    "CausalTransformerBlock",
     "CrossNet",
     "DCNInteraction",
     "Dice",

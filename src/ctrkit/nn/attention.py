@@ -1,6 +1,7 @@
 """Attention layers of the CTR zoo: AFM attentional pooling of pairwise interactions, AutoInt's
-multi-head self-attention (interacting layer), a sinusoidal positional encoding and a small
-Transformer encoder layer (seed 002 "AFM", "AutoInt", "Transformer")."""
+multi-head self-attention (interacting layer), a sinusoidal positional encoding and the Transformer
+blocks: the post-norm encoder layer (BST, DSIN) and the pre-norm causal block (SASRec) (seed 002 "AFM",
+"AutoInt", "Transformer"). Every model's Transformer block lives here."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from torch import Tensor, nn
 from ctrkit.errors import LayerConfigError
 from ctrkit.nn.fm import check_embeddings, pair_indices
 
-__all__ = ["AFMAttention", "MultiHeadSelfAttention", "TransformerEncoderLayer", "positional_encoding"]
+__all__ = [
+    "AFMAttention", "CausalTransformerBlock", "MultiHeadSelfAttention", "TransformerEncoderLayer", "positional_encoding",
+]
 
 
 class AFMAttention(nn.Module):
@@ -267,3 +270,34 @@ class TransformerEncoderLayer(nn.Module):
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         a = self.norm1(x + self.dropout(self.w_o(self.attn(x, mask))))  # (B, T, D)
         return self.norm2(a + self.dropout(self.ffn(a)))  # (B, T, D)
+
+
+class CausalTransformerBlock(nn.Module):
+    """A pre-norm Transformer block with causal self-attention (position t attends to 0..t)::
+
+        X = X + Dropout(W_O · Attention(LN(X)))      softmax(Q Kᵀ / sqrt(D/h) + causal mask) V per head
+        X = X + Dropout(W_2 · Dropout(ReLU(W_1 · LN(X))))
+
+    (B, T, D) -> (B, T, D), ``out_features = D``. SASRec's block (pre-norm, one fused QKV projection,
+    PyTorch's default Linear init); :class:`TransformerEncoderLayer` is the post-norm one of BST / DSIN. Two
+    classes, not one with a switch: their parameters (names, shapes, init) differ, and merging them would
+    change seeded results and the state-dict keys of saved checkpoints. Dropout acts on activations, not on the (B, h, T, T) attention weights (the
+    paper's; measured: dropping the attention weights cost as much as the rest of the forward on CPU).
+    """
+
+    def __init__(self, d: int, num_heads: int, ffn_dim: int, dropout: float) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.out = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.ffn = nn.Sequential(nn.Linear(d, ffn_dim), nn.ReLU(), nn.Dropout(dropout), nn.Linear(ffn_dim, d))
+        self.dropout = nn.Dropout(dropout)
+        self.out_features = d
+
+    def forward(self, x: Tensor) -> Tensor:
+        B, T, D = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(B, T, 3, self.num_heads, D // self.num_heads).unbind(2)
+        a = nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                       is_causal=True)  # (B, h, T, D/h)
+        x = x + self.dropout(self.out(a.transpose(1, 2).reshape(B, T, D)))
+        return x + self.dropout(self.ffn(self.norm2(x)))  # (B, T, D)

@@ -1,6 +1,7 @@
 """Behaviour-sequence layers of DIN (Zhou et al., "Deep Interest Network for Click-Through Rate Prediction",
-KDD 2018; seed 002 "DIN"): the Dice activation, the local activation unit (target attention), masked
-pooling and the mini-batch-aware L2 regulariser.
+KDD 2018; seed 002 "DIN"): the local activation unit (target attention), masked pooling and the
+mini-batch-aware L2 regulariser. DIN's Dice activation lives with the activations
+(:mod:`ctrkit.nn.activation`) and is re-exported here.
 
 Masks are (B, T) with True (or 1) at a real behaviour and False at padding; a row with no real position
 (an empty history) pools to zeros, never NaN.
@@ -15,59 +16,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ctrkit.errors import LayerConfigError
-from ctrkit.nn.activation import ActivationSpec, make_activation
+from ctrkit.nn.activation import ActivationSpec, Dice, make_activation
 from ctrkit.nn.mlp import MLP
 
 __all__ = ["Dice", "TargetAttention", "check_mask", "masked_mean", "masked_softmax", "masked_sum", "mba_l2"]
-
-
-class Dice(nn.Module):
-    """DIN's data-adaptive activation (paper eq. 2):
-
-        p(s) = sigmoid( (s − E[s]) / sqrt(Var[s] + eps) )
-        f(s) = p(s) · s + (1 − p(s)) · α · s                α ∈ R^H learned, init 0
-
-    E[s], Var[s] are BatchNorm statistics without affine: in training the (biased) batch mean / variance
-    over every dim but the last, with running estimates updated as ``nn.BatchNorm1d`` does (``momentum``,
-    unbiased running variance); in eval the running estimates. Input (N, H) or (B, T, H) -> same shape.
-    A training batch of a single row normalises to 0 (p = 1/2) and leaves the running estimates alone.
-    """
-
-    def __init__(self, num_features: int, *, eps: float = 1e-8, momentum: float = 0.1) -> None:
-        super().__init__()
-        if num_features < 1:
-            raise LayerConfigError(f"Dice: num_features must be >= 1, got {num_features}")
-        if eps <= 0 or not 0.0 <= momentum <= 1.0:
-            raise LayerConfigError(f"Dice: need eps > 0 and momentum in [0, 1], got eps={eps}, momentum={momentum}")
-        self.num_features, self.eps, self.momentum = num_features, eps, momentum
-        self.alpha = nn.Parameter(torch.empty(num_features))
-        self.register_buffer("running_mean", torch.zeros(num_features))
-        self.register_buffer("running_var", torch.ones(num_features))
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        nn.init.zeros_(self.alpha)
-        self.running_mean.zero_()
-        self.running_var.fill_(1.0)
-
-    def forward(self, s: Tensor) -> Tensor:
-        if s.dim() < 2 or s.shape[-1] != self.num_features:
-            raise LayerConfigError(
-                f"Dice: input must be (..., {self.num_features}), got shape {list(s.shape)}"
-            )
-        flat = s.reshape(-1, self.num_features)  # (N, H)
-        if self.training and flat.shape[0] < 2:  # BatchNorm cannot estimate a variance from one row
-            z = torch.zeros_like(flat)
-        else:
-            z = F.batch_norm(
-                flat, self.running_mean, self.running_var, None, None, self.training, self.momentum, self.eps
-            )  # (N, H) standardised, no affine
-        p = torch.sigmoid(z)
-        out = flat * (self.alpha + p * (1.0 - self.alpha))  # p·s + (1 − p)·α·s
-        return out.reshape(s.shape)
-
-    def extra_repr(self) -> str:
-        return f"num_features={self.num_features}, eps={self.eps}, momentum={self.momentum}"
 
 
 def check_mask(layer: str, mask: Tensor | None, shape: list[int], device: torch.device) -> Tensor:

@@ -260,7 +260,7 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu", *,
                ckpt: dict[str, Any] | None = None) -> tuple[nn.Module, Any, Any]:
     """Rebuild the model of a checkpoint: ``(model in eval mode, Schema, Config or None)``; ``ckpt``: the
     checkpoint at ``path`` already read by :func:`load_checkpoint`."""
-    from ctrkit.models.registry import ConfigError, create_model
+    from ctrkit.models.registry import ConfigError, create_model, upgrade_params
     from ctrkit.schema import Schema
     from ctrkit.train.config import config_from_dict
 
@@ -270,7 +270,8 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu", *,
             f"{path} has no schema or model name; it was saved without them and cannot rebuild a model"
         )
     schema = Schema.from_dict(ckpt["schema"])
-    model = create_model(ckpt["model"]["name"], schema, **ckpt["model"]["params"])
+    name = ckpt["model"]["name"]
+    model = create_model(name, schema, **upgrade_params(name, ckpt["model"]["params"]))  # options renamed since
     try:
         model.load_state_dict(ckpt["model_state"])
     except RuntimeError as e:
