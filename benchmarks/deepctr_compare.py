@@ -111,15 +111,16 @@ def peer_params(model: str, p: dict[str, Any]) -> dict[str, Any]:
             raise SystemExit("DeepCTR's NFM has no BatchNorm on the pooled vector: set bi_batch_norm=false")
         return {**dnn, "bi_dropout": p.get("bi_dropout", 0.0), "dnn_dropout": p.get("dnn_dropout", 0.0)}
     if model == "afm":
-        return {"attention_factor": p.get("attention_dim", 16), "afm_dropout": p.get("attention_dropout", 0.0)}
+        return {"attention_factor": p.get("att_dim", 16), "afm_dropout": p.get("att_dropout", 0.0)}
     if model == "dcn":
         return {**dnn, "cross_num": p.get("cross_layers", 3), "cross_parameterization": "vector",
                 "dnn_dropout": p.get("dnn_dropout", 0.0)}
     if model == "dcnv2":
-        if p.get("cross_type") != "mix" or p.get("structure", "parallel") != "parallel":
-            raise SystemExit("dcnv2 compares with DeepCTR's DCNMix: needs cross_type=mix, structure=parallel")
-        return {**dnn, "cross_num": p.get("cross_layers", 3), "low_rank": p.get("rank", 32),
-                "num_experts": p.get("experts", 4), "dnn_dropout": p.get("dnn_dropout", 0.0)}
+        if p.get("cross_type") != "low_rank_mixture" or p.get("structure", "parallel") != "parallel":
+            raise SystemExit("dcnv2 compares with DeepCTR's DCNMix: needs cross_type=low_rank_mixture, "
+                             "structure=parallel")
+        return {**dnn, "cross_num": p.get("cross_layers", 3), "low_rank": p.get("cross_rank", 32),
+                "num_experts": p.get("cross_experts", 4), "dnn_dropout": p.get("dnn_dropout", 0.0)}
     if model == "pnn":
         prod = p.get("product", "inner")
         return {"dnn_hidden_units": list(p.get("dnn_hidden", [128, 64])), "use_inner": prod in ("inner", "both"),
@@ -128,7 +129,7 @@ def peer_params(model: str, p: dict[str, Any]) -> dict[str, Any]:
         if p.get("dense_as_fields", True):
             raise SystemExit("DeepCTR's AutoInt attends over the sparse fields only: set dense_as_fields=false")
         return {**(dnn if p.get("autoint_plus") else {"dnn_hidden_units": []}),
-                "att_layer_num": p.get("attention_layers", 3), "att_head_num": p.get("num_heads", 2),
+                "att_layer_num": p.get("num_layers", 3), "att_head_num": p.get("num_heads", 2),
                 "att_res": p.get("use_residual", True), "dnn_dropout": p.get("dnn_dropout", 0.0)}
     if model == "fibinet":
         kind = {"field_all": "all", "field_each": "each", "field_interaction": "interaction"}

@@ -66,6 +66,7 @@ def run_peer(mode: str, model: str) -> dict:
 def run_ctrkit(interaction: str, precision: str, seed: int = 0, keep_memory: bool = True,
                device: str = "cpu") -> dict:
     from ctrkit.batch import Batch, KeyedJagged
+    from ctrkit.models.base import logits_of
     from ctrkit.models.registry import create_model
     from ctrkit.schema import DenseFeature, Schema, SparseFeature
     from ctrkit.train.config import TrainConfig
@@ -83,7 +84,7 @@ def run_ctrkit(interaction: str, precision: str, seed: int = 0, keep_memory: boo
                     sparse=[SparseFeature(k, max(c, 2), EMB_DIM) for k, c in zip(keys, cards)])
     params = {"dense_arch": (512, 256), "over_arch": (512, 256), "interaction": interaction}
     if interaction == "dcn":
-        params.update(dcn_type="low_rank", dcn_layers=3, dcn_rank=16)
+        params.update(cross_type="low_rank", cross_layers=3, cross_rank=16)
     model = create_model("dlrm", schema, **params).to(device)
     cfg = TrainConfig(lr=1e-3, dense_optimizer="adam", sparse_optimizer="rowwise_adagrad", embedding_lr=0.02,
                       precision=precision)
@@ -103,7 +104,7 @@ def run_ctrkit(interaction: str, precision: str, seed: int = 0, keep_memory: boo
     t0 = time.perf_counter()
     for b in batches:
         with autocast:
-            logits = model(b)
+            logits = logits_of(model(b))
         loss = bce(logits.float(), b.labels)
         opt.zero_grad()
         loss.backward()

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA d
 @pytest.mark.parametrize("name, schema_of, params", [
     ("dlrm", contract_schema, {}), ("deepfm", contract_schema, {}), ("din", behaviour_schema, {}),
     ("dien", behaviour_schema, {}), ("two_tower", behaviour_schema, {}),
-    ("sasrec", behaviour_schema, {"dropout": 0.0}),  # dropout masks differ between the devices' generators
+    ("sasrec", behaviour_schema, {"att_dropout": 0.0}),  # dropout masks differ between the devices' generators
 ])
 def test_forward_and_backward_match_cpu(name, schema_of, params):
     schema = schema_of()

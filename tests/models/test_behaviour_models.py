@@ -72,7 +72,7 @@ def test_dien_aux_loss_uses_the_negatives(data):
     other = model(make_batch(_shuffled(data, "neg_"), slice(0, 64), schema))
     assert not torch.equal(out.aux_losses["aux"], other.aux_losses["aux"])
     model.eval()
-    assert isinstance(model(b), torch.Tensor)  # no aux loss when scoring
+    assert model(b).aux_losses == {}  # no aux loss when scoring: the same ModelOutput type, empty
 
 
 def test_dien_without_negatives_is_a_clear_error():

@@ -9,6 +9,7 @@ import torch
 from conftest import contract_schema, make_batch, planted_data
 
 from ctrkit.errors import LayerConfigError
+from ctrkit.models.base import logits_of
 from ctrkit.models.registry import ConfigError, create_model
 from ctrkit.nn.interaction import DotInteraction
 from ctrkit.schema import Schema, SparseFeature
@@ -19,10 +20,10 @@ SMALL = {"dense_arch": (16,), "over_arch": (16,)}
 CONTRACT_VARIANTS: dict[str, list[dict]] = {
     "dlrm": [
         dict(SMALL, interaction="dot"),
-        dict(SMALL, interaction="dcn", dcn_type="full", dcn_layers=2),
-        dict(SMALL, interaction="dcn", dcn_type="low_rank", dcn_layers=2, dcn_rank=4),
-        dict(SMALL, interaction="dcn", dcn_type="vector", dcn_layers=2),
-        dict(SMALL, interaction="dcn", dcn_type="low_rank_mixture", dcn_layers=2, dcn_rank=4, dcn_experts=2),
+        dict(SMALL, interaction="dcn", cross_type="full", cross_layers=2),
+        dict(SMALL, interaction="dcn", cross_type="low_rank", cross_layers=2, cross_rank=4),
+        dict(SMALL, interaction="dcn", cross_type="vector", cross_layers=2),
+        dict(SMALL, interaction="dcn", cross_type="low_rank_mixture", cross_layers=2, cross_rank=4, cross_experts=2),
         dict(SMALL, interaction="projection", projection_branch1=(16, 3 * 8), projection_branch2=(16, 2 * 8)),
     ],
 }
@@ -36,7 +37,7 @@ def test_dot_interaction_logit_by_hand():
     batch = make_batch(planted_data(16, seed=2), slice(0, 16))
     with torch.no_grad():
         d = model.dense_arch(batch.dense)  # (B, D)
-        logits = model(batch)
+        logits = logits_of(model(batch))
         expected = []
         kj = batch.sparse.select(model.sparse_keys)
         emb = model.sparse_arch(kj).stacked()  # (B, F, D)
@@ -51,7 +52,7 @@ def test_dot_interaction_logit_by_hand():
 # ---- without dense features: no DenseArch, the interaction runs over the F sparse vectors alone ----------
 NO_DENSE = {  # interaction variants checked without dense features
     "dot": dict(SMALL, interaction="dot"),
-    "dcn": dict(SMALL, interaction="dcn", dcn_type="full", dcn_layers=2),
+    "dcn": dict(SMALL, interaction="dcn", cross_type="full", cross_layers=2),
     "projection": dict(SMALL, interaction="projection", projection_branch1=(16, 3 * 8),
                        projection_branch2=(16, 2 * 8)),
 }
@@ -117,7 +118,7 @@ def test_without_dense_features_logits_match_a_naive_computation_and_it_learns(i
     assert batch.dense.shape == (12, 0)
     model.eval()
     with torch.no_grad():
-        logits = model(batch)
+        logits = logits_of(model(batch))
         want = torch.stack([naive_no_dense_logit(model, interaction, naive_pooled(model, schema, data, b))
                             for b in range(12)])
     torch.testing.assert_close(logits, want, rtol=1e-5, atol=1e-5)
@@ -128,7 +129,7 @@ def test_without_dense_features_logits_match_a_naive_computation_and_it_learns(i
     rows = make_batch(data, slice(0, 1000), schema)
     losses = []
     for _ in range(40):
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(model(rows), rows.labels)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits_of(model(rows)), rows.labels)
         for o in opts:
             o.zero_grad()
         loss.backward()
@@ -144,7 +145,7 @@ def test_without_dense_features_dot_needs_two_sparse_features():
         create_model("dlrm", one, **NO_DENSE["dot"])
     for interaction in ("dcn", "projection"):  # these work on one vector
         model = create_model("dlrm", one, **NO_DENSE[interaction])
-        out = model(make_batch(no_dense_data(8, 0), slice(0, 8), one))
+        out = logits_of(model(make_batch(no_dense_data(8, 0), slice(0, 8), one)))
         assert out.shape == (8,) and torch.isfinite(out).all()
     with pytest.raises(LayerConfigError, match="with_dense=False: it expects dense=None"):
         DotInteraction(3, 8, with_dense=False)(torch.zeros(2, 8), torch.zeros(2, 3, 8))

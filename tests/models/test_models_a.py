@@ -13,6 +13,7 @@ import torch
 from conftest import contract_schema, make_batch, planted_data
 
 from ctrkit.batch import Batch, KeyedJagged
+from ctrkit.models.base import logits_of
 from ctrkit.models.registry import ConfigError, create_model
 from ctrkit.schema import DenseFeature, Schema, SparseFeature
 from ctrkit.train.ftrl import FTRL
@@ -138,7 +139,7 @@ def test_gbdt_lr_forward_before_prefit_says_how_to_fix():
     model = create_model("gbdt_lr", contract_schema(), num_trees=3)
     batch = make_batch(planted_data(8), slice(0, 8))
     with pytest.raises(RuntimeError, match=r"not fitted; call model.prefit\(train_batches\)"):
-        model(batch)
+        logits_of(model(batch))
 
 
 # ---- hand computations ----------------------------------------------------------------------------
@@ -146,7 +147,7 @@ def test_lr_logit_is_bias_plus_weights():
     model = create_model("lr", tiny_schema())
     randomise(model)
     batch, ids = tiny_batch()
-    torch.testing.assert_close(model(batch), torch.tensor(linear_by_loops(model.linear, batch, ids)))
+    torch.testing.assert_close(logits_of(model(batch)), torch.tensor(linear_by_loops(model.linear, batch, ids)))
 
 
 @pytest.mark.parametrize("dense_interaction", [True, False])
@@ -162,7 +163,7 @@ def test_fm_logit_is_bias_linear_and_pairwise_sum(dense_interaction):
         for i in range(len(vecs)):
             for j in range(i + 1, len(vecs)):
                 expected[r] += float(sum(vecs[i][d] * vecs[j][d] for d in range(D)).detach())
-    torch.testing.assert_close(model(batch), torch.tensor(expected), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits_of(model(batch)), torch.tensor(expected), rtol=1e-5, atol=1e-5)
 
 
 def test_ffm_logit_uses_field_aware_vectors():
@@ -181,7 +182,7 @@ def test_ffm_logit_uses_field_aware_vectors():
         for i in range(F):
             for j in range(i + 1, F):
                 expected[r] += float((v(r, i, j) * v(r, j, i)).sum().detach())
-    torch.testing.assert_close(model(batch), torch.tensor(expected), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits_of(model(batch)), torch.tensor(expected), rtol=1e-5, atol=1e-5)
 
 
 def test_mlr_equals_explicit_mixture_and_is_stable():
@@ -189,7 +190,7 @@ def test_mlr_equals_explicit_mixture_and_is_stable():
     randomise(model, 3)
     batch, ids = tiny_batch()
     m = 4
-    out = model(batch)
+    out = logits_of(model(batch))
     with torch.no_grad():  # the reference reads parameters as plain numbers
         for r in range(len(ids)):
             s = [float(model.bias[c]) for c in range(2 * m)]
@@ -201,9 +202,9 @@ def test_mlr_equals_explicit_mixture_and_is_stable():
             assert float(out[r]) == pytest.approx(math.log(p / (1 - p)), rel=1e-4, abs=1e-4)
     with torch.no_grad():  # p within 1e-40 of 0 or 1: the log-space logit stays finite and exact-ish
         model.bias[m:] = 100.0
-        assert torch.isfinite(model(batch)).all() and (model(batch) > 90).all()
+        assert torch.isfinite(logits_of(model(batch))).all() and (logits_of(model(batch)) > 90).all()
         model.bias[m:] = -100.0
-        assert (model(batch) < -90).all()
+        assert (logits_of(model(batch)) < -90).all()
 
 
 FIELD_EMBEDDING_MODELS = ("afm", "autoint", "dcn", "dcnv2", "deepfm", "fibinet", "fm", "nfm", "pnn", "wide_deep",
@@ -235,7 +236,7 @@ def test_mlr_init_std_starts_every_region_weight_small():
     default = create_model("mlr", tiny_schema(), regions=4)  # uniform tables: far larger starting weights
     assert float(default.sparse.table_weight("a").detach().abs().max()) > 1e-2
     batch, _ = tiny_batch()
-    torch.testing.assert_close(small(batch), torch.zeros(len(batch)), rtol=0, atol=1e-3)  # every logit starts ~0
+    torch.testing.assert_close(logits_of(small(batch)), torch.zeros(len(batch)), rtol=0, atol=1e-3)  # every logit starts ~0
 
 
 def test_mlr_penalty_group_formula_and_task_loss():
@@ -251,7 +252,7 @@ def test_mlr_penalty_group_formula_and_task_loss():
                    + 0.3 * sum(float(torch.linalg.vector_norm(row)) for row in w) for w in ws)
     assert float(group.penalty().detach()) == pytest.approx(expected, rel=1e-5)
     loss, logs = CTRTask().bind(model).loss(model, batch)
-    bce = torch.nn.functional.binary_cross_entropy_with_logits(model(batch), batch.labels)
+    bce = torch.nn.functional.binary_cross_entropy_with_logits(logits_of(model(batch)), batch.labels)
     assert set(logs) == {"bce", "penalty/regions"}
     torch.testing.assert_close(loss, bce + group.penalty())
     # no penalty by default: the group is declared but adds nothing to the loss
@@ -284,7 +285,7 @@ def test_gbdt_lr_leaves_match_lightgbm_and_state_dict_round_trips():
     expected = [float(model.bias) + sum(float(model.leaf_weights.table_weight(f"tree{t}")[leaves[r, t], 0])
                                         for t in range(6)) for r in range(50)]
     with torch.no_grad():
-        torch.testing.assert_close(model(batch), torch.tensor(expected))
+        torch.testing.assert_close(logits_of(model(batch)), torch.tensor(expected))
     # an unfitted model takes the trees (a buffer of another length) from a checkpoint
     buf = io.BytesIO()
     torch.save(model.state_dict(), buf)
@@ -292,7 +293,7 @@ def test_gbdt_lr_leaves_match_lightgbm_and_state_dict_round_trips():
     fresh = create_model("gbdt_lr", schema, num_trees=6, num_leaves=5, num_threads=1)
     fresh.load_state_dict(torch.load(buf, weights_only=True))
     with torch.no_grad():
-        assert torch.equal(fresh(batch), model(batch))
+        assert torch.equal(logits_of(fresh(batch)), logits_of(model(batch)))
 
 
 def test_ncf_is_neumf():
@@ -302,7 +303,7 @@ def test_ncf_is_neumf():
     assert (model.user, model.item) == ("a", "b")  # first sparse feature of groups user / item
     wu, wi = model.embedding.table_weight("ncf_a"), model.embedding.table_weight("ncf_b")
     lin, head = model.head.tower.layers[0], model.head.out
-    out = model(batch)
+    out = logits_of(model(batch))
     for r in range(len(ids)):
         u, i = wu[ids[r, 0]], wi[ids[r, 1]]
         gmf = [float(u[d] * i[d]) for d in range(2)]
@@ -317,7 +318,7 @@ def test_pnn_inner_product_layer_then_dense_concat():
     randomise(model, 6)
     batch, ids = tiny_batch()
     prod, lin, head = model.product, model.deep.tower.layers[0], model.deep.out
-    out = model(batch)
+    out = logits_of(model(batch))
     for r in range(len(ids)):
         e = [model.embedding.ebc.table_weight(k)[ids[r, f]] for f, k in enumerate("abc")]
         z = torch.cat(e)
@@ -350,7 +351,7 @@ def test_wide_deep_cross_ids_wide_plus_deep_and_ftrl_group():
             expected[r] += float(model.cross_weights.table_weight(key)[got[key][0][r], 0])
     deep_in = torch.cat([model.embedding.concat(batch), batch.dense], dim=1)
     deep = model.deep.out(model.deep.tower(deep_in)).squeeze(1)
-    torch.testing.assert_close(model(batch), torch.tensor(expected) + deep, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits_of(model(batch)), torch.tensor(expected) + deep, rtol=1e-5, atol=1e-5)
 
     # the wide part alone goes to FTRL with L1, the rest to Adam / Adagrad
     (wide,) = model.param_groups()
@@ -376,7 +377,7 @@ def ftrl_wide_deep(schema: Schema, batch: Batch, labels: torch.Tensor, l1: float
             torch.optim.Adam([p for p in rest if id(p) not in tables], lr=1e-2),
             torch.optim.Adagrad([p for p in rest if id(p) in tables], lr=0.1)]
     for _ in range(5):
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(model(batch), labels)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits_of(model(batch)), labels)
         for opt in opts:
             opt.zero_grad()
         loss.backward()

@@ -10,6 +10,7 @@ import torch
 from conftest import contract_schema
 
 from ctrkit.batch import Batch, KeyedJagged
+from ctrkit.models.base import logits_of
 from ctrkit.models.registry import ConfigError, create_model
 from ctrkit.schema import DenseFeature, Schema, SparseFeature
 
@@ -22,10 +23,10 @@ CONTRACT_VARIANTS: dict[str, list[dict]] = {
         {"cross_layers": 1, "dnn_hidden": ()},
     ],
     "dcnv2": [
-        {**DNN, "cross_type": "matrix", "structure": "parallel", "cross_layers": 2},
-        {**DNN, "cross_type": "matrix", "structure": "stacked", "cross_layers": 2},
-        {**DNN, "cross_type": "mix", "structure": "parallel", "cross_layers": 2, "rank": 4, "experts": 2},
-        {**DNN, "cross_type": "mix", "structure": "stacked", "cross_layers": 2, "rank": 4, "experts": 1},
+        {**DNN, "cross_type": "full", "structure": "parallel", "cross_layers": 2},
+        {**DNN, "cross_type": "full", "structure": "stacked", "cross_layers": 2},
+        {**DNN, "cross_type": "low_rank_mixture", "structure": "parallel", "cross_layers": 2, "cross_rank": 4, "cross_experts": 2},
+        {**DNN, "cross_type": "low_rank_mixture", "structure": "stacked", "cross_layers": 2, "cross_rank": 4, "cross_experts": 1},
     ],
     "deepfm": [
         {**DNN},
@@ -41,8 +42,8 @@ CONTRACT_VARIANTS: dict[str, list[dict]] = {
         {**DNN, "bi_batch_norm": False},
     ],
     "afm": [
-        {"attention_dim": 4},
-        {"attention_dim": 4, "attention_dropout": 0.1},
+        {"att_dim": 4},
+        {"att_dim": 4, "att_dropout": 0.1},
     ],
     "fibinet": [
         {**DNN, "bilinear_type": "field_all", "senet_pooling": "mean"},
@@ -50,9 +51,9 @@ CONTRACT_VARIANTS: dict[str, list[dict]] = {
         {**DNN, "bilinear_type": "field_interaction", "senet_pooling": "mean"},
     ],
     "autoint": [
-        {"attention_layers": 2, "num_heads": 2},
-        {**DNN, "attention_layers": 1, "num_heads": 2, "head_dim": 3, "autoint_plus": True},
-        {"attention_layers": 1, "num_heads": 2, "dense_as_fields": False},  # dense values reach the head
+        {"num_layers": 2, "num_heads": 2},
+        {**DNN, "num_layers": 1, "num_heads": 2, "head_dim": 3, "autoint_plus": True},
+        {"num_layers": 1, "num_heads": 2, "dense_as_fields": False},  # dense values reach the head
     ],
 }
 
@@ -118,14 +119,14 @@ def mlp_ref(mlp: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     [
         ("dcn", {"cross_layers": 0}, r"dcn: option cross_layers must be >= 1"),
         ("dcn", {"dnn_activation": "relux"}, r"dcn: bad dnn_hidden / dnn_activation.*relux"),
-        ("dcnv2", {"cross_type": "low_rank"}, r"dcnv2: unknown cross_type='low_rank'.*matrix, mix"),
+        ("dcnv2", {"cross_type": "vector"}, r"dcnv2: unknown cross_type='vector'.*full, low_rank_mixture"),
         ("dcnv2", {"structure": "stack"}, r"dcnv2: unknown structure='stack' \(did you mean 'stacked'\?\)"),
-        ("dcnv2", {"cross_type": "mix", "rank": 0}, r"dcnv2: option rank must be >= 1"),
-        ("dcnv2", {"cross_type": "mix", "mix_activation": "nope"}, r"dcnv2: bad mix_activation"),
+        ("dcnv2", {"cross_type": "low_rank_mixture", "cross_rank": 0}, r"dcnv2: option cross_rank must be >= 1"),
+        ("dcnv2", {"cross_type": "low_rank_mixture", "cross_activation": "nope"}, r"dcnv2: bad cross_activation"),
         ("xdeepfm", {"cin_layer_sizes": (3, 4), "split_half": True}, r"xdeepfm: bad cin_layer_sizes / split_half"),
         ("xdeepfm", {"cin_activation": "softmax"}, r"xdeepfm: bad .*cin_activation.*softmax"),
         ("nfm", {"bi_dropout": 1.0}, r"nfm: option bi_dropout must be in \[0, 1\)"),
-        ("afm", {"attention_dim": 0}, r"afm: option attention_dim must be >= 1"),
+        ("afm", {"att_dim": 0}, r"afm: option att_dim must be >= 1"),
         ("fibinet", {"senet_pooling": "sum"}, r"fibinet: unknown senet_pooling='sum'.*mean, max"),
         ("fibinet", {"reduction_ratio": 0.0}, r"fibinet: bad reduction_ratio"),
         ("autoint", {"autoint_plus": True, "dnn_hidden": ()}, r"autoint: autoint_plus=True needs .*dnn_hidden"),
@@ -165,7 +166,7 @@ def test_unequal_embedding_dims_is_config_error(name):
 def test_cross_models_accept_unequal_dims(name):
     model = build(name, tiny_schema(dims=(2, 3, 5)), dnn_hidden=(3,))
     assert model.cross.in_features == 2 + 3 + 5 + 2
-    assert model(tiny_batch()).shape == (B,)
+    assert logits_of(model(tiny_batch())).shape == (B,)
 
 
 # ------------------------------------------------------------------------------------- hand computations
@@ -173,7 +174,7 @@ def test_deepfm_is_first_order_plus_fm_pairs_plus_dnn():
     model = build("deepfm", dnn_hidden=(5,))
     assert model.linear.bias is None and model.deep.out.bias is None  # seed: no bias in the heads
     batch = tiny_batch()
-    out = model(batch)
+    out = logits_of(model(batch))
     for b in range(B):
         e = rows(model.embedding.ebc, ids_of(batch)[b])
         second = sum(sum(e[i][d] * e[j][d] for d in range(D)) for i, j in PAIRS)
@@ -192,7 +193,7 @@ def test_deepfm_without_bias_has_no_global_bias():
 def test_dcn_one_layer_equals_loop_reference():
     model = build("dcn", cross_layers=1, dnn_hidden=(3,))
     batch = tiny_batch()
-    out = model(batch)
+    out = logits_of(model(batch))
     w, bias = model.cross.kernels[0][:, 0], model.cross.bias[0][:, 0]  # (N,), (N,)
     for b in range(B):
         x0 = torch.cat([*rows(model.embedding.ebc, ids_of(batch)[b]), batch.dense[b]])  # (N,)
@@ -206,9 +207,9 @@ def test_dcn_one_layer_equals_loop_reference():
 
 @pytest.mark.parametrize("structure", ["stacked", "parallel"])
 def test_dcnv2_matrix_one_layer_equals_loop_reference(structure):
-    model = build("dcnv2", cross_type="matrix", cross_layers=1, structure=structure, dnn_hidden=(3,))
+    model = build("dcnv2", cross_type="full", cross_layers=1, structure=structure, dnn_hidden=(3,))
     batch = tiny_batch()
-    out = model(batch)
+    out = logits_of(model(batch))
     W, bias = model.cross.kernels[0], model.cross.bias[0][:, 0]
     for b in range(B):
         x0 = torch.cat([*rows(model.embedding.ebc, ids_of(batch)[b]), batch.dense[b]])
@@ -226,7 +227,7 @@ def test_xdeepfm_is_linear_plus_cin_plus_dnn(split_half, sizes, width, act):
     assert model.cin_out.in_features == width
     assert model.cin_out.bias is None and model.deep.out.bias is None and model.linear.bias is not None
     batch = tiny_batch()
-    out = model(batch)
+    out = logits_of(model(batch))
     emb = model.embedding(batch)
     cin = model.cin_out(model.cin(emb))[:, 0]
     for b in range(B):
@@ -243,7 +244,7 @@ def test_nfm_bi_interaction_batchnorm_dnn_plus_linear():
         model.bn.running_mean.normal_()
         model.bn.running_var.uniform_(0.5, 2.0)
     batch = tiny_batch()
-    out = model(batch)
+    out = logits_of(model(batch))
     bn = model.bn
     for b in range(B):
         e = rows(model.embedding.ebc, ids_of(batch)[b])
@@ -255,10 +256,10 @@ def test_nfm_bi_interaction_batchnorm_dnn_plus_linear():
 
 
 def test_afm_attention_pooling_plus_linear():
-    model = build("afm", attention_dim=3)
+    model = build("afm", att_dim=3)
     att = model.attention
     batch = tiny_batch()
-    out = model(batch)
+    out = logits_of(model(batch))
     weights = att.pool(model.embedding(batch))[1]  # (B, P)
     torch.testing.assert_close(weights.sum(1), torch.ones(B))
     for b in range(B):
@@ -279,7 +280,7 @@ def test_fibinet_equals_loop_reference(bilinear_type, pooling):
                   dnn_hidden=())
     assert model.bilinear_raw.weight.data_ptr() != model.bilinear_senet.weight.data_ptr()
     batch = tiny_batch()
-    out = model(batch)
+    out = logits_of(model(batch))
     w1, w2 = model.senet.excite[0].weight, model.senet.excite[2].weight
 
     def bilinear(weight: torch.Tensor, v: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -302,12 +303,12 @@ def test_fibinet_equals_loop_reference(bilinear_type, pooling):
 
 @pytest.mark.parametrize("plus", [False, True])
 def test_autoint_dense_fields_attention_and_head(plus):
-    model = build("autoint", attention_layers=2, num_heads=2, head_dim=3, autoint_plus=plus, dnn_hidden=(5,))
+    model = build("autoint", num_layers=2, num_heads=2, head_dim=3, autoint_plus=plus, dnn_hidden=(5,))
     fields = len(KEYS) + 2
     assert model.head.out.in_features == fields * 6 + (5 if plus else 0)
     assert (model.head.tower is not None) == plus
     batch = tiny_batch()
-    out = model(batch)
+    out = logits_of(model(batch))
     for b in range(B):
         e = rows(model.embedding.ebc, ids_of(batch)[b])
         dense_fields = [batch.dense[b, m] * model.dense_vectors[m] for m in range(2)]  # e_m = v_m x_m
@@ -322,10 +323,10 @@ def test_autoint_dense_fields_attention_and_head(plus):
 
 
 def test_autoint_uses_dense_features():
-    model = build("autoint", attention_layers=1)
+    model = build("autoint", num_layers=1)
     batch = tiny_batch()
     other = Batch(dense=batch.dense + 1.0, sparse=batch.sparse, labels=batch.labels)
-    assert not torch.allclose(model(batch), model(other))
+    assert not torch.allclose(logits_of(model(batch)), logits_of(model(other)))
 
 
 @pytest.mark.parametrize("name", ["dcn", "dcnv2", "deepfm", "xdeepfm", "nfm", "afm", "fibinet", "autoint"])

@@ -124,10 +124,10 @@ def test_forward_loss_grads_and_consistency(name, params):
     loss, logs = task.loss(model, batch)
     torch.manual_seed(5)
     out = model(batch)
-    assert isinstance(out, (torch.Tensor, ModelOutput))
+    assert isinstance(out, ModelOutput), f"{name}: forward returns ModelOutput in training"
     logits = logits_of(out)
     assert logits.shape == (64,) and torch.isfinite(logits).all()
-    aux = out.aux_losses if isinstance(out, ModelOutput) else {}
+    aux = out.aux_losses
     penalties = {f"penalty/{g.name}": g.penalty() for g in model.param_groups() if g.penalised}
     bce = torch.nn.functional.binary_cross_entropy_with_logits(logits, batch.labels)
     expected = bce + sum(aux.values(), torch.zeros(())) + sum(penalties.values(), torch.zeros(()))
@@ -139,6 +139,7 @@ def test_forward_loss_grads_and_consistency(name, params):
 
     model.eval()
     with torch.no_grad():
+        assert isinstance(model(batch), ModelOutput), f"{name}: forward returns ModelOutput in eval too"
         full = logits_of(model(batch))
         again = logits_of(model(batch))
         alone = torch.stack([logits_of(model(make_batch(data, slice(i, i + 1), schema)))[0] for i in (0, 17, 63)])
@@ -194,6 +195,7 @@ def test_no_dense_features(name):
     assert not missing, f"{name}: parameters without gradient: {missing}"
     model.eval()
     with torch.no_grad():
+        assert isinstance(model(batch), ModelOutput), f"{name}: forward returns ModelOutput in eval too"
         full = logits_of(model(batch))
         alone = torch.stack([logits_of(model(make_batch(data, slice(i, i + 1), schema)))[0] for i in (0, 17, 63)])
     assert full.shape == (64,) and torch.isfinite(full).all()

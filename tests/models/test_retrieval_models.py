@@ -10,17 +10,17 @@ import torch
 from conftest import behaviour_schema, contract_schema, make_batch, planted_data
 
 from ctrkit.batch import Batch, KeyedJagged
-from ctrkit.models.base import RetrievalModel, TwoTowerModel
+from ctrkit.models.base import RetrievalModel, TwoTowerModel, logits_of
 from ctrkit.models.registry import ConfigError, create_model
 from ctrkit.retrieval.catalogue import ItemCatalogue
 from ctrkit.schema import Schema, SequenceFeature, SparseFeature
 from ctrkit.train.tasks import RetrievalTask
 
 CONTRACT_VARIANTS: dict[str, list[dict]] = {
-    "two_tower": [{"tower_hidden": (16,), "out_dim": 8},
-                  {"tower_hidden": (32,), "out_dim": 16, "similarity": "dot", "temperature": 1.0, "dropout": 0.1}],
-    "youtube_dnn": [{"tower_hidden": (16,)}, {"tower_hidden": (16, 8), "dropout": 0.1, "temperature": 0.5}],
-    "sasrec": [{"num_heads": 2}, {"num_layers": 1, "dropout": 0.0, "ffn_dim": 16}],
+    "two_tower": [{"dnn_hidden": (16,), "out_dim": 8},
+                  {"dnn_hidden": (32,), "out_dim": 16, "similarity": "dot", "temperature": 1.0, "dnn_dropout": 0.1}],
+    "youtube_dnn": [{"dnn_hidden": (16,)}, {"dnn_hidden": (16, 8), "dnn_dropout": 0.1, "temperature": 0.5}],
+    "sasrec": [{"num_heads": 2}, {"num_layers": 1, "att_dropout": 0.0, "ffn_dim": 16}],
 }
 SCHEMAS = dict.fromkeys(CONTRACT_VARIANTS, behaviour_schema)
 UNPOOLED = dict.fromkeys(CONTRACT_VARIANTS, "uses")
@@ -47,7 +47,7 @@ def test_encodings_row_alone_equal_row_in_batch(name, params, data):
     with torch.no_grad():
         q, v = model.encode_query(batch), model.encode_item(batch)
         assert q.shape == v.shape and q.shape[0] == 48
-        torch.testing.assert_close(model(batch), (q * v).sum(-1) / model.temperature)
+        torch.testing.assert_close(logits_of(model(batch)), (q * v).sum(-1) / model.temperature)
         for i in (0, 11, 47):
             one = make_batch(data, slice(i, i + 1), schema)
             torch.testing.assert_close(model.encode_query(one)[0], q[i], rtol=1e-5, atol=1e-5)

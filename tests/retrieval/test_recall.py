@@ -32,7 +32,7 @@ def trained(tmp_path_factory):
     out = preprocess_behaviour(d / "log.csv", d / "st", attr_cols=["cat:cate"], time_col="time", negatives="none",
                                embedding_dim=8)
     cfg = load_config(None, [f"data.train={out['train']}", f"data.valid={out['valid']}", f"data.test={out['test']}",
-                             "model.name=two_tower", "model.params.out_dim=8", "model.params.tower_hidden=[16]",
+                             "model.name=two_tower", "model.params.out_dim=8", "model.params.dnn_hidden=[16]",
                              "train.epochs=1", "data.batch_size=32", f"run.dir={d}/runs", "run.name=tt",
                              "train.progress=false"])
     summary = train_from_config(cfg, progress=False)

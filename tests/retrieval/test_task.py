@@ -19,7 +19,7 @@ def setup():
     schema = behaviour_schema()
     data = planted_data(64, seed=7, schema=schema)
     torch.manual_seed(0)
-    model = create_model("two_tower", schema, tower_hidden=(16,), out_dim=8).eval()
+    model = create_model("two_tower", schema, dnn_hidden=(16,), out_dim=8).eval()
     ids = np.arange(2, 40)
     cat = ItemCatalogue({"item": ids, "cat": ids % 10 + 2}, (ids % 3 + 1).astype(np.int64))
     return schema, data, model, cat

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from ctrkit.errors import ConfigError
-from ctrkit.models.base import CTRModel, ParamGroup
+from ctrkit.models.base import CTRModel, ParamGroup, logits_of
 from ctrkit.train.config import TrainConfig
 from ctrkit.train.optim import OptimizerSet, RowWiseAdagrad, build_optimizers, coalesce_rows, split_parameters
 
@@ -201,7 +201,7 @@ def test_wide_part_trained_with_ftrl_l1_gives_exact_zeros():
     data = planted_data(512)
     for s in range(0, 512, 64):
         batch = make_batch(data, slice(s, s + 64))
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(model(batch), batch.labels)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits_of(model(batch)), batch.labels)
         opt.zero_grad()
         loss.backward()
         opt.step()

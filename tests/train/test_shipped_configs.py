@@ -16,6 +16,7 @@ from ctrkit.data.sources.criteo import preprocess_criteo
 from ctrkit.data.sources.table import preprocess_table
 from ctrkit.data.storage.loader import BatchLoader
 from ctrkit.data.storage.store import Store
+from ctrkit.models.base import logits_of
 from ctrkit.models.registry import create_model, get_model_class, list_models
 from ctrkit.train.config import load_config, read_config_file
 from ctrkit.tune import SPACE_SUFFIX
@@ -137,7 +138,7 @@ def test_config_builds_its_model_and_scores_a_batch(path: Path, stores: dict[str
     batch = next(iter(loader))
     model.eval()
     with torch.no_grad():
-        logits = model(batch)
+        logits = logits_of(model(batch))
     assert logits.shape == (len(batch.labels),)
     assert torch.isfinite(logits).all()
 

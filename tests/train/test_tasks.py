@@ -10,7 +10,7 @@ from torch import nn
 from ctrkit.batch import Batch, KeyedJagged
 from ctrkit.errors import ConfigError, MetricError, TrainingError
 from ctrkit.metrics import evaluate_predictions
-from ctrkit.models.base import CTRModel, ModelOutput, ParamGroup
+from ctrkit.models.base import CTRModel, ModelOutput, ParamGroup, logits_of
 from ctrkit.train.tasks import CTRTask
 
 
@@ -45,7 +45,7 @@ def test_plain_logits_loss_is_weighted_bce_and_logs_nothing():
     torch.manual_seed(0)
     model, b = Linear(), batch()
     loss, logs = CTRTask().bind(model).loss(model, b)
-    logits = model(b)
+    logits = logits_of(model(b))
     manual = -(b.weights * (b.labels * torch.log(torch.sigmoid(logits))
                             + (1 - b.labels) * torch.log(1 - torch.sigmoid(logits)))).mean()
     torch.testing.assert_close(loss, manual)
@@ -57,7 +57,7 @@ def test_watch_time_weighted_loss_weights_positives_only():
     torch.manual_seed(0)
     model, b = Linear(), batch(seed=3)
     loss, _ = CTRTask(sample_weight="positives").bind(model).loss(model, b)
-    p = torch.sigmoid(model(b)).tolist()
+    p = torch.sigmoid(logits_of(model(b))).tolist()
     total = 0.0
     for pi, y, w in zip(p, b.labels.tolist(), b.weights.tolist()):
         total += -w * torch.log(torch.tensor(pi)).item() if y == 1 else -torch.log(torch.tensor(1 - pi)).item()
@@ -70,7 +70,7 @@ def test_aux_losses_and_penalties_are_added_and_logged_by_name():
     torch.manual_seed(0)
     model, b = Linear(aux=True, penalty=True), batch()
     loss, logs = CTRTask().bind(model).loss(model, b)
-    out = model(b)
+    out = logits_of(model(b))
     bce = nn.functional.binary_cross_entropy_with_logits(out.logits, b.labels, weight=b.weights)
     w = model.lin.weight
     penalty = 0.1 * w.abs().sum() + 0.2 * (w.pow(2).sum() + 1e-12).sqrt()  # one row: the (1, 3) weight
@@ -125,6 +125,6 @@ def test_bf16_runs_the_forward_under_autocast_and_keeps_the_loss_float32():
     loss, _ = task.loss(model, b)
     assert loss.dtype == torch.float32
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        logits = model(b)
+        logits = logits_of(model(b))
     assert logits.dtype == torch.bfloat16
     torch.testing.assert_close(loss, nn.functional.binary_cross_entropy_with_logits(logits.float(), b.labels))

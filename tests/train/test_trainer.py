@@ -13,7 +13,7 @@ from torch import nn
 from ctrkit.batch import Batch, KeyedJagged
 from ctrkit.errors import ConfigError
 from ctrkit.metrics import roc_auc
-from ctrkit.models.base import CTRModel, ModelOutput, ParamGroup
+from ctrkit.models.base import CTRModel, ModelOutput, ParamGroup, logits_of
 from ctrkit.train import trainer as trainer_module
 from ctrkit.train.checkpoint import load_checkpoint
 from ctrkit.train.config import EarlyStoppingConfig, TrainConfig
@@ -111,7 +111,7 @@ def test_learns_planted_signal_and_writes_run_dir(tmp_path):
     tr.model.eval()
     with torch.no_grad():
         for b in valid:
-            preds.append(torch.sigmoid(tr.model(b)))
+            preds.append(torch.sigmoid(logits_of(tr.model(b))))
             labels.append(b.labels)
     assert summary["last_eval"]["auc"] == pytest.approx(roc_auc(torch.cat(preds), torch.cat(labels)), abs=1e-9)
     run = tmp_path / "run"
