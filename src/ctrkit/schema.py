@@ -3,6 +3,13 @@
 A schema is data. It is saved as JSON next to every store and inside every checkpoint, so a model
 can be rebuilt and a raw request can be scored with nothing else.
 
+Roles are declared, not guessed from names: a sequence feature says what it is (``role``: a behaviour
+``history``, DIEN's sampled ``negative`` of a history (``of``), DSIN's ``session`` number ``session``, a
+``search`` history), the table it is embedded by says which item feature it describes (``shares``), and
+the schema names the item id of a retrieval catalogue (``item_id``, a sparse feature of group "item").
+Schemas written before these declarations get them once, from their feature names, in
+:func:`declare_legacy_roles` (the compatibility path).
+
 Embedding dims may be ``"auto"``: seed 002 sizes an embedding from the feature's cardinality n as
 ``k * n ** (1/4)`` (k <= 16; we use k = 6 and cap at 64) or ``log2(n)``.
 """
@@ -11,7 +18,8 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field, fields
+import re
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,7 +29,7 @@ GROUPS = ("user", "item", "context")
 POOLINGS = ("sum", "mean")
 SEQUENCE_POOLINGS = ("sum", "mean", "none")
 AUTO_RULES = ("fourth_root", "log2")
-
+SEQUENCE_ROLES = ("history", "negative", "session", "search")
 
 
 def auto_embedding_dim(vocab_size: int, rule: str = "fourth_root", k: float = 6.0, cap: int = 64) -> int:
@@ -71,7 +79,11 @@ class SequenceFeature:
     """A variable-length history of ids (e.g. clicked items) embedded by the table of ``shares``.
 
     ``pooling`` = "none" keeps the sequence for attention layers (DIN, DIEN, ...); they pad it to
-    [B, T] with ``max_len`` themselves.
+    [B, T] with ``max_len`` themselves. ``role`` (one of :data:`SEQUENCE_ROLES`): "history" (the user's
+    behaviours, the default), "negative" (one sampled negative per step of history ``of``), "session"
+    (session number ``session``, 0 = the oldest kept, of the behaviours embedded by the same table) or
+    "search" (search tokens). None: not declared (a schema of an older release; see
+    :func:`declare_legacy_roles`).
     """
 
     name: str
@@ -79,6 +91,9 @@ class SequenceFeature:
     shares: str
     pooling: str = "mean"
     group: str = "user"
+    role: str | None = None
+    of: str | None = None
+    session: int | None = None
 
 
 @dataclass(frozen=True)
@@ -102,11 +117,13 @@ class Schema:
     weight: str | None = None
     group_id: str | None = None
     auto_dim_rule: str = "fourth_root"
+    item_id: str | None = None  # the item id of a retrieval catalogue (a sparse feature of group "item")
 
     def __post_init__(self) -> None:
         self.dense = [d if isinstance(d, DenseFeature) else DenseFeature(**d) for d in self.dense]
         self.sparse = [s if isinstance(s, SparseFeature) else SparseFeature(**s) for s in self.sparse]
         self.sequence = [q if isinstance(q, SequenceFeature) else SequenceFeature(**q) for q in self.sequence]
+        declare_legacy_roles(self)
         self.validate()
 
     # ---- derived views -------------------------------------------------------------------------
@@ -175,6 +192,19 @@ class Schema:
             out[t] = TableSpec(t, n, dim, tuple(feats[t]))
         return out
 
+    def sequences(self, role: str) -> list[str]:
+        """Names of the unpooled (pooling "none") sequence features of ``role``, in schema order."""
+        if role not in SEQUENCE_ROLES:
+            raise SchemaError(f"unknown sequence role {role!r}; use one of {SEQUENCE_ROLES}")
+        return [q.name for q in self.sequence if q.role == role and q.pooling == "none"]
+
+    def item_features(self) -> list[str]:
+        """The item's features: single-valued sparse features of group "item", the item id first."""
+        names = [s.name for s in self.sparse if s.group == "item" and not s.multi_valued]
+        if self.item_id in names:
+            names.insert(0, names.pop(names.index(self.item_id)))
+        return names
+
     def group(self, name: str) -> list[str]:
         """Names of the features in group ``name`` (user / item / context)."""
         if name not in GROUPS:
@@ -238,8 +268,34 @@ class Schema:
                 raise SchemaError(
                     f"sequence feature {q.name!r}: pooling {q.pooling!r} is not one of {SEQUENCE_POOLINGS}"
                 )
+        self._validate_roles()
         if self.auto_dim_rule not in AUTO_RULES:
             raise SchemaError(f"auto_dim_rule {self.auto_dim_rule!r} is not one of {AUTO_RULES}")
+
+    def _validate_roles(self) -> None:
+        seqs = {q.name: q for q in self.sequence}
+        for q in self.sequence:
+            if q.role not in SEQUENCE_ROLES:
+                raise SchemaError(f"sequence feature {q.name!r}: role {q.role!r} is not one of {SEQUENCE_ROLES}")
+            if q.role == "negative":
+                h = seqs.get(q.of) if q.of is not None else None
+                if h is None or h.role != "history":
+                    raise SchemaError(f"sequence feature {q.name!r} is a negative, so 'of' must name a history "
+                                      f"sequence; got of={q.of!r}")
+                if self.table_of(q.name) != self.table_of(h.name):
+                    raise SchemaError(f"negative {q.name!r} must share the table of its history {h.name!r}")
+            elif q.of is not None:
+                raise SchemaError(f"sequence feature {q.name!r}: 'of' goes with role 'negative', not {q.role!r}")
+            if (q.role == "session") != (q.session is not None):
+                raise SchemaError(f"sequence feature {q.name!r}: 'session' (its number, 0 = the oldest) goes with "
+                                  f"role 'session' and is needed there; got role={q.role!r}, session={q.session!r}")
+            if q.session is not None and (not isinstance(q.session, int) or q.session < 0):
+                raise SchemaError(f"sequence feature {q.name!r}: session must be an integer >= 0, got {q.session!r}")
+        if self.item_id is not None:
+            items = [s.name for s in self.sparse if s.group == "item" and not s.multi_valued]
+            if self.item_id not in items:
+                raise SchemaError(f"item_id {self.item_id!r} is not a single-valued sparse feature of group 'item'; "
+                                  f"those are {items or 'none'}")
 
     # ---- (de)serialisation ---------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -251,6 +307,7 @@ class Schema:
             "weight": self.weight,
             "group_id": self.group_id,
             "auto_dim_rule": self.auto_dim_rule,
+            "item_id": self.item_id,
         }
 
     @classmethod
@@ -285,3 +342,37 @@ class Schema:
         except json.JSONDecodeError as e:
             where = f"file {p}" if p else "schema text"
             raise SchemaError(f"{where} is not valid JSON: {e}") from e
+
+
+_LEGACY_SESSION = re.compile(r"^sess_(\d+)_(.+)$")
+
+
+def declare_legacy_roles(schema: Schema) -> None:
+    """Fill the role declarations a schema lacks, from its feature names: the compatibility path for stores
+    and checkpoints written before roles were declared (their builder, ``ctrkit preprocess behaviour``,
+    named the features ``hist_<x>``, ``neg_hist_<x>``, ``sess_<k>_<x>``, ``search_<x>`` and the item id
+    ``item``). The only place where a name decides a role; declared values are kept as they are.
+
+    - an undeclared sequence ``neg_<h>`` with a sequence ``<h>`` -> role "negative" of ``<h>``;
+      ``sess_<k>_<x>`` -> "session" k; ``search_<x>`` -> "search"; any other -> "history";
+    - no ``item_id``: the feature ``item`` if it is one of the item features, else the first of them (none:
+      stays None).
+    """
+    names = {q.name for q in schema.sequence}
+    out = []
+    for q in schema.sequence:
+        if q.role is None:
+            m = _LEGACY_SESSION.match(q.name)
+            if q.name.startswith("neg_") and q.name[4:] in names:
+                q = replace(q, role="negative", of=q.name[4:])
+            elif m:
+                q = replace(q, role="session", session=int(m.group(1)))
+            elif q.name.startswith("search_"):
+                q = replace(q, role="search")
+            else:
+                q = replace(q, role="history")
+        out.append(q)
+    schema.sequence = out
+    if schema.item_id is None:
+        items = [s.name for s in schema.sparse if s.group == "item" and not s.multi_valued]
+        schema.item_id = "item" if "item" in items else (items[0] if items else None)

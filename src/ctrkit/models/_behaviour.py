@@ -1,22 +1,23 @@
 """What the user-behaviour models (din, dien, dsin, bst and the ``dnn`` baseline) read from a schema, and
 the one embedding block they share. Not a model module (leading underscore: not auto-imported).
 
-Roles are found by name and table, as the behaviour builder (:mod:`ctrkit.data.sources.behaviour`) writes them:
+Roles are what the schema declares (:class:`ctrkit.schema.SequenceFeature` ``role``, ``of``, ``session``
+and the table a sequence ``shares``), never a feature's name:
 
-- a **history** is an unpooled sequence (pooling "none") ``hist_<x>``, or any unpooled sequence not
-  named ``neg_...`` / ``sess_...``; its **target** is the single-valued sparse feature embedded by the same
-  table (group "item" preferred): ``hist_item`` <-> ``item``, ``hist_cate`` <-> ``cate``. All histories
-  describe the same behaviours, so they share one ``max_len`` and their embeddings are concatenated per
-  step: behaviour t = [e(item_t); e(cate_t)] (B, T, Dt), target = [e(item); e(cate)] (B, Dt);
-- DIEN's sampled negatives ``neg_<history>`` (one per history step, built by the data path);
-- DSIN's sessions ``sess_<k>_<x>`` (k = 0 .. S-1, oldest first), each with the target ``<x>``'s table;
+- a **history** is an unpooled sequence (pooling "none") of role "history"; its **target** is the
+  single-valued sparse feature embedded by the same table (group "item" preferred): the behaviour store's
+  ``hist_item`` <-> ``item``, ``hist_cate`` <-> ``cate``. All histories describe the same behaviours, so they
+  share one ``max_len`` and their embeddings are concatenated per step: behaviour t = [e(item_t); e(cate_t)]
+  (B, T, Dt), target = [e(item); e(cate)] (B, Dt);
+- DIEN's sampled negatives: role "negative", ``of`` its history (one per history step, built by the data path);
+- DSIN's sessions: role "session", number ``session`` (0 .. S-1, oldest first), matched to the histories by
+  table;
 - every other sparse feature and pooled sequence (user, context, ...) is an **other** field, pooled and
   concatenated (B, Do).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -30,8 +31,6 @@ from ctrkit.nn.embedding import make_embeddings
 from ctrkit.nn.inputs import ZOO_INIT_STD
 from ctrkit.nn.sequence import mba_l2
 from ctrkit.schema import Schema, SequenceFeature
-
-_SESSION = re.compile(r"^sess_(\d+)_(.+)$")
 
 
 @dataclass
@@ -60,52 +59,61 @@ def _target_of(schema: Schema, seq: SequenceFeature, model: str) -> str:
 
 
 def behaviour_fields(schema: Schema, model: str, *, need_history: bool = True) -> BehaviourFields:
-    """Find the histories and their targets, DIEN's negatives, DSIN's sessions and the other fields."""
-    out = BehaviourFields()
-    unpooled = [q for q in schema.sequence if q.pooling == "none"]
-    sessions: dict[int, dict[str, SequenceFeature]] = {}
-    for q in unpooled:
-        m = _SESSION.match(q.name)
-        if m:
-            sessions.setdefault(int(m.group(1)), {})[m.group(2)] = q
-        elif not q.name.startswith("neg_"):
-            out.histories.append(q.name)
+    """The histories and their targets, DIEN's negatives, DSIN's sessions and the other fields, as the schema
+    declares them (:meth:`Schema.sequences`: role "history" / "negative" / "session", each sharing a table)."""
+    out = BehaviourFields(histories=schema.sequences("history"))
     if need_history and not out.histories:
         raise ConfigError(
-            f"{model} needs a behaviour history: an unpooled sequence feature (pooling 'none') such as "
-            f"'hist_item' sharing the item table; the schema's sequences are "
-            f"{[(q.name, q.pooling) for q in schema.sequence] or 'none'} (build behaviour stores with "
-            "`ctrkit preprocess behaviour`)"
+            f"{model} needs a behaviour history: an unpooled sequence feature (pooling 'none', role 'history') "
+            f"sharing the item table; the schema's sequences are "
+            f"{[(q.name, q.pooling, q.role) for q in schema.sequence] or 'none'} (behaviour stores have them)"
         )
-    lens = {h: schema.feature(h).max_len for h in out.histories}
+    lens = {h: _sequence(schema, h).max_len for h in out.histories}
     if len(set(lens.values())) > 1:
         raise ConfigError(f"{model}: the histories describe the same behaviours and need one max_len, got {lens}")
     out.max_len = next(iter(lens.values()), 0)
-    out.targets = [_target_of(schema, schema.feature(h), model) for h in out.histories]
-    names = {q.name for q in schema.sequence}
-    negs = [f"neg_{h}" for h in out.histories]
-    if out.histories and all(n in names for n in negs):
-        for n, h in zip(negs, out.histories):
-            if schema.table_of(n) != schema.table_of(h) or schema.feature(n).pooling != "none":
-                raise ConfigError(f"{model}: negative history {n!r} must be unpooled and share {h!r}'s table")
-        out.negatives = negs
-    if sessions:
-        attrs = [h.removeprefix("hist_") for h in out.histories] or sorted(next(iter(sessions.values())))
-        for k in sorted(sessions):
-            missing = [a for a in attrs if a not in sessions[k]]
-            if missing:
-                raise ConfigError(f"{model}: session {k} lacks {[f'sess_{k}_{a}' for a in missing]}; every "
-                                  f"session needs one sequence per behaviour attribute {attrs}")
-            out.sessions.append([sessions[k][a].name for a in attrs])
-        slens = {q.max_len for s in sessions.values() for q in s.values()}
-        if len(slens) > 1:
-            raise ConfigError(f"{model}: all session sequences need one max_len, got {sorted(slens)}")
-        out.session_len = slens.pop()
-        if not out.targets:
-            out.targets = [_target_of(schema, schema.feature(n), model) for n in out.sessions[0]]
+    out.targets = [_target_of(schema, _sequence(schema, h), model) for h in out.histories]
+    negative_of = {_sequence(schema, n).of: n for n in schema.sequences("negative")}
+    if out.histories and all(h in negative_of for h in out.histories):
+        out.negatives = [negative_of[h] for h in out.histories]
+    _session_fields(schema, model, out)
     used = set(out.targets)
     out.others = [k for k in schema.pooled_keys if k not in used]
     return out
+
+
+def _sequence(schema: Schema, name: str) -> SequenceFeature:
+    q = schema.feature(name)
+    assert isinstance(q, SequenceFeature)
+    return q
+
+
+def _session_fields(schema: Schema, model: str, out: BehaviourFields) -> None:
+    """DSIN's sessions: ``out.sessions[k]`` = session k's sequences, one per history in the histories' order
+    (matched by table); without histories, in name order. Sets ``session_len`` (and the targets if unset)."""
+    sessions: dict[int, list[SequenceFeature]] = {}
+    for name in schema.sequences("session"):
+        q = _sequence(schema, name)
+        sessions.setdefault(int(q.session or 0), []).append(q)
+    if not sessions:
+        return
+    tables = [schema.table_of(h) for h in out.histories]
+    for k in sorted(sessions):
+        by_table = {schema.table_of(q.name): q.name for q in sessions[k]}
+        if not tables:
+            out.sessions.append(sorted(q.name for q in sessions[k]))
+            continue
+        missing = [h for h, t in zip(out.histories, tables) if t not in by_table]
+        if missing or len(by_table) != len(sessions[k]):
+            raise ConfigError(f"{model}: session {k} has {sorted(q.name for q in sessions[k])}; every session needs "
+                              f"one sequence per history {out.histories}, sharing its table")
+        out.sessions.append([by_table[t] for t in tables])
+    slens = {q.max_len for s in sessions.values() for q in s}
+    if len(slens) > 1:
+        raise ConfigError(f"{model}: all session sequences need one max_len, got {sorted(slens)}")
+    out.session_len = slens.pop()
+    if not out.targets:
+        out.targets = [_target_of(schema, _sequence(schema, n), model) for n in out.sessions[0]]
 
 
 def _trim(emb: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,14 +1,14 @@
 """What the retrieval models (two_tower, youtube_dnn, sasrec) read from a schema, and the embedding block they
 share. Not a model module (leading underscore: not auto-imported).
 
-Roles, as the behaviour builder (``ctrkit preprocess behaviour --negatives none``) writes them:
+Roles, as the schema declares them (groups, ``shares``, sequence roles and ``item_id``; never a name):
 
 - **item features**: the single-valued sparse features of group "item" (``item``, ``cate``); the item id is
-  the one named ``item`` (else the first). An item catalogue supplies exactly these, so the item tower never
+  the schema's ``item_id``, first. An item catalogue supplies exactly these, so the item tower never
   reads a user-side key. Multi-valued item features (tags) are not read: a catalogue holds one id per feature.
-- **histories**: unpooled sequences (pooling "none") embedded by an item feature's table (``hist_item``,
-  ``hist_cate``), in the item features' order; DIEN's ``neg_*`` and DSIN's ``sess_*`` are not read.
-- **search histories**: unpooled sequences named ``search_*`` (YouTubeDNN's search tokens), any table.
+- **histories**: unpooled sequences (pooling "none") of role "history" embedded by an item feature's table
+  (``hist_item``, ``hist_cate``), in the item features' order; DIEN's negatives and DSIN's sessions are not read.
+- **search histories**: unpooled sequences of role "search" (YouTubeDNN's search tokens), any table.
 - **query fields**: every other pooled key (user id, user attributes, pooled sequences, context) and all
   dense features (e.g. ``example_age``).
 """
@@ -53,21 +53,17 @@ def retrieval_fields(schema: Schema, model: str) -> RetrievalFields:
         raise ConfigError(
             f"{model}: a retrieval model needs the item's features: single-valued sparse features of group "
             f"'item' (e.g. 'item', 'cate'); the schema's sparse features are "
-            f"{[(s.name, s.group) for s in schema.sparse] or 'none'} (behaviour stores from `ctrkit preprocess "
-            "behaviour --negatives none` have them)"
+            f"{[(s.name, s.group) for s in schema.sparse] or 'none'} (behaviour stores have them)"
         )
     out = RetrievalFields(item_features=items)
     table_item = {}
     for name in reversed(items):  # the first item feature of a table wins
         table_item[schema.table_of(name)] = name
-    for q in schema.sequence:
-        if q.pooling != "none" or q.name.startswith(("neg_", "sess_")):
-            continue
-        if q.name.startswith("search_"):
-            out.search.append(q.name)
-        elif schema.table_of(q.name) in table_item:
-            out.histories.append(q.name)
-            out.history_items.append(table_item[schema.table_of(q.name)])
+    out.search = schema.sequences("search")
+    for name in schema.sequences("history"):
+        if schema.table_of(name) in table_item:
+            out.histories.append(name)
+            out.history_items.append(table_item[schema.table_of(name)])
     order = sorted(range(len(out.histories)), key=lambda j: items.index(out.history_items[j]))
     out.histories = [out.histories[j] for j in order]
     out.history_items = [out.history_items[j] for j in order]

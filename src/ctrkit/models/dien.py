@@ -8,7 +8,7 @@ candidate evolve:
     e_t behaviours (B, T, Dt), e_a the target (B, Dt)
     interest extraction:  h_t = GRU(e_t, h_{t-1})                                       (B, T, H)
     auxiliary loss:       L_aux = -mean_t [log σ(s(h_t, e_{t+1})) + log(1 - σ(s(h_t, ê_{t+1})))]
-                          ê: the sampled negative behaviours neg_hist_* (built by the data path)
+                          ê: the sampled negative behaviours (role "negative", built by the data path)
     attention:            a_t = softmax_t(MLP([e_a; h_t; e_a - h_t; e_a ⊙ h_t]))          (B, T)
     interest evolution:   h'_T = AUGRU(h_t, a_t) (or AIGRU / AGRU / GRU: ``gru_type``)     (B, H)
     logit = MLP([others; e_a; h'_T; dense]),   L = BCE + α · L_aux  (α = ``aux_loss_weight``, aux loss "aux")
@@ -56,9 +56,9 @@ class DIEN(CTRModel):
         self.aux_loss_weight = float(aux_loss_weight)
         if self.aux_loss_weight > 0 and not f.negatives:
             raise ConfigError(
-                f"dien: aux_loss_weight={aux_loss_weight} needs one sampled negative per history step: sequences "
-                f"{[f'neg_{h}' for h in f.histories]} (build the stores with `ctrkit preprocess behaviour "
-                "--aux-negatives`), or set aux_loss_weight=0"
+                f"dien: aux_loss_weight={aux_loss_weight} needs one sampled negative per history step: for each "
+                f"history {f.histories}, a sequence of role 'negative' with 'of' naming it (behaviour stores have "
+                f"{[f'neg_{h}' for h in f.histories]} when built with --aux-negatives), or set aux_loss_weight=0"
             )
         reads = [*f.histories, *(f.negatives if self.aux_loss_weight > 0 else [])]
         self.embedding = BehaviourEmbedding(schema, f, reads)

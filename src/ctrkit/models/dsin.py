@@ -11,7 +11,8 @@ Bi-LSTM over the sessions follows how they evolve, and two candidate-aware activ
     u_I = Σ_k softmax_k(I_k W^I e_a) I_k,  u_H = Σ_k softmax_k(H_k W^H e_a) H_k   (empty sessions masked)
     logit = MLP([others; e_a; u_I; u_H; dense])
 
-Sessions are the sequences ``sess_<k>_<attr>`` (k = 0 the oldest kept); empty sessions are padding.
+Sessions are the sequences the schema declares with role "session" and number k (k = 0 the oldest kept;
+a behaviour store's ``sess_<k>_<attr>``); empty sessions are padding.
 """
 
 from __future__ import annotations
@@ -49,11 +50,12 @@ class DSIN(CTRModel):
         check_min("dsin", "num_heads", num_heads, 1)
         self.fields = f = behaviour_fields(schema, "dsin", need_history=False)
         if not f.sessions:
-            unpooled = [q.name for q in schema.sequence if q.pooling == "none"]
+            unpooled = [(q.name, q.role) for q in schema.sequence if q.pooling == "none"]
             raise ConfigError(
-                "dsin needs session sequences sess_<k>_<attr> (pooling 'none'), e.g. sess_0_item, sess_0_cate, "
-                f"...; the schema's unpooled sequences are {unpooled or 'none'}. Build the stores with "
-                "`ctrkit preprocess behaviour --sessions S` (needs timestamps)"
+                "dsin needs session sequences: unpooled sequences of role 'session' with their number 'session' "
+                "(0 = the oldest), one per behaviour attribute (e.g. a behaviour store's sess_0_item, sess_0_cate, "
+                f"...); the schema's unpooled sequences (name, role) are {unpooled or 'none'}. Behaviour stores "
+                "built with --sessions S (needs timestamps) have them"
             )
         self.embedding = BehaviourEmbedding(schema, f, [k for s in f.sessions for k in s])
         dt = self.embedding.target_dim

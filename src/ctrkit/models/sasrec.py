@@ -55,8 +55,9 @@ class SASRec(TwoTowerModel):
         self.fields = retrieval_fields(schema, "sasrec")
         item = self.fields.item_id
         if item not in self.fields.history_items:
-            raise ConfigError(f"sasrec needs a history of {item!r}: an unpooled sequence (pooling 'none') sharing "
-                              f"its table, e.g. 'hist_{item}'; the schema has {self.fields.histories or 'none'}")
+            raise ConfigError(f"sasrec needs a history of the item id {item!r}: an unpooled sequence (pooling 'none', "
+                              f"role 'history') sharing its table, e.g. 'hist_{item}'; the schema has "
+                              f"{self.fields.histories or 'none'}")
         self.history_key = self.fields.histories[self.fields.history_items.index(item)]
         self.item_features, self.item_id_feature = [item], item
         self.temperature = float(temperature)

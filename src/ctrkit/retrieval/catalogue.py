@@ -33,12 +33,9 @@ FIRST_ITEM_ID = 2  # ids 0 (missing / padding) and 1 (rare / unseen) are not ite
 
 
 def item_feature_names(schema: Schema) -> list[str]:
-    """The schema's item-side features: single-valued sparse features of group "item", ``item`` first (the
-    item id); empty when there are none."""
-    names = [s.name for s in schema.sparse if s.group == "item" and not s.multi_valued]
-    if "item" in names:
-        names.insert(0, names.pop(names.index("item")))
-    return names
+    """The schema's item-side features: single-valued sparse features of group "item", the schema's declared
+    ``item_id`` first; empty when there are none."""
+    return schema.item_features()
 
 
 def item_features(schema: Schema) -> list[str]:
@@ -51,13 +48,10 @@ def item_features(schema: Schema) -> list[str]:
 
 
 def history_of(schema: Schema, feature: str) -> str | None:
-    """The unpooled history embedded by ``feature``'s table (``hist_item`` for ``item``), if any."""
+    """The unpooled history (declared role "history") embedded by ``feature``'s table (``hist_item`` for
+    ``item``), if any."""
     table = schema.table_of(feature)
-    for q in schema.sequence:
-        if (q.pooling == "none" and not q.name.startswith(("neg_", "sess_", "search_"))
-                and schema.table_of(q.name) == table):
-            return q.name
-    return None
+    return next((q for q in schema.sequences("history") if schema.table_of(q) == table), None)
 
 
 def _positive(store: Store) -> np.ndarray:
