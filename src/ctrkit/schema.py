@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -210,6 +211,24 @@ class Schema:
         if name not in GROUPS:
             raise SchemaError(f"unknown feature group {name!r}; use one of {GROUPS}")
         return [f.name for f in (*self.dense, *self.sparse, *self.sequence) if f.group == name]
+
+    def with_embedding_dims(self, dim: int | None = None, per_table: Mapping[str, int] | None = None) -> Schema:
+        """This schema with the embedding dims a model chose: table t gets ``per_table[t]``, else ``dim``, else
+        the schema's own dim (the store's dim is only a default). Unchanged (self) when both are None."""
+        if dim is None and not per_table:
+            return self
+        per_table = dict(per_table or {})
+        tables = {s.table_name for s in self.sparse}
+        unknown = sorted(set(per_table) - tables)
+        if unknown:
+            raise SchemaError(f"embedding_dims names tables {unknown} the schema does not have; its tables: "
+                              f"{sorted(tables)}")
+        for name, d in [*(("embedding_dim", dim),) * (dim is not None), *per_table.items()]:
+            if isinstance(d, bool) or not isinstance(d, int) or d < 1:
+                raise SchemaError(f"embedding dim of {name!r} must be a positive integer, got {d!r}")
+        sparse = [replace(s, embedding_dim=per_table.get(s.table_name, dim if dim is not None else s.embedding_dim))
+                  for s in self.sparse]
+        return replace(self, sparse=sparse)
 
     # ---- validation ----------------------------------------------------------------------------
     def validate(self) -> None:

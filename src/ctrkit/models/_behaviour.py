@@ -140,8 +140,9 @@ class BehaviourEmbedding(nn.Module):
         pooled = [*fields.targets, *fields.others]
         self.embedding = make_embeddings(schema, pooled, sequence_keys=list(sequence_keys), init="normal",
                                          std=ZOO_INIT_STD)
-        self.target_dim = sum(schema.embedding_dim(t) for t in fields.targets)
-        self.other_dim = sum(schema.embedding_dim(k) for k in fields.others)
+        dims = dict(zip(self.embedding.keys, self.embedding.dims))  # what the tables were built with
+        self.target_dim = sum(dims[t] for t in fields.targets)
+        self.other_dim = sum(dims[k] for k in fields.others)
 
     def pooled(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """``(target (B, Dt), others (B, Do))``; Do = 0 gives an empty (B, 0) tensor."""

@@ -78,7 +78,7 @@ class AutoInt(CTRModel):
         if autoint_plus:  # w^T [flat(X^L); MLP([e_1; ...; e_F; dense])] + b
             if not tower["dnn_hidden"]:
                 raise ConfigError("autoint: autoint_plus=True needs a non-empty dnn_hidden")
-            self.head = TowerHead(self, f * d + nd, tower, side_features=n_att)
+            self.head = TowerHead(self, self.embedding.out_features + nd, tower, side_features=n_att)
         else:  # w^T [flat(X^L); dense if dense_to_head] + b
             self.head = TowerHead(self, n_att + (nd if self.dense_to_head else 0))
 

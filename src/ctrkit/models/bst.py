@@ -55,7 +55,8 @@ class BST(CTRModel):
             self.layers = nn.ModuleList(
                 TransformerEncoderLayer(dt, num_heads=num_heads, ffn_dim=ffn_dim, dropout=att_dropout)
                 for _ in range(num_layers))
-        self.head = TowerHead(self, self.embedding.other_dim + 2 * dt + schema.num_dense, dnn)
+        z = self.layers[-1].out_features  # Z_target and mean_t Z_t, each (B, z)
+        self.head = TowerHead(self, self.embedding.other_dim + 2 * z + schema.num_dense, dnn)
 
     def forward(self, batch: Batch) -> ModelOutput:
         target, others = self.embedding.pooled(batch)  # (B, Dt), (B, Do)

@@ -43,10 +43,10 @@ class DeepFM(CTRModel):
     ) -> None:
         super().__init__()
         self.embedding = FieldEmbedding(schema, model="deepfm", init_std=embedding_init_std)
-        d = self.embedding.embedding_dim  # ConfigError naming deepfm when dims differ
+        _ = self.embedding.embedding_dim  # a ConfigError naming deepfm when dims differ (the FM needs one D)
         self.linear = LinearTerm(schema, bias=False)  # (B,)
         self.fm = FMInteraction()  # (B, F, D) -> (B, 1)
-        n = self.embedding.num_fields * d + schema.num_dense
+        n = self.embedding.out_features + schema.num_dense
         self.deep = TowerHead(self, n, dnn, bias=False)  # (B, N) -> (B,)
         self.bias = nn.Parameter(torch.zeros(1)) if bias else None
 

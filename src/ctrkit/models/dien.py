@@ -68,8 +68,10 @@ class DIEN(CTRModel):
             self.attention = TargetAttention(dt, hidden=tuple(att_hidden), activation=att_activation,
                                              normalize=att_normalize) if gru_type != "GRU" else None
             self.evolution = AttentionGRU(dt, dt, gru_type=gru_type)
-            self.aux_net = AuxiliaryNet(2 * dt, hidden=tuple(aux_hidden)) if self.aux_loss_weight > 0 else None
-        self.head = TowerHead(self, self.embedding.other_dim + 2 * dt + schema.num_dense, dnn)
+            aux_in = self.extractor.out_features + dt  # [h_t; e_{t+1}]
+            self.aux_net = AuxiliaryNet(aux_in, hidden=tuple(aux_hidden)) if self.aux_loss_weight > 0 else None
+        width = self.embedding.other_dim + dt + self.evolution.out_features + schema.num_dense
+        self.head = TowerHead(self, width, dnn)
 
     def forward(self, batch: Batch) -> ModelOutput:
         """Logits (B,); in training with ``aux_loss_weight`` > 0 also the weighted aux loss "aux" (it needs the

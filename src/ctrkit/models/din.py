@@ -57,7 +57,8 @@ class DIN(CTRModel):
         with layer_options("din", "att_hidden / att_activation"):
             self.attention = TargetAttention(dt, hidden=tuple(att_hidden), activation=att_activation,
                                              normalize=att_normalize)
-        self.head = TowerHead(self, self.embedding.other_dim + 2 * dt + schema.num_dense, dnn)
+        width = self.embedding.other_dim + self.embedding.target_dim + self.attention.out_features + schema.num_dense
+        self.head = TowerHead(self, width, dnn)
         self.mba_l2 = float(mba_l2)
         self.frequency = IdFrequency(schema, [*self.fields.targets, *self.fields.others, *self.fields.histories])
 

@@ -33,7 +33,7 @@ class DNN(CTRModel):
             raise ConfigError("dnn needs at least one sparse feature in the schema")
         self.embedding = BehaviourEmbedding(schema, self.fields, self.fields.histories)
         dt = self.embedding.target_dim
-        width = self.embedding.other_dim + (2 * dt if self.fields.histories else 0) + schema.num_dense
+        width = self.embedding.other_dim + (2 * dt if self.fields.histories else 0) + schema.num_dense  # [.; e_a; mean_t e_t]
         self.head = TowerHead(self, width, dnn)
 
     def forward(self, batch: Batch) -> ModelOutput:

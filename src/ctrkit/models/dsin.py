@@ -66,7 +66,8 @@ class DSIN(CTRModel):
             self.bilstm = BiLSTM(dt, dt, layers=lstm_layers, res_layers=lstm_res_layers, merge_mode=merge_mode)
             self.act_interest = SessionActivation(dt, dt)
             self.act_evolution = SessionActivation(dt, self.bilstm.out_features)
-        width = self.embedding.other_dim + 2 * dt + self.bilstm.out_features + schema.num_dense
+        width = (self.embedding.other_dim + dt + self.act_interest.out_features + self.act_evolution.out_features
+                 + schema.num_dense)
         self.head = TowerHead(self, width, dnn)
 
     def forward(self, batch: Batch) -> ModelOutput:

@@ -55,7 +55,7 @@ class NFM(CTRModel):
             raise ConfigError(f"nfm: option bi_dropout must be in [0, 1), got {bi_dropout}")
         self.linear = LinearTerm(schema)  # (B,)
         self.bi = BiInteractionPooling(embedding_dim=d)  # (B, F, D) -> (B, D)
-        n = d + schema.num_dense
+        n = self.bi.out_features + schema.num_dense
         # the paper's BatchNorm on the pooled vector; DeepCTR's NFM has none
         self.bn = nn.BatchNorm1d(n) if bi_batch_norm else nn.Identity()
         self.bi_dropout = nn.Dropout(bi_dropout)

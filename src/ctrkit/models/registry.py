@@ -14,6 +14,11 @@ are parameters of the model like the keyword-only ones (listed, type-checked, su
 a model whose defaults differ says so in its ``option_defaults`` class attribute, and reads the
 resolved values with :func:`resolve_options`.
 
+Embedding options, taken by every model (:class:`EmbeddingOptions`; applied by :func:`create_model`, so no
+model file handles them): ``embedding_dim`` D of every table and ``embedding_dims`` {table: D} per table (the
+store schema's dims are only the default: the same store trains at D = 8, 16 or 64), and
+``embedding_backend`` (the embedding factory's backend, :func:`ctrkit.nn.embedding.make_embeddings`).
+
 Renamed options: a model lists the names (and values) it no longer takes in its ``renamed_options`` /
 ``renamed_values`` class attributes. A config that still uses one is a :class:`ConfigError` naming the new
 name; a checkpoint written before the rename is rebuilt through :func:`upgrade_params` (old -> new), so it
@@ -25,13 +30,14 @@ from __future__ import annotations
 import inspect
 import typing
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, Literal, TypedDict, TypeVar
 
 from torch import nn
 from typing_extensions import Unpack
 
-from ctrkit.errors import ConfigError
+from ctrkit.errors import ConfigError, LayerConfigError, SchemaError
 from ctrkit.io import did_you_mean
+from ctrkit.nn.embedding import embedding_backend
 from ctrkit.schema import Schema
 from ctrkit.typecheck import coerce, is_supported, suggest
 
@@ -44,6 +50,17 @@ _MODELS: dict[str, type[nn.Module]] = {}
 _OPTION_GROUPS: dict[type, dict[str, Any]] = {}  # TypedDict -> its defaults
 _UNPACKS = {Unpack, getattr(typing, "Unpack", Unpack)}  # typing_extensions' and (Python >= 3.11) typing's
 M = TypeVar("M", bound=type[nn.Module])
+
+
+class EmbeddingOptions(TypedDict, total=False):
+    """What every model takes about its embedding tables (see the module docstring)."""
+
+    embedding_dim: int | None
+    embedding_dims: dict[str, int] | None
+    embedding_backend: Literal["fused"]
+
+
+EMBEDDING_DEFAULTS: dict[str, Any] = {"embedding_dim": None, "embedding_dims": None, "embedding_backend": "fused"}
 
 
 def register_option_group(group: type, defaults: Mapping[str, Any]) -> None:
@@ -118,6 +135,7 @@ def model_params(name: str) -> dict[str, Any]:
             out[p.name] = p.default
         elif p.kind is inspect.Parameter.VAR_KEYWORD and (group := _group_of(hints.get(p.name))) is not None:
             out.update(resolve_options(cls, group, {}))
+    out.update(EMBEDDING_DEFAULTS)
     return out
 
 
@@ -135,6 +153,7 @@ def _param_annotations(cls: type[nn.Module]) -> dict[str, Any]:
     for key, tp in _init_hints(cls).items():
         group = _group_of(tp)
         out.update(typing.get_type_hints(group) if group is not None else {key: tp})
+    out.update(typing.get_type_hints(EmbeddingOptions))
     return out
 
 
@@ -165,6 +184,10 @@ def check_model_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
             out[key] = value
         else:
             out[key] = coerce(value, tp, key, what=f"{name}: parameter", choice_error=choice_error)
+    dims = {"embedding_dim": out.get("embedding_dim"), **(out.get("embedding_dims") or {})}
+    bad = {k: d for k, d in dims.items() if d is not None and d < 1}
+    if bad:
+        raise ConfigError(f"{name}: embedding dims must be >= 1, got {bad}")
     return out
 
 
@@ -184,5 +207,19 @@ def upgrade_params(name: str, params: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def create_model(name: str, schema: Schema, **params: Any) -> nn.Module:
-    """Model ``name`` built on ``schema`` with ``params`` (checked by :func:`check_model_params`)."""
-    return get_model_class(name)(schema, **check_model_params(name, params))
+    """Model ``name`` built on ``schema`` with ``params`` (checked by :func:`check_model_params`); the
+    embedding options (:class:`EmbeddingOptions`) choose the tables' dims and backend, the rest go to the
+    model's constructor."""
+    params = check_model_params(name, params)
+    emb = {k: params.pop(k) for k in EMBEDDING_DEFAULTS if k in params}
+    try:
+        schema = schema.with_embedding_dims(emb.get("embedding_dim"), emb.get("embedding_dims"))
+    except SchemaError as e:
+        raise ConfigError(f"{name}: {e}") from None
+    try:
+        with embedding_backend(emb.get("embedding_backend", "fused")):
+            return get_model_class(name)(schema, **params)
+    except LayerConfigError as e:
+        if "embedding backend" not in str(e):
+            raise
+        raise ConfigError(f"{name}: embedding_backend: {e}") from None

@@ -53,7 +53,7 @@ class XDeepFM(CTRModel):
         with layer_options("xdeepfm", "cin_layer_sizes / split_half / cin_activation"):
             self.cin = CIN(f, d, layer_sizes=cin_layer_sizes, split_half=split_half, activation=cin_activation)
         self.cin_out = nn.Linear(self.cin.out_features, 1, bias=False)
-        n = f * d + schema.num_dense
+        n = self.embedding.out_features + schema.num_dense
         self.deep = TowerHead(self, n, dnn, bias=False)  # (B, N) -> (B,)
 
     def forward(self, batch: Batch) -> ModelOutput:

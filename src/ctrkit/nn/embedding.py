@@ -6,7 +6,10 @@
   Its state dict names tables: ``<prefix>tables.<table>`` -> ``[rows, D]``, whatever the backend.
   (Defined in :mod:`ctrkit.nn.embedding_interface` with :class:`PooledEmbeddings`, re-exported here.)
 - :class:`EmbeddingBagCollection` — the ``fused`` backend (the SparseArch of seed 000 §4-5).
-- :func:`make_embeddings` — the one factory models build their tables with.
+- :func:`make_embeddings` — the one factory models build their tables with, from what the model asks
+  for (keys, sequences, dims, init). Its ``backend`` defaults to the one chosen for the model being built
+  (:func:`embedding_backend`, set by ``create_model`` from ``model.params.embedding_backend``), so a
+  sharded backend is a drop-in for every model without a change to any model file.
 
 Fused backend: tables of the same embedding dim live in ONE weight ``[sum of their rows, D]``; table t
 starts at row ``row_offset[t]``. A batch is one ``F.embedding_bag`` call per (dim, pooling) group, not
@@ -42,16 +45,22 @@ from torch import nn
 
 from ctrkit.batch import KeyedJagged
 from ctrkit.errors import IdOutOfRangeError, LayerConfigError, UnknownKeyError
-from ctrkit.nn.embedding_interface import EmbeddingCollection, PooledEmbeddings, PoolGroup
+from ctrkit.nn.embedding_interface import (
+    EmbeddingCollection,
+    PooledEmbeddings,
+    PoolGroup,
+    check_backend,
+    current_backend,
+    embedding_backend,
+    group_input,
+)
 from ctrkit.nn.table_memory import check_tables_fit
 from ctrkit.schema import Schema, SchemaError, SequenceFeature, SparseFeature, TableSpec
 
-__all__ = ["EmbeddingBagCollection", "EmbeddingCollection", "PooledEmbeddings", "make_embeddings"]
+__all__ = ["EmbeddingBagCollection", "EmbeddingCollection", "PooledEmbeddings", "embedding_backend", "make_embeddings"]
 
 POOLINGS = ("sum", "mean")
 INITS = ("uniform", "normal", "zeros")
-BACKENDS = ("fused",)
-
 
 class EmbeddingBagCollection(EmbeddingCollection):
     """The ``fused`` backend: pooled lookups of several features over several tables, one weight per dim.
@@ -210,7 +219,7 @@ class EmbeddingBagCollection(EmbeddingCollection):
                 tensors.append(self._pooled_exported(kj, gi, g))
                 continue
             Fg = len(g.keys)
-            values, offsets, weights, lengths = _group_input(kj, g.keys)
+            values, offsets, weights, lengths = group_input(kj, g.keys)
             if weights is not None and g.pooling != "sum":
                 raise LayerConfigError(
                     f"per-sample weights need pooling 'sum', but features {list(g.keys)} use {g.pooling!r}"
@@ -319,7 +328,7 @@ def make_embeddings(
     dim: int | None = None,
     init: str = "uniform",
     std: float | None = None,
-    backend: str = "fused",
+    backend: str | None = None,
     sparse_grad: bool = True,
     validate: bool = True,
 ) -> EmbeddingCollection:
@@ -333,10 +342,9 @@ def make_embeddings(
 
     ``dim`` overrides every table's width (1 for first-order weights, 2m for MLR, F·D for FFM);
     ``init`` is "uniform" (torchrec's default), "normal" (N(0, std^2)) or "zeros"; ``backend`` is
-    "fused" (:class:`EmbeddingBagCollection`).
+    "fused" (:class:`EmbeddingBagCollection`); None: the one of the model being built (:func:`embedding_backend`).
     """
-    if backend not in BACKENDS:
-        raise LayerConfigError(f"embedding backend {backend!r} is not one of {BACKENDS}")
+    check_backend(backend := backend if backend is not None else current_backend())
     if (schema is None) == (tables is None):
         raise LayerConfigError("make_embeddings needs exactly one of schema= and tables=")
     if dim is not None and dim < 1:
@@ -376,27 +384,3 @@ def make_embeddings(
         tables = [replace(t, embedding_dim=int(dim)) for t in tables]
     return EmbeddingBagCollection(tables, f2t, pooling, sequence_keys=seq, sparse_grad=sparse_grad,
                                   validate=validate, init=init, std=std)
-
-
-def _group_input(
-    kj: KeyedJagged, keys: tuple[str, ...]
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """(values, bag offsets [F_g*B + 1] from 0, weights or None, lengths [F_g*B]) of ``keys`` in
-    ``kj``. A contiguous run of keys (the usual case: all of them) is sliced without copying."""
-    B = kj.stride
-    try:
-        idx = [kj.keys.index(k) for k in keys]
-    except ValueError:
-        missing = [k for k in keys if k not in kj.keys]
-        raise UnknownKeyError(f"sparse input lacks features {missing}; it has {kj.keys}") from None
-    i0, n = idx[0], len(idx)
-    if idx == list(range(i0, i0 + n)):
-        if n == len(kj.keys):
-            return kj.values, kj.offsets, kj.weights, kj.lengths
-        lengths = kj.lengths[i0 * B : (i0 + n) * B]
-        offsets = kj.offsets[i0 * B : (i0 + n) * B + 1]
-        a, b = int(offsets[0]), int(offsets[-1])
-        w = kj.weights[a:b] if kj.weights is not None else None
-        return kj.values[a:b], offsets - a, w, lengths
-    sub = kj.select(list(keys))
-    return sub.values, sub.offsets, sub.weights, sub.lengths

@@ -3,21 +3,51 @@
 :class:`EmbeddingCollection` (``pooled``, ``sequence``, ``lookup``, ``embedding_parameters``, ``tables``)
 and the result of ``pooled``, :class:`PooledEmbeddings` (one ``[F_g, B, D_g]`` tensor per
 :class:`PoolGroup` of features a backend pools together). The fused backend and the factory
-``make_embeddings`` live in :mod:`ctrkit.nn.embedding`, which re-exports these classes.
+``make_embeddings`` live in :mod:`ctrkit.nn.embedding`, which re-exports these classes. The backends a
+factory may build (:data:`BACKENDS`) and the one chosen for the model being built (:func:`embedding_backend`)
+are declared here.
 """
 
 from __future__ import annotations
 
 import abc
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from ctrkit.batch import KeyedJagged
-from ctrkit.errors import LayerConfigError
+from ctrkit.errors import LayerConfigError, UnknownKeyError
 from ctrkit.schema import TableSpec
+
+BACKENDS = ("fused",)  # "torchrec" (sharded) comes with distributed training
+_BACKEND: ContextVar[str] = ContextVar("ctrkit_embedding_backend", default="fused")
+
+
+def current_backend() -> str:
+    """The backend :func:`make_embeddings` uses when not told one (see :func:`embedding_backend`)."""
+    return _BACKEND.get()
+
+
+def check_backend(backend: str) -> None:
+    """A LayerConfigError unless ``backend`` is one of :data:`BACKENDS`."""
+    if backend not in BACKENDS:
+        raise LayerConfigError(f"embedding backend {backend!r} is not available; supported: {', '.join(BACKENDS)}")
+
+
+@contextmanager
+def embedding_backend(backend: str) -> Iterator[None]:
+    """Within the block, :func:`make_embeddings` builds its tables with ``backend`` unless told otherwise
+    (``create_model`` wraps a model's construction in it)."""
+    check_backend(backend)
+    token = _BACKEND.set(backend)
+    try:
+        yield
+    finally:
+        _BACKEND.reset(token)
 
 
 @dataclass(frozen=True)
@@ -149,3 +179,27 @@ class EmbeddingCollection(nn.Module, abc.ABC):
                 f"features have different embedding dims: {dict(zip(self.keys, self.dims))}"
             )
         return self.dims[0]
+
+
+def group_input(
+    kj: KeyedJagged, keys: tuple[str, ...]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """A backend's input for one :class:`PoolGroup`: (values, bag offsets [F_g*B + 1] from 0, weights or
+    None, lengths [F_g*B]) of ``keys`` in ``kj``. A contiguous run of keys (the usual case: all of them) is sliced without copying."""
+    B = kj.stride
+    try:
+        idx = [kj.keys.index(k) for k in keys]
+    except ValueError:
+        missing = [k for k in keys if k not in kj.keys]
+        raise UnknownKeyError(f"sparse input lacks features {missing}; it has {kj.keys}") from None
+    i0, n = idx[0], len(idx)
+    if idx == list(range(i0, i0 + n)):
+        if n == len(kj.keys):
+            return kj.values, kj.offsets, kj.weights, kj.lengths
+        lengths = kj.lengths[i0 * B : (i0 + n) * B]
+        offsets = kj.offsets[i0 * B : (i0 + n) * B + 1]
+        a, b = int(offsets[0]), int(offsets[-1])
+        w = kj.weights[a:b] if kj.weights is not None else None
+        return kj.values[a:b], offsets - a, w, lengths
+    sub = kj.select(list(keys))
+    return sub.values, sub.offsets, sub.weights, sub.lengths

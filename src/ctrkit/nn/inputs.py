@@ -50,10 +50,10 @@ class FieldEmbedding(nn.Module):
                               f"U(±sqrt(1/rows)) start), got {init_std}")
         self.ebc = make_embeddings(schema, self.keys, init="uniform" if init_std is None else "normal",
                                    std=init_std)
-        self.dims = {k: schema.embedding_dim(k) for k in self.keys}
+        self.dims = dict(zip(self.ebc.keys, self.ebc.dims))
         self.model = model
         self.num_fields = len(self.keys)
-        self.out_features = sum(self.dims.values())
+        self.out_features = self.ebc.out_features  # width of concat(): sum of the fields' dims
 
     @property
     def embedding_dim(self) -> int:
@@ -61,9 +61,8 @@ class FieldEmbedding(nn.Module):
         dims = set(self.dims.values())
         if len(dims) != 1:
             raise ConfigError(
-                f"{self.model} needs one embedding dim for every field, but the schema has {self.dims}; "
-                "preprocess with one dimension for every table (`ctrkit preprocess criteo ... --embedding-dim 16`; "
-                "a table schema: the same embedding_dim on every sparse feature)"
+                f"{self.model} needs one embedding dim for every field, but the fields have {self.dims}; "
+                "give every table the same dim (the model's embedding_dim sets one for all)"
             )
         return dims.pop()
 

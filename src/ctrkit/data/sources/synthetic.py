@@ -296,9 +296,24 @@ def add_synth_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="row sampling seed (the planted signal is fixed)")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply the Kaggle cardinalities by this")
     parser.add_argument("--max-cardinality", type=int, default=None, help="cap every cardinality at this")
+    parser.add_argument("--embedding-dim", type=_dim, default=None,
+                        help="the store schema's embedding dim of every table: an integer or 'auto' (default; a "
+                             "model may choose its own with model.params.embedding_dim)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an existing output (a TSV file, or a store directory)")
     return parser
+
+
+def _dim(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer or 'auto', got {text!r}")
+    return value
 
 
 def run_synth(args: argparse.Namespace) -> Path:
@@ -311,8 +326,13 @@ def run_synth(args: argparse.Namespace) -> Path:
         scaled_cardinalities(args.scale, args.max_cardinality)
     except ValueError as e:
         raise DataError(f"--scale / --max-cardinality: {e}") from None
+    dim = getattr(args, "embedding_dim", None)
     if fmt == "tsv":
+        if dim is not None:
+            raise DataError("--embedding-dim goes with a store; a TSV has no schema (preprocess it with "
+                            "`ctrkit preprocess criteo --embedding-dim`)")
         return write_criteo_tsv(args.out, args.rows, seed=args.seed, scale=args.scale,
                                 max_cardinality=args.max_cardinality, overwrite=overwrite)
     return write_synthetic_store(args.out, args.rows, seed=args.seed, scale=args.scale,
-                                 max_cardinality=args.max_cardinality, overwrite=overwrite)
+                                 max_cardinality=args.max_cardinality, overwrite=overwrite,
+                                 embedding_dim=dim if dim is not None else "auto")
