@@ -259,7 +259,8 @@ class FeaturePipeline(RowEncoder):
                                   group=e.get("group", "context"), pooling=e.get("pooling", "sum"),
                                   multi_valued=bool(e.get("multi_valued"))) for e in spec.sparse],
             sequence=[SequenceFeature(q["name"], int(q["max_len"]), q["shares"], q.get("pooling", "mean"),
-                                      q.get("group", "user")) for q in spec.sequence],
+                                      q.get("group", "user"), role=q.get("role"), of=q.get("of"),
+                                      session=q.get("session")) for q in spec.sequence],
             label="label", weight="weight" if spec.weight else None, group_id="group" if spec.group_id else None,
         )
         self._schema_cache = (key, schema)

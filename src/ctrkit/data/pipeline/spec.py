@@ -29,7 +29,7 @@ _SPARSE_KEYS = {"name", "column", "embedding_dim", "table", "group", "min_freq",
                 "pooling", "max_len"}
 
 
-_SEQ_KEYS = {"name", "column", "shares", "max_len", "delimiter", "pooling", "group"}
+_SEQ_KEYS = {"name", "column", "shares", "max_len", "delimiter", "pooling", "group", "role", "of", "session"}
 
 
 _LABEL_KEYS = {"column", "threshold"}

@@ -72,13 +72,13 @@ def behaviour_spec(attrs: list[str], *, max_len: int, aux_negatives: bool, sessi
                    session_len: int, example_age: bool = False) -> dict[str, Any]:
     """The table spec of the sample rows (every column named like its feature)."""
     feats = ["item", *attrs]
-    sequence = [{"name": f"hist_{f}", "shares": f, "max_len": max_len, "pooling": "none", "group": "user"}
-                for f in feats]
+    sequence = [{"name": f"hist_{f}", "shares": f, "max_len": max_len, "pooling": "none", "group": "user",
+                 "role": "history"} for f in feats]
     if aux_negatives:
         sequence += [{"name": f"neg_hist_{f}", "shares": f, "max_len": max_len, "pooling": "none",
-                      "group": "user"} for f in feats]
+                      "group": "user", "role": "negative", "of": f"hist_{f}"} for f in feats]
     sequence += [{"name": f"sess_{k}_{f}", "shares": f, "max_len": session_len, "pooling": "none",
-                  "group": "user"} for k in range(sessions) for f in feats]
+                  "group": "user", "role": "session", "session": k} for k in range(sessions) for f in feats]
     spec: dict[str, Any] = {
         "label": "label", "group_id": "user",
         "sparse": [{"name": "user", "group": "user"}, {"name": "item", "group": "item", "table": "item"},
