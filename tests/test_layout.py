@@ -45,12 +45,11 @@ KNOWN: dict[tuple[str, str], str] = {
 }
 KNOWN_CYCLES: list[list[str]] = [
     ["ctrkit.models", "ctrkit.models.registry"],  # the registry imports the package to register the built-ins
-    ["ctrkit.nn.activation", "ctrkit.nn.mlp", "ctrkit.nn.sequence"],  # Dice moves to the activations
 ]
 
 # Files over 400 lines / functions over 60 lines on the way to the limits (issue 25); the lists only shrink.
 LONG_FILES: set[str] = {
-    "ctrkit.data.storage.store", "ctrkit.nn.embedding", "ctrkit.runner", "ctrkit.serving.export",
+    "ctrkit.data.storage.store", "ctrkit.runner", "ctrkit.serving.export",
     "ctrkit.train.trainer", "ctrkit.tune",
 }
 LONG_FUNCTIONS: set[str] = {
