@@ -106,7 +106,7 @@ def linear_by_loops(model_linear, batch: Batch, ids: np.ndarray, keys=("a", "b",
     ("wide_deep", {"cross_buckets": 0}, "wide_deep: cross_buckets"),
     ("ncf", {"user_feature": "nope"}, "ncf: user_feature='nope'"),
     ("ncf", {"user_feature": "item"}, "ncf: user_feature and item_feature are both 'item'"),
-    ("ffm", {"embedding_dim": 0}, "ffm: embedding_dim"),
+    ("ffm", {"embedding_dim": 0}, "ffm: embedding dims must be >= 1"),
 ])
 def test_bad_option_names_model_and_option(name, params, match):
     with pytest.raises(ConfigError, match=match):

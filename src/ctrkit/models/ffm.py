@@ -28,11 +28,11 @@ from ctrkit.schema import Schema
 
 @register_model("ffm")
 class FFM(CTRModel):
-    """``embedding_dim``: D of every field-aware vector (default: the schema's common dim; set it
-    when the schema's dims differ). Needs at least 2 sparse fields."""
+    """D of every field-aware vector: the tables' common dim (the option every model takes,
+    ``embedding_dim``, sets it when the store's dims differ). Needs at least 2 sparse fields."""
 
     def __init__(
-        self, schema: Schema, *, embedding_dim: int | None = None, dense_interaction: bool = True
+        self, schema: Schema, *, dense_interaction: bool = True
     ) -> None:
         super().__init__()
         self.keys = schema.pooled_keys
@@ -40,17 +40,13 @@ class FFM(CTRModel):
             raise ConfigError(
                 f"ffm needs at least 2 sparse fields to form a field pair; the schema has {self.keys}"
             )
-        if embedding_dim is None:
-            dims = {k: schema.embedding_dim(k) for k in self.keys}
-            if len(set(dims.values())) != 1:
-                raise ConfigError(
-                    f"ffm needs one embedding dim for every field, but the schema has {dims}; "
-                    "set the option embedding_dim to choose D"
-                )
-            embedding_dim = next(iter(dims.values()))
-        if embedding_dim < 1:
-            raise ConfigError(f"ffm: embedding_dim must be >= 1, got {embedding_dim}")
-        D = self.embedding_dim = int(embedding_dim)
+        dims = {k: schema.embedding_dim(k) for k in self.keys}
+        if len(set(dims.values())) != 1:
+            raise ConfigError(
+                f"ffm needs one embedding dim for every field, but the tables have {dims}; "
+                "set the option embedding_dim to choose D"
+            )
+        D = self.embedding_dim = next(iter(dims.values()))
         n_dense = schema.num_dense if dense_interaction else 0
         F = self.num_fields = len(self.keys) + n_dense
         # (B, Fs, F*D): the schema's tables, F*D wide

@@ -98,6 +98,10 @@ def register_model(name: str) -> Callable[[M], M]:
     def deco(cls: M) -> M:
         if name in _MODELS and _MODELS[name] is not cls:
             raise ValueError(f"model name {name!r} is already registered by {_MODELS[name].__qualname__}")
+        taken = set(inspect.signature(cls.__init__).parameters) & set(EMBEDDING_DEFAULTS)
+        if taken:
+            raise ValueError(f"model {name!r}: {sorted(taken)} are options every model takes (create_model applies "
+                             "them to the schema); do not declare them in __init__")
         cls.model_name = name  # type: ignore[attr-defined]
         _MODELS[name] = cls
         return cls
