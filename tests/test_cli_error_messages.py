@@ -124,4 +124,4 @@ def test_tables_too_large_for_memory_name_the_table_and_the_options(prep, caplog
     assert available_memory() is not None and available_memory() < 10**12 * 16 * 4
     msg = _error(caplog, [*_train(prep, "--run.name=big"), f"--data.train={big}", "--data.valid=null"])
     assert "the embedding tables need" in msg and "C3: 1,000,000,000,000 rows x 16" in msg
-    assert "GiB of memory available" in msg and "--embedding-dim D" in msg and "--min-freq N" in msg
+    assert "GiB of memory available" in msg and "model.params.embedding_dim" in msg and "minimum id frequency" in msg

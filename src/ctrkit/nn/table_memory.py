@@ -63,9 +63,9 @@ def check_tables_fit(tables: Iterable[Any], bytes_per_value: int = 4) -> None:
     sizes = f"the embedding tables need {need / GiB:.2f} GiB (largest: {parts})"
     if need > avail:
         raise LayerConfigError(
-            f"{sizes} but this machine has {avail / GiB:.2f} GiB of memory available. Make them smaller: "
-            "preprocess again with a lower `--embedding-dim D` (the dimension the schema gives every table), or "
-            "with fewer rows: `--min-freq N` maps ids seen fewer than N times to one shared row")
+            f"{sizes} but this machine has {avail / GiB:.2f} GiB of memory available. Make them smaller: a lower "
+            "embedding dim (model.params.embedding_dim / embedding_dims), or fewer rows (a higher minimum id "
+            "frequency when preprocessing maps the rare ids to one shared row)")
     log.warning("%s of the %.2f GiB available; the sparse optimizer's state (Adagrad: one value per weight) may not "
-                "fit beside them. Lower the embedding dimension or raise --min-freq if training runs out of memory",
+                "fit beside them. Lower the embedding dimension or the rows per table if training runs out of memory",
                 sizes, avail / GiB)
