@@ -389,7 +389,7 @@ def test_make_embeddings_from_explicit_tables():
         make_embeddings(OPT_SCHEMA, tables=specs)
     with pytest.raises(ValueError, match="keys= and sequence_keys= go with schema="):
         make_embeddings(tables=specs, keys=["tree0"])
-    with pytest.raises(ValueError, match="backend 'torchrec' is not one of"):
+    with pytest.raises(ValueError, match="backend 'torchrec' is not available; supported: fused"):
         make_embeddings(OPT_SCHEMA, backend="torchrec")
 
 

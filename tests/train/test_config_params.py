@@ -46,8 +46,8 @@ def test_bad_value_names_model_parameter_type_and_value(name, params, message):
 
 
 def test_values_are_converted_to_the_annotation():
-    assert check_model_params("dlrm", {"dense_arch": [8, 4], "interaction": "dcn", "dcn_rank": 2}) == {
-        "dense_arch": (8, 4), "interaction": "dcn", "dcn_rank": 2}
+    assert check_model_params("dlrm", {"dense_arch": [8, 4], "interaction": "dcn", "cross_rank": 2}) == {
+        "dense_arch": (8, 4), "interaction": "dcn", "cross_rank": 2}
     got = check_model_params("deepfm", {"dnn_dropout": 0, "dnn_hidden": []})
     assert got == {"dnn_dropout": 0.0, "dnn_hidden": ()} and isinstance(got["dnn_dropout"], float)
     assert check_model_params("wide_deep", {"crosses": [["user", "item"]]}) == {"crosses": (("user", "item"),)}

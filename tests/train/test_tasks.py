@@ -70,7 +70,7 @@ def test_aux_losses_and_penalties_are_added_and_logged_by_name():
     torch.manual_seed(0)
     model, b = Linear(aux=True, penalty=True), batch()
     loss, logs = CTRTask().bind(model).loss(model, b)
-    out = logits_of(model(b))
+    out = model(b)
     bce = nn.functional.binary_cross_entropy_with_logits(out.logits, b.labels, weight=b.weights)
     w = model.lin.weight
     penalty = 0.1 * w.abs().sum() + 0.2 * (w.pow(2).sum() + 1e-12).sqrt()  # one row: the (1, 3) weight
