@@ -14,7 +14,7 @@ from ctrkit.batch import Batch
 from ctrkit.data.sources.table import preprocess_table
 from ctrkit.data.storage.fitted import pipeline_from_store
 from ctrkit.data.storage.store import Store
-from ctrkit.models.base import CTRModel, ModelOutput
+from ctrkit.models.base import CTRModel, ModelOutput, logits_of
 from ctrkit.models.registry import create_model
 from ctrkit.runner import evaluate_store, predict_file, predict_store
 
@@ -27,7 +27,7 @@ class WithAux(CTRModel):
         self.inner = inner
 
     def forward(self, batch: Batch) -> ModelOutput:
-        logits = self.inner(batch)
+        logits = logits_of(self.inner(batch))
         return ModelOutput(logits, {"aux": logits.pow(2).mean()})
 
 
