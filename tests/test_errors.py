@@ -21,13 +21,13 @@ BUILTIN = {"ValueError", "KeyError", "IndexError", "TypeError", "RuntimeError", 
 
 def test_every_error_is_a_ctrkit_error_and_a_builtin() -> None:
     for name, cls in inspect.getmembers(errors, inspect.isclass):
-        if cls is CtrkitError:
+        if cls is CtrkitError or not issubclass(cls, BaseException):  # Problem: a record carried by RowErrors
             continue
         assert issubclass(cls, CtrkitError), name
         assert any(b in cls.__mro__ for b in (ValueError, KeyError, IndexError, TypeError, RuntimeError)), name
 
 
-@pytest.mark.parametrize("module", ["batch.py", "nn/embedding.py"])
+@pytest.mark.parametrize("module", ["batch.py", "nn/embedding.py", "nn/embedding_interface.py"])
 def test_no_bare_builtin_is_raised(module: str) -> None:
     bare = []
     for node in ast.walk(ast.parse((SRC / module).read_text())):

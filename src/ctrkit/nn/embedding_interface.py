@@ -123,7 +123,7 @@ class PooledEmbeddings:
         for g, t in zip(self._groups, self._tensors):
             if key in g.keys:
                 return t[g.keys.index(key)]
-        raise KeyError(f"no pooled embedding for {key!r}; keys: {self.keys}")
+        raise UnknownKeyError(f"no pooled embedding for {key!r}; keys: {self.keys}")
 
     def __repr__(self) -> str:
         return f"PooledEmbeddings(keys={self.keys}, dims={self.dims}, batch_size={self.batch_size})"
