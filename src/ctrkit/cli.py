@@ -1,7 +1,8 @@
 """Command line: ``ctrkit preprocess | synth | train | evaluate | predict | demo | recall | serve | export | models |
 tune | report``.
 
-Every sub-command lives in the module that does the work; this file only wires arguments to it.
+This file only parses arguments: every sub-command runs a job (:mod:`ctrkit.jobs`: train, evaluate, predict, recall,
+tune, report, demo) or the module that does the work (preprocess, synth, serve, export).
 Errors of ctrkit's own kinds (bad config, bad data, bad store) are printed as one line and exit 2.
 """
 
@@ -57,7 +58,7 @@ def _run_models(args: argparse.Namespace) -> int:
 
 
 def _add_run_commands(sub: argparse._SubParsersAction) -> None:
-    from ctrkit import runner
+    from ctrkit.jobs import demo, evaluate, predict, train
 
     p = sub.add_parser("train", help="train a model from a YAML config")
     p.add_argument("--config", required=True, help="YAML config (see configs/)")
@@ -65,13 +66,13 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--log", action="append", choices=["tensorboard"],
                    help="a logger besides metrics.jsonl (run.log): tensorboard writes RUN_DIR/tensorboard")
-    p.set_defaults(func=_run_train)
+    p.set_defaults(func=train.run_train)
 
     e = sub.add_parser("evaluate", help="evaluate a checkpoint on a store")
     e.add_argument("--checkpoint", required=True)
     e.add_argument("--data", help="store to evaluate (default: the config's test store)")
     e.add_argument("--batch-size", type=int, default=8192)
-    e.set_defaults(func=runner.run_evaluate)
+    e.set_defaults(func=evaluate.run_evaluate)
 
     r = sub.add_parser("predict", help="score raw rows with a checkpoint")
     r.add_argument("--checkpoint", required=True)
@@ -79,24 +80,16 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--output", required=True, help="CSV of line,score: one score per input row, with its line")
     r.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
     r.add_argument("--batch-size", type=int, default=8192)
-    r.set_defaults(func=runner.run_predict)
+    r.set_defaults(func=predict.run_predict)
 
     d = sub.add_parser("demo", help="preprocess the bundled Criteo sample and train DLRM with each interaction")
     d.add_argument("--out", default="demo_out", help="working directory")
     d.add_argument("--epochs", type=int, default=6)
-    d.set_defaults(func=runner.run_demo)
-
-
-def _run_train(args: argparse.Namespace) -> int:
-    from ctrkit import runner
-
-    if args.log:  # --log tensorboard is the override run.log=[tensorboard], after the others
-        args.overrides = [*(args.overrides or []), f"run.log=[{','.join(dict.fromkeys(args.log))}]"]
-    return runner.run_train(args)
+    d.set_defaults(func=demo.run_demo)
 
 
 def _add_tune(sub: argparse._SubParsersAction) -> None:
-    from ctrkit import tune
+    from ctrkit.jobs import tune
 
     p = sub.add_parser("tune", help="hyper-parameter search with Optuna over a config's search space (resumable)")
     tune.add_tune_args(p)
@@ -104,7 +97,7 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_recall(sub: argparse._SubParsersAction) -> None:
-    from ctrkit.retrieval import recall
+    from ctrkit.jobs import recall
 
     p = sub.add_parser("recall", help="top-K candidates per user from a retrieval checkpoint (faiss index)")
     recall.add_recall_args(p)
@@ -138,11 +131,11 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 
 def _add_report(sub: argparse._SubParsersAction) -> None:
-    from ctrkit.report import cli as report_cli  # light: matplotlib is imported only when a report is written
+    from ctrkit.jobs import report  # light: matplotlib is imported only when a report is written
 
     p = sub.add_parser("report", help="HTML report of a run (plots, metrics, data), or several runs compared")
-    report_cli.add_report_args(p)
-    p.set_defaults(func=report_cli.cli_run)
+    report.add_report_args(p)
+    p.set_defaults(func=report.run_report)
 
 
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [

@@ -1,1 +1,2 @@
-"""Retrieval: two-tower training support, item catalogues, faiss recall."""
+"""Retrieval core, below the models: item catalogues, seen-item exclusion and ranking metrics, sampled / in-batch
+losses. The faiss index is :mod:`ctrkit.serving.index` and the recall job :mod:`ctrkit.jobs.recall`."""

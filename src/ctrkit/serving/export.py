@@ -53,15 +53,15 @@ import torch
 from torch import nn
 
 from ctrkit.batch import Batch, KeyedJagged
+from ctrkit.checkpoint import Checkpoint
 from ctrkit.data.pipeline.feature_pipeline import FeaturePipeline
 from ctrkit.data.pipeline.multihot import MultiHot
-from ctrkit.data.pipeline.persist import load_pipeline, pipeline_from_checkpoint, save_pipeline
+from ctrkit.data.pipeline.persist import load_pipeline, save_pipeline
 from ctrkit.errors import ConfigError, ExportError
 from ctrkit.io import file_checksum
 from ctrkit.models.base import logits_of
 from ctrkit.models.registry import get_model_class
 from ctrkit.schema import Schema, SequenceFeature, SparseFeature
-from ctrkit.train.checkpoint import load_checkpoint, load_model
 from ctrkit.version import __version__
 
 log = logging.getLogger(__name__)
@@ -289,12 +289,12 @@ def export_checkpoint(checkpoint_path: str | Path, out_dir: str | Path, fmt: str
     path, out = Path(checkpoint_path), Path(out_dir)
     if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
         raise ExportError(f"{out} exists and is not empty; pass --overwrite to replace it")
-    ckpt = load_checkpoint(path)
-    name = (ckpt.get("model") or {}).get("name")
+    ckpt = Checkpoint.load(path)
+    name = ckpt.model_name
     if name:
         check_exportable(name)  # before the model is built (GBDT+LR's would parse its trees)
-    model, schema, _ = load_model(path, ckpt=ckpt)
-    pipeline = pipeline_from_checkpoint(ckpt)
+    model, schema = ckpt.build_model(), ckpt.schema
+    pipeline = ckpt.feature_pipeline()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:

@@ -69,25 +69,24 @@ class Predictor:
     def from_checkpoint(cls, path: str | Path, *, device: str | torch.device = "cpu",
                         batch_size: int = 8192) -> Predictor:
         """The model and pipeline of the checkpoint at ``path`` (verified and read without unpickling code)."""
-        from ctrkit.data.pipeline.persist import pipeline_from_checkpoint
-        from ctrkit.train.checkpoint import load_checkpoint, load_model
+        from ctrkit.checkpoint import Checkpoint
 
         path = Path(path)
-        ckpt = load_checkpoint(path)
-        model, _, _ = load_model(path, ckpt=ckpt)
-        state = ckpt.get("trainer") or {}
+        ckpt = Checkpoint.load(path)
+        progress = ckpt.progress
         info = {
             "checkpoint": str(path),
-            "ctrkit_version": ckpt.get("ctrkit_version"),
-            "model": ckpt["model"]["name"],
-            "model_params": ckpt["model"]["params"],
-            "schema": ckpt["schema"],
-            "training": {"step": state.get("step"), "epoch": state.get("epoch"),
-                         "best_metric": state.get("best_metric"), "best_step": state.get("best_step"),
-                         "last_eval": state.get("last_eval") or {}},
+            "ctrkit_version": ckpt.ctrkit_version,
+            "model": ckpt.model_name,
+            "model_params": ckpt.model_params,
+            "schema": ckpt.schema.to_dict() if ckpt.schema is not None else None,
+            "training": {"step": progress.step, "epoch": progress.epoch, "best_metric": progress.best_metric,
+                         "best_step": progress.best_step, "last_eval": progress.last_eval or {}}
+            if progress is not None else {"step": None, "epoch": None, "best_metric": None, "best_step": None,
+                                          "last_eval": {}},
         }
-        return cls(model, pipeline_from_checkpoint(ckpt), device=device, batch_size=batch_size, checkpoint=path,
-                   info=info)
+        return cls(ckpt.build_model(), ckpt.feature_pipeline(), device=device, batch_size=batch_size,
+                   checkpoint=path, info=info)
 
     # ---- what it reads -------------------------------------------------------------------------------
     @property

@@ -1,4 +1,5 @@
-"""Training: config (YAML -> dataclasses), optimizers by parameter group, checkpoints, tasks, the Trainer.
+"""Training: config (YAML -> dataclasses), optimizers by parameter group, tasks, the Trainer and its checkpoint
+writer (the checkpoint format itself is :mod:`ctrkit.checkpoint`, one floor down).
 
 Imports are lazy so ``import ctrkit.train.config`` (used by the CLI) does not pull in the trainer.
 """
@@ -12,9 +13,8 @@ _EXPORTS = {
     "RunConfig": "config", "EarlyStoppingConfig": "config", "load_config": "config",
     "config_to_dict": "config", "config_from_dict": "config", "save_config": "config",
     "OptimizerSet": "optim", "RowWiseAdagrad": "optim", "build_optimizers": "optim",
-    "CheckpointError": "checkpoint", "save_checkpoint": "checkpoint", "load_checkpoint": "checkpoint",
-    "load_model": "checkpoint",
-    "Trainer": "trainer", "TrainingError": "trainer", "Callback": "trainer", "seed_everything": "trainer",
+    "CheckpointWriter": "writer",
+    "Trainer": "trainer", "TrainingError": "trainer", "Callback": "callbacks",
     "Task": "tasks", "CTRTask": "tasks",
 }
 

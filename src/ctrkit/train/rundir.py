@@ -8,6 +8,8 @@
   unless told to replace them (``run.overwrite``); a resumed one continues there.
 * :func:`trim_records`: on resume, the records written after the checkpoint (steps the resumed run will train
   again) are removed from metrics.jsonl, so every step has one train record.
+* :func:`open_run_dir` does all three when a training starts and writes config.yaml; :func:`append_record` adds
+  one record to metrics.jsonl.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ import logging
 import os
 import shutil
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from ctrkit.errors import TrainingError
 from ctrkit.io import atomic_file
@@ -97,3 +102,30 @@ def trim_records(path: Path, step: int) -> int:
         log.info("%s: removed %d records after step %d (the resumed run trains those steps again)",
                  path, dropped, step)
     return dropped
+
+
+def open_run_dir(run_dir: Path, *, continues: bool, step: int, overwrite: bool, config: dict[str, Any]) -> RunLock:
+    """Create and lock ``run_dir`` (one training at a time), then: a run that ``continues`` (resumed, or a second
+    fit) drops the records after ``step``; a new one refuses another run's files unless ``overwrite``. Writes
+    config.yaml; returns the held lock."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise TrainingError(f"cannot create the run directory {run_dir}: {e.strerror or e}") from None
+    lock = RunLock(run_dir).acquire()
+    try:
+        if continues:
+            trim_records(run_dir / "metrics.jsonl", step)
+        else:
+            check_fresh(run_dir, overwrite=overwrite)
+    except BaseException:
+        lock.release()
+        raise
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    return lock
+
+
+def append_record(run_dir: Path, record: dict[str, Any]) -> None:
+    """One JSON line in ``run_dir``/metrics.jsonl."""
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        f.write(json.dumps(record) + "\n")

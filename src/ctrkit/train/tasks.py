@@ -282,3 +282,13 @@ class RetrievalTask(Task):
         if len(r) == 0:
             raise TrainingError("evaluation data is empty: the loader yielded no rows")
         return ranking_metrics(r, self.metric_names)
+
+
+def ranking_task(config: Any, metrics: Sequence[str] | None = None) -> CTRTask:
+    """The :class:`CTRTask` of a train config (``TrainConfig``): ``metrics`` (default ``config.metrics``) plus the
+    early-stopping metric when early stopping is on, at the config's precision and sample weighting."""
+    es = config.early_stopping
+    names = list(metrics if metrics is not None else config.metrics)
+    if es.patience > 0 and es.metric not in names:
+        names.append(es.metric)
+    return CTRTask(names, precision=config.precision, sample_weight=config.sample_weight)

@@ -132,14 +132,17 @@ def legacy_pipeline(kind: str, pre: dict[str, Any], vocabs: dict[str, Vocabulary
     return p
 
 
-def pipeline_from_checkpoint(ckpt: dict[str, Any]) -> FeaturePipeline:
-    """The pipeline a checkpoint (``load_checkpoint``'s dict) was trained with. Checkpoints written before
-    pipelines existed: rebuilt from their vocabulary files, preprocessing record and data config."""
-    if ckpt.get("pipeline"):
-        return from_payload(ckpt["pipeline"])
-    schema = Schema.from_dict(ckpt["schema"])
-    files = (ckpt.get("vocab") or {}).get("arrays")
-    pre = (ckpt.get("extra") or {}).get("preprocessing") or {}
+def pipeline_from_parts(*, payload: dict[str, Any] | None, schema: Schema | None,
+                        vocab_files: dict[str, Any] | None, preprocessing: dict[str, Any],
+                        data_config: dict[str, Any]) -> FeaturePipeline:
+    """The pipeline a checkpoint (:meth:`ctrkit.checkpoint.Checkpoint.feature_pipeline`) was trained with: its
+    ``payload``; for checkpoints written before pipelines existed, rebuilt from their vocabulary files, the
+    preprocessing record and the data config."""
+    if payload:
+        return from_payload(payload)
+    if schema is None:
+        raise DataError("a checkpoint without a pipeline needs its schema to rebuild one")
+    files, pre = vocab_files, preprocessing
     if files and pre.get("kind") in (CRITEO, TABLE):
         with tempfile.TemporaryDirectory(prefix="ctrkit-vocab-") as tmp:
             for name, data in files.items():
@@ -147,8 +150,7 @@ def pipeline_from_checkpoint(ckpt: dict[str, Any]) -> FeaturePipeline:
             p = legacy_pipeline(pre["kind"], pre, load_vocabularies(tmp), schema)
     else:
         p = FeaturePipeline.from_schema(schema)
-    data = (ckpt.get("config") or {}).get("data") or {}
-    if data.get("multi_hot_size"):
-        p = p.with_multi_hot(data["multi_hot_size"], data.get("multi_hot_min_table_size", 200),
-                             data.get("multi_hot_distribution", "uniform"))
+    if data_config.get("multi_hot_size"):
+        p = p.with_multi_hot(data_config["multi_hot_size"], data_config.get("multi_hot_min_table_size", 200),
+                             data_config.get("multi_hot_distribution", "uniform"))
     return p

@@ -28,15 +28,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from ctrkit.data.pipeline.persist import pipeline_from_checkpoint
+from ctrkit.checkpoint import Checkpoint
 from ctrkit.data.pipeline.vocab import GROUP_TABLE
 from ctrkit.data.storage.loader import BatchLoader
 from ctrkit.data.storage.store import Store
 from ctrkit.errors import JobError
 from ctrkit.io import atomic_file, file_checksum
+from ctrkit.jobs.common import checkpoint_config
 from ctrkit.models.base import TwoTowerModel
 from ctrkit.retrieval.catalogue import ItemCatalogue, SeenItems, encode_catalogue, exclusion_pairs, history_of
-from ctrkit.retrieval.index import INDEX_KINDS, VectorIndex
+from ctrkit.serving.index import INDEX_KINDS, VectorIndex
 
 log = logging.getLogger(__name__)
 SOURCES = ("model", "cold_start_features", "popular")
@@ -77,38 +78,27 @@ def recall(checkpoint: str | Path, data: str | Path | None, out: str | Path, *, 
            index_kind: str = "flat_ip", index_path: str | Path | None = None, nprobe: int | None = None,
            ef_search: int | None = None, batch_size: int = 4096, overwrite: bool = False) -> dict[str, Any]:
     """Write ``out`` (see the module docstring); returns counts per source and the index used."""
-    from ctrkit.train.checkpoint import load_checkpoint, load_model
-    from ctrkit.train.config import Config
-
     if index_kind not in INDEX_KINDS:
         raise JobError(f"--index {index_kind!r} is not one of {INDEX_KINDS}")
     out = Path(out)
     if out.exists() and not overwrite:
         raise JobError(f"--output {out} already exists; choose another path or pass --overwrite")
-    ckpt = load_checkpoint(checkpoint)
-    model, schema, cfg = load_model(checkpoint, ckpt=ckpt)
-    if not isinstance(model, TwoTowerModel):
-        raise JobError(f"{checkpoint} holds a {ckpt['model']['name']!r} ranking model; `ctrkit recall` needs a "
-                       "retrieval model (two_tower, youtube_dnn, sasrec)")
-    catalogue = ItemCatalogue.from_payload(ckpt["extra"]["catalogue"])
+    ckpt = Checkpoint.load(checkpoint)
+    model, schema, cfg = ckpt.build_model(), ckpt.schema, checkpoint_config(ckpt)
+    if not isinstance(model, TwoTowerModel) or ckpt.catalogue is None:
+        raise JobError(f"{checkpoint} holds a {ckpt.model_name!r} model without an item catalogue; `ctrkit "
+                       "recall` needs a retrieval model (two_tower, youtube_dnn, sasrec)")
+    catalogue = ItemCatalogue.from_payload(ckpt.catalogue)
     if k > len(catalogue):
         raise JobError(f"--k {k} is larger than the {len(catalogue)} items of the catalogue; lower --k")
-    train_store = cfg.data.train if isinstance(cfg, Config) else None
-    path = data or (cfg.data.test if isinstance(cfg, Config) else None)
+    train_store = cfg.data.train if cfg is not None else None
+    path = data or (cfg.data.test if cfg is not None else None)
     if not path:
         raise JobError("no query rows: pass --data STORE (the checkpoint's config names no test store)")
     seen = SeenItems.from_training_store(train_store)
-    vectors = encode_catalogue(model, catalogue).numpy()  # (N, D), the model in eval mode (load_model)
-    fingerprint = file_checksum(Path(checkpoint), full=True)
-    if index_path is not None and Path(index_path).exists() and not overwrite:
-        index = VectorIndex.load(index_path, expect_dim=vectors.shape[1], expect_fingerprint=fingerprint)
-        log.info("loaded the %s index at %s", index.meta["kind"], index_path)
-    else:
-        index = VectorIndex.build(vectors, catalogue.ids, kind=index_kind, fingerprint=fingerprint)
-        if index_path is not None:
-            index.save(index_path, overwrite=overwrite)
+    index = _item_index(model, catalogue, Path(checkpoint), index_kind, index_path, overwrite)
     index.set_search_params(nprobe=nprobe, ef_search=ef_search)
-    pipeline = pipeline_from_checkpoint(ckpt)
+    pipeline = ckpt.feature_pipeline()
     vocabs = pipeline.vocabs_ or {}
     item_table, user_table = schema.table_of(catalogue.item_feature), GROUP_TABLE  # the group column: the user
     popular = catalogue.ids[np.argsort(-catalogue.counts, kind="stable")]  # (N,) most popular first
@@ -126,11 +116,7 @@ def recall(checkpoint: str | Path, data: str | Path | None, out: str | Path, *, 
             exclude = (r.numpy(), catalogue.ids[c.numpy()])  # (query row, item id) pairs
             scores, ids = index.search(model.encode_query(batch).float().numpy(), k, exclude)
             source = row_sources(model, schema, batch)
-            for j in np.flatnonzero(source == 2):  # popular fallback (a few rows: per-row lookup is fine)
-                mine = set(exclude[1][exclude[0] == j].tolist())
-                pick = [x for x in popular[: k + len(mine)] if x not in mine][:k]
-                ids[j] = np.pad(pick, (0, k - len(pick)), constant_values=-1)
-                scores[j] = np.nan
+            _popular_fallback(np.flatnonzero(source == 2), popular, exclude, scores, ids)
             users = (raw_keys(vocabs[user_table], batch.group_ids.numpy())
                      if user_table in vocabs and batch.group_ids is not None else np.full(B, ""))
             items_raw = raw_keys(vocabs[item_table], ids.reshape(-1)) if item_table in vocabs else ids.reshape(-1)
@@ -145,6 +131,34 @@ def recall(checkpoint: str | Path, data: str | Path | None, out: str | Path, *, 
         log.warning("%d rows of unknown users were served from their features, %d from the popular items (column "
                     "'source')", counts["cold_start_features"], counts["popular"])
     return {"rows": n, "sources": counts, "index": index.meta["kind"], "output": str(out)}
+
+
+def _item_index(model: TwoTowerModel, catalogue: ItemCatalogue, checkpoint: Path, kind: str,
+                index_path: str | Path | None, overwrite: bool) -> VectorIndex:
+    """The index of the catalogue's item vectors: the one saved at ``index_path`` when it was built from this
+    checkpoint (and ``overwrite`` is off), else a new one (saved there when given)."""
+    vectors = encode_catalogue(model, catalogue).numpy()  # (N, D), the model in eval mode (build_model)
+    fingerprint = file_checksum(checkpoint, full=True)
+    if index_path is not None and Path(index_path).exists() and not overwrite:
+        index = VectorIndex.load(index_path, expect_dim=vectors.shape[1], expect_fingerprint=fingerprint)
+        log.info("loaded the %s index at %s", index.meta["kind"], index_path)
+        return index
+    index = VectorIndex.build(vectors, catalogue.ids, kind=kind, fingerprint=fingerprint)
+    if index_path is not None:
+        index.save(index_path, overwrite=overwrite)
+    return index
+
+
+def _popular_fallback(rows: np.ndarray, popular: np.ndarray, exclude: tuple[np.ndarray, np.ndarray],
+                      scores: np.ndarray, ids: np.ndarray) -> None:
+    """Give ``rows`` the most popular items they have not seen (score NaN), in place; a few rows per batch, so a
+    per-row lookup is fine."""
+    k = ids.shape[1]
+    for j in rows:
+        mine = set(exclude[1][exclude[0] == j].tolist())
+        pick = [x for x in popular[: k + len(mine)] if x not in mine][:k]
+        ids[j] = np.pad(pick, (0, k - len(pick)), constant_values=-1)
+        scores[j] = np.nan
 
 
 def add_recall_args(p: argparse.ArgumentParser) -> None:

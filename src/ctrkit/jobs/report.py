@@ -22,7 +22,8 @@ def add_report_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return p
 
 
-def cli_run(args: argparse.Namespace) -> int:
+def run_report(args: argparse.Namespace) -> int:
+    """``ctrkit report``: the path of the page written."""
     from ctrkit.report import compare_report, write_report
 
     if len(args.run_dirs) == 1:

@@ -1,0 +1,137 @@
+"""What every job does the same way: seed, pick the device, read stores through the training pipeline, read a
+checkpoint's config, check that a store agrees with a checkpoint (features and vocabularies)."""
+
+from __future__ import annotations
+
+import copy
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ctrkit.checkpoint import Checkpoint
+from ctrkit.data.pipeline.feature_pipeline import FeaturePipeline
+from ctrkit.data.storage.agree import Vocabularies
+from ctrkit.data.storage.fitted import pipeline_from_store
+from ctrkit.data.storage.loader import BatchLoader
+from ctrkit.data.storage.store import Store
+from ctrkit.errors import ConfigError, JobError
+from ctrkit.io import missing_path
+from ctrkit.schema import Schema
+from ctrkit.train.config import Config, config_from_dict
+
+
+# ---- seed and device ------------------------------------------------------------------------------------
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch (all devices)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def resolve_device(spec: str) -> torch.device:
+    """``train.device`` as a torch device that this machine has; otherwise a ConfigError saying what to use."""
+    try:
+        device = torch.device(spec)
+    except (RuntimeError, TypeError) as e:
+        raise ConfigError(f"train.device={spec!r} is not a device name (cpu, cuda, cuda:1): {e}") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"train.device={spec} but this machine has no usable CUDA GPU (torch "
+                              f"{torch.__version__}); use train.device=cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(f"train.device={spec} but this machine has {torch.cuda.device_count()} CUDA device(s)")
+    elif device.type not in ("cpu", "mps", "xpu"):
+        raise ConfigError(f"train.device={spec}: ctrkit trains on cpu or cuda")
+    return device
+
+
+# ---- stores ------------------------------------------------------------------------------------------------
+def training_pipeline(store: Store, cfg: Config) -> FeaturePipeline:
+    """The pipeline a model trained on ``store`` with ``cfg`` sees: the store's, plus the multi-hot stage
+    of ``data.multi_hot_*`` (the one place these options are read; checkpoints carry the result)."""
+    pipeline = pipeline_from_store(store)
+    d = cfg.data
+    if d.multi_hot_size:
+        pipeline = pipeline.with_multi_hot(d.multi_hot_size, d.multi_hot_min_table_size, d.multi_hot_distribution)
+    return pipeline
+
+
+def config_loader(path: str | None, cfg: Config, *, train: bool, what: str,
+                  pipeline: FeaturePipeline | None = None) -> BatchLoader | None:
+    """Loader of the store at ``path`` (``data.<what>``), with the batch-level stage of ``pipeline`` (default: the
+    store's pipeline as :func:`training_pipeline` sets it up; valid / test loaders get the training one)."""
+    if not path:
+        return None
+    if not Path(path).exists():
+        raise JobError(missing_path(path, f"data.{what}: store", f"Create it with `ctrkit preprocess ... --out DIR` "
+                                    f"and set data.{what}=DIR/{what}"))
+    d = cfg.data
+    store = Store(path)
+    pipeline = pipeline if pipeline is not None else training_pipeline(store, cfg)
+    if train:
+        return BatchLoader(store, d.batch_size, shuffle=d.shuffle, seed=cfg.train.seed, drop_last=d.drop_last,
+                           prefetch=d.prefetch, pipeline=pipeline)
+    return BatchLoader(store, d.eval_batch_size or 4 * d.batch_size, shuffle=False, prefetch=d.prefetch,
+                       pipeline=pipeline)
+
+
+def vocab_payload(store: Store) -> dict[str, np.ndarray] | None:
+    """The store's vocabulary files as {relative name: uint8 bytes}, for a self-contained checkpoint."""
+    vdir = store.path / "vocab"
+    if not vdir.is_dir():
+        return None
+    return {p.name: np.frombuffer(p.read_bytes(), dtype=np.uint8).copy() for p in sorted(vdir.iterdir())}
+
+
+# ---- checkpoints -------------------------------------------------------------------------------------------
+def checkpoint_config(ckpt: Checkpoint) -> Config | None:
+    """The run config of ``ckpt`` as a :class:`Config`; None when it has none or this version cannot read it."""
+    if ckpt.config is None:
+        return None
+    try:
+        return config_from_dict(copy.deepcopy(ckpt.config))
+    except ConfigError:
+        return None
+
+
+def checkpoint_vocabularies(ckpt: Checkpoint, path: str | Path) -> Vocabularies:
+    """The vocabularies a checkpoint's model was trained with (to check a store against them)."""
+    return Vocabularies.of_checkpoint({"arrays": ckpt.vocab_files, "path": ckpt.vocab_path}, ckpt.schema,
+                                      f"checkpoint {path}", ckpt.data_config.get("train"), pipeline=ckpt.pipeline)
+
+
+def check_same_features(model_schema: Schema, store_schema: Schema, what: str, whose: str) -> None:
+    """A store read by a model must hold the features the model was trained on, each of the same kind; an error
+    names the features that differ."""
+    def kinds(s: Any) -> dict[str, str]:
+        out = {d.name: "dense" for d in s.dense}
+        out.update({f.name: "multi-valued sparse" if f.multi_valued else "sparse" for f in s.sparse})
+        out.update({q.name: f"sequence of {q.shares}" for q in s.sequence})
+        return out
+
+    want, have = kinds(model_schema), kinds(store_schema)
+    problems = []
+    if missing := [n for n in want if n not in have]:
+        problems.append(f"missing from the store: {_names(missing)}")
+    if extra := [n for n in have if n not in want]:
+        problems.append(f"not read by the model: {_names(extra)}")
+    if changed := [f"{n} ({want[n]} in the model, {have[n]} in the store)" for n in want
+                   if n in have and have[n] != want[n]]:
+        problems.append(f"of another kind: {_names(changed)}")
+    if problems:
+        raise JobError(f"{what} has other features than {whose} was trained on; features {'; '.join(problems)}. "
+                       "Evaluate on a store preprocessed from the same kind of data with the training store's "
+                       "vocabularies (`ctrkit preprocess ... --vocab-from TRAIN_STORE`)")
+
+
+def _names(names: list[str], show: int = 8) -> str:
+    more = f" and {len(names) - show} more" if len(names) > show else ""
+    return ", ".join(names[:show]) + more
+
+
+def fmt_metrics(metrics: dict[str, Any]) -> str:
+    """``auc=0.74000  logloss=0.45000`` (the CLI's one-line metrics)."""
+    return "  ".join(f"{k}={v:.5f}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())

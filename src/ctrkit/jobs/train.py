@@ -1,0 +1,253 @@
+"""``ctrkit train``: train a model from a config, evaluate it on valid during training and on test at the end.
+
+The job checks the config and the model's parameters before any data is read, picks the device, seeds (the
+model's initial weights, then the training run, so that dropout and sampling do not depend on how many draws
+building the model took), picks the task from the model's class (:mod:`ctrkit.jobs.tasks`) and hands the
+:class:`~ctrkit.train.trainer.Trainer` a :class:`~ctrkit.train.writer.CheckpointWriter` that makes every
+checkpoint self-contained: besides config, schema and weights it carries the training data's
+:class:`~ctrkit.data.pipeline.feature_pipeline.FeaturePipeline` (vocabularies, dense statistics, the multi-hot stage), so
+``evaluate`` and ``predict`` apply exactly what training applied, with nothing else on disk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ctrkit.checkpoint import Checkpoint
+from ctrkit.data.pipeline.persist import to_payload
+from ctrkit.data.storage.agree import check_same_vocabulary
+from ctrkit.data.storage.loader import BatchLoader
+from ctrkit.errors import JobError
+from ctrkit.io import atomic_file
+from ctrkit.jobs.common import (
+    checkpoint_vocabularies,
+    config_loader,
+    fmt_metrics,
+    resolve_device,
+    seed_everything,
+    vocab_payload,
+)
+from ctrkit.jobs.scoring import score_rows
+from ctrkit.jobs.tasks import TaskKind, task_kind
+from ctrkit.models.registry import check_model_params, create_model
+from ctrkit.train.config import Config, config_to_dict, load_config
+from ctrkit.train.trainer import Trainer
+from ctrkit.train.writer import CheckpointWriter
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Data:
+    """The loaders of one run: train (with its store and pipeline), valid and test (None when not configured)."""
+
+    train: BatchLoader
+    valid: BatchLoader | None
+    test: BatchLoader | None
+
+
+def train_from_config(cfg: Config, *, resume: str | None = None, progress: bool | None = None,
+                      callbacks: Sequence[Any] = ()) -> dict[str, Any]:
+    """Train ``cfg.model`` on ``cfg.data.train``; evaluate on valid during training and on test at the
+    end, with the best validation checkpoint. ``callbacks``: :class:`~ctrkit.train.callbacks.Callback` objects
+    (one that raises stops training). The run directory gets, besides metrics.jsonl and the checkpoints,
+    summary.json (the returned dict, see :func:`run_summary`), predictions.npz (label, score and group of the
+    test rows, else the valid rows) and report.html. ``train.threads`` sets torch's CPU threads for the run."""
+    threads = torch.get_num_threads()
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    try:
+        return _train(cfg, resume, progress, list(callbacks))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _checked(cfg: Config, progress: bool | None) -> tuple[Config, torch.device]:
+    """``cfg`` checked before any data is read (store set, model and parameters known, device present)."""
+    if not cfg.data.train:
+        raise JobError("data.train is not set: give the path of a training store")
+    if not cfg.model.name:
+        raise JobError("model.name is not set; see `ctrkit models` for the choices")
+    check_model_params(cfg.model.name, cfg.model.params)
+    device = resolve_device(cfg.train.device)
+    if progress is not None:
+        cfg = replace(cfg, train=replace(cfg.train, progress=progress))
+    return cfg, device
+
+
+def _train(cfg: Config, resume: str | None, progress: bool | None, callbacks: list[Any]) -> dict[str, Any]:
+    cfg, device = _checked(cfg, progress)
+    t0 = time.perf_counter()
+    train = config_loader(cfg.data.train, cfg, train=True, what="train")
+    store = train.store
+    seed_everything(cfg.train.seed)  # the model's initial weights
+    model = create_model(cfg.model.name, store.schema, **cfg.model.params)
+    kind = task_kind(model)
+    cfg = kind.configure(cfg)
+    task, extra = kind.training_task(cfg, store)
+    data = _Data(train, *_held_out(cfg, train, resume))
+    if model.needs_prefit:  # e.g. GBDT+LR fits its trees on the training rows first, DIN counts ids
+        model.prefit(train)
+    run_dir = _run_dir(cfg, resume)
+    if "tensorboard" in cfg.run.log:
+        from ctrkit.train.tensorboard import TensorBoardLogger
+
+        callbacks.append(TensorBoardLogger(run_dir / "tensorboard"))
+    writer = CheckpointWriter(
+        run_dir, model_name=model.model_name or cfg.model.name, model_params=dict(cfg.model.params),
+        schema=store.schema, config=config_to_dict(cfg), pipeline=to_payload(train.pipeline),
+        vocab=vocab_payload(store), extra={"preprocessing": store.preprocessing, **extra})
+    model.to(device)
+    seed_everything(cfg.train.seed)  # the training run: dropout and sampling, whatever building the model drew
+    trainer = Trainer(model, train, cfg.train, valid_loader=data.valid, run_dir=run_dir, resume_from=resume,
+                      run_config=cfg, writer=writer, task=task, overwrite=cfg.run.overwrite, callbacks=callbacks)
+    try:
+        fit = trainer.fit()
+    finally:
+        for cb in callbacks:
+            if hasattr(cb, "close"):
+                cb.close()
+    return _finish(cfg, trainer, kind, data, fit, run_dir, t0)
+
+
+def _held_out(cfg: Config, train: BatchLoader, resume: str | None) -> tuple[BatchLoader | None, BatchLoader | None]:
+    """The valid and test loaders, through the training pipeline, their ids checked against the training store's
+    (and a resumed run's against the ids it started with)."""
+    valid = config_loader(cfg.data.valid, cfg, train=False, what="valid", pipeline=train.pipeline)
+    test = config_loader(cfg.data.test, cfg, train=False, what="test", pipeline=train.pipeline)
+    for what, loader in (("data.valid", valid), ("data.test", test)):  # same ids as the training store
+        if loader is not None:
+            check_same_vocabulary(train.store, loader.store, what)
+    if resume:  # a resumed run goes on with the ids it started with
+        check_same_vocabulary(checkpoint_vocabularies(Checkpoint.load(resume), resume), train.store,
+                              "data.train (--resume)")
+    return valid, test
+
+
+def _finish(cfg: Config, trainer: Trainer, kind: TaskKind, data: _Data, fit: dict[str, Any], run_dir: Path,
+            t0: float) -> dict[str, Any]:
+    """Test metrics with best.pt, predictions.npz, summary.json and report.html of a trained run."""
+    model = trainer.model
+    best = run_dir / "best.pt"
+    if best.is_file():  # score the test split with the best evaluated weights, not the last ones
+        model.load_state_dict(Checkpoint.load(best).weights)
+    test_metrics = trainer.evaluate(data.test) if data.test is not None else None
+    rows, split = (data.test, "test") if data.test is not None else (data.valid, "valid")
+    predictions = None
+    if rows is not None and kind.scores_rows:
+        scores = score_rows(model, trainer.on_device(rows))
+        with atomic_file(run_dir / "predictions.npz", option="run.name") as tmp, open(tmp, "wb") as f:
+            np.savez(f, **scores)
+        predictions = {"split": split, "file": "predictions.npz", "rows": len(scores["score"])}
+    summary = run_summary(cfg, trainer, fit, test_metrics, predictions, time.perf_counter() - t0)
+    with atomic_file(run_dir / "summary.json", option="run.name") as tmp:
+        tmp.write_text(json.dumps(summary, indent=1, default=_json_default) + "\n")
+    _write_report(run_dir)
+    return summary
+
+
+def run_summary(cfg: Config, trainer: Trainer, fit: dict[str, Any], test: dict[str, float] | None,
+                predictions: dict[str, Any] | None, seconds: float) -> dict[str, Any]:
+    """summary.json of a run: the best validation evaluation (the checkpoint test is scored with), test metrics,
+    speed, model size, where the data came from and the resolved config."""
+    model = trainer.model
+    best = dict(fit.get("best_eval") or {})
+    epochs = fit["epochs_completed"]
+    train_s, samples = fit["train_seconds"], fit["samples"]
+    return {
+        "model": cfg.model.name,
+        "task": task_kind(model).name,
+        "run_dir": fit["run_dir"],
+        "best": {"step": best.pop("step", None), "epoch": best.pop("epoch", None), "metric": fit["metric"],
+                 "value": fit["best_metric"], "valid": best} if best else None,
+        "last_valid": {k: v for k, v in fit["last_eval"].items() if k != "step"},
+        **({"test": test} if test is not None else {}),
+        "epochs": epochs,
+        "steps": fit["steps"],
+        "stopped_early": fit["stopped_early"],
+        "stopped_by": fit.get("stopped_by"),
+        "seconds": seconds,
+        "train_seconds": train_s,
+        "seconds_per_epoch": train_s / epochs if epochs else None,
+        "samples": samples,
+        "samples_per_second": samples / train_s if train_s > 0 else None,
+        "model_size": {"parameters": sum(p.numel() for p in model.parameters()),
+                       "embedding_parameters": sum(p.numel() for p in model.embedding_parameters()),
+                       "bytes": sum(p.numel() * p.element_size() for p in model.parameters())},
+        "data": {k: str(Path(v).resolve()) if v else None  # absolute: the report reads the stores' manifests
+                 for k, v in (("train", cfg.data.train), ("valid", cfg.data.valid), ("test", cfg.data.test))},
+        "predictions": predictions,
+        "config": config_to_dict(cfg),
+        "environment": {"device": str(trainer.device), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                        "threads": torch.get_num_threads(), "torch": torch.__version__,
+                        "ctrkit": _version()},
+    }
+
+
+def _version() -> str:
+    from ctrkit.version import __version__
+
+    return __version__
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, (np.integer, np.floating)):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def _write_report(run_dir: Path) -> None:
+    """report.html of the run; a report that cannot be drawn is a warning, the training stands."""
+    try:
+        from ctrkit.report import write_report
+    except ImportError as e:  # the report package is part of ctrkit; only a broken install lacks it
+        log.warning("no report for %s: %s", run_dir, e)
+        return
+    try:
+        write_report(run_dir)
+    except Exception as e:  # noqa: BLE001 - a plot failing must not lose a finished training
+        log.warning("could not write the report of %s (%s: %s); run `ctrkit report %s` to retry", run_dir,
+                    type(e).__name__, e, run_dir)
+
+
+def _run_dir(cfg: Config, resume: str | None) -> Path:
+    """``run.dir/run.name`` (a timestamped name when unset); a resumed run continues in its checkpoint's
+    directory, with that run's best.pt and metrics.jsonl."""
+    if resume:
+        run_dir = Path(resume).resolve().parent
+        if cfg.run.name and (Path(cfg.run.dir) / cfg.run.name).resolve() != run_dir:
+            log.warning("--resume %s: the run continues in %s, not in run.dir/run.name = %s", resume, run_dir,
+                        Path(cfg.run.dir) / cfg.run.name)
+        return run_dir
+    return Path(cfg.run.dir) / (cfg.run.name or f"{cfg.model.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def run_train(args: argparse.Namespace) -> int:
+    """``ctrkit train``: the run directory, the best valid evaluation, the test metrics and the speed."""
+    overrides = list(getattr(args, "overrides", []) or [])
+    if getattr(args, "log", None):  # --log tensorboard is the override run.log=[tensorboard], after the others
+        overrides.append(f"run.log=[{','.join(dict.fromkeys(args.log))}]")
+    cfg = load_config(args.config, overrides)
+    summary = train_from_config(cfg, resume=args.resume, progress=not args.quiet)
+    sys.stdout.write(f"run: {summary['run_dir']}\n")
+    best = summary.get("best")
+    if best:  # the evaluation whose checkpoint (best.pt) scored the test split
+        sys.stdout.write(f"best valid (epoch {best['epoch'] + 1} of {summary['epochs']}, step {best['step']}): "
+                         f"{fmt_metrics(best['valid'])}\n")  # epochs counted from 1 here, from 0 in the records
+    if "test" in summary:
+        sys.stdout.write(f"test with {'best.pt' if best else 'the last weights'}: {fmt_metrics(summary['test'])}\n")
+    sps = summary.get("samples_per_second")
+    sys.stdout.write(f"{summary['epochs']} epochs, {summary['seconds_per_epoch'] or 0:.1f} s/epoch"
+                     + (f", {sps:,.0f} samples/s" if sps else "") + f"; report: {summary['run_dir']}/report.html\n")
+    return 0

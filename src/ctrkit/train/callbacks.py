@@ -1,0 +1,89 @@
+"""What the :class:`~ctrkit.train.trainer.Trainer` talks to besides the model: the loader protocol, the
+:class:`Callback` hooks, and the running sums of the loss between two train records."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+from torch import nn
+
+from ctrkit.errors import TrainingError
+
+if TYPE_CHECKING:
+    from ctrkit.train.trainer import Trainer
+
+RECORD_FIELDS = ("kind", "step", "epoch", "loss")  # of a train record in metrics.jsonl; parts of the loss join them
+
+
+class Loader(Protocol):
+    """What the trainer needs from a data loader (``ctrkit.data.storage.loader.BatchLoader`` has it)."""
+
+    def __iter__(self) -> Any: ...
+    def __len__(self) -> int: ...
+    def set_epoch(self, epoch: int) -> None: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class Callback:
+    """Hooks called by :class:`~ctrkit.train.trainer.Trainer`; override what you need. ``trainer.stop(reason)``
+    ends the run the way early stopping does (checkpoints, summary and report written); raising aborts it."""
+
+    def on_step(self, trainer: Trainer, step: int, loss: torch.Tensor) -> None: ...
+    def on_eval(self, trainer: Trainer, metrics: dict[str, float]) -> None: ...
+    def on_epoch_end(self, trainer: Trainer, epoch: int) -> None: ...
+    def on_record(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        """Every record written to metrics.jsonl (train and eval), as written; called without a run dir too."""
+
+
+class RunningLoss:
+    """Sums of the loss and of each logged part of it since the last train record, kept on the device (no host
+    synchronisation per step); a part may come and go (e.g. a warm-up aux loss) and is averaged over its steps."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.total = torch.zeros((), dtype=torch.float64, device=device)
+        self.parts: dict[str, torch.Tensor] = {}
+        self.part_n: dict[str, int] = {}
+        self.n = 0
+
+    def add(self, loss: torch.Tensor, logs: dict[str, torch.Tensor]) -> None:
+        self.total += loss.detach().double()
+        for k, v in logs.items():
+            part = self.parts.get(k)
+            if part is None and k in RECORD_FIELDS:
+                raise TrainingError(f"the task logs a loss part named {k!r}, which is a field of the "
+                                    f"metrics record {RECORD_FIELDS}; rename it (e.g. 'aux/{k}')")
+            self.parts[k] = v.to(torch.float64, copy=True) if part is None else part.add_(v)
+            self.part_n[k] = self.part_n.get(k, 0) + 1
+        self.n += 1
+
+    def pop(self) -> tuple[float, dict[str, float]]:
+        """(mean loss, {part: mean}) since the last pop; the sums start again."""
+        avg = float(self.total) / self.n
+        parts = {k: float(v) / self.part_n[k] for k, v in self.parts.items()}
+        self.total.zero_()
+        self.parts.clear()
+        self.part_n.clear()
+        self.n = 0
+        return avg, parts
+
+
+def non_finite_error(model: nn.Module, loss: torch.Tensor, step: int, epoch: int) -> TrainingError:
+    """The error of a non-finite loss at ``step`` (1-based), naming the first parameter whose gradient is
+    non-finite."""
+    culprit = None
+    for name, p in model.named_parameters():
+        g = p.grad
+        if g is None:
+            continue
+        vals = g.coalesce().values() if g.is_sparse else g
+        if not torch.isfinite(vals).all():
+            culprit = name
+            break
+    where = f" first parameter with a non-finite gradient: {culprit!r}." if culprit else ""
+    return TrainingError(
+        f"loss is {float(loss.detach())} at step {step} (epoch {epoch}); training stopped "
+        f"before applying it.{where} Lower train.lr, set train.grad_clip, or check the input "
+        f"features for inf/NaN; resume from last.pt once fixed."
+    )
