@@ -75,7 +75,7 @@ def prepare(dataset: str, out: Path, split_seed: int = 0) -> dict[str, str]:
 
 def config_paths(dataset: str, models: list[str] | None) -> dict[str, Path]:
     """{model: configs/<dataset>/<model>.yaml} for ``models`` (default: every config of the dataset)."""
-    from ctrkit.tune import SPACE_SUFFIX
+    from ctrkit.jobs.tune_space import SPACE_SUFFIX
 
     folder = REPO / "configs" / dataset
     found = {p.stem: p for p in sorted(folder.glob("*.yaml")) if not p.name.endswith(SPACE_SUFFIX)}
@@ -89,7 +89,7 @@ def config_paths(dataset: str, models: list[str] | None) -> dict[str, Path]:
 
 def run_one(config: Path, stores: dict[str, str], seed: int, run_dir: Path, overrides: list[str]) -> dict[str, Any]:
     """Train one config on ``stores`` with ``train.seed=seed`` -> {auc, logloss, seconds, steps, best_step}."""
-    from ctrkit.runner import train_from_config
+    from ctrkit.jobs.train import train_from_config
     from ctrkit.train.config import load_config
 
     cfg = load_config(config, [

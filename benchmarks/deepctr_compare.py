@@ -195,10 +195,11 @@ def run_ctrkit(config: Path, stores: dict[str, str], seed: int, epochs: int) -> 
     """Fit ``config`` for ``epochs`` with no validation -> {pred, pred_valid, fit_seconds, params} (probs)."""
     from ctrkit.data.storage.loader import BatchLoader
     from ctrkit.data.storage.store import Store
+    from ctrkit.jobs.common import seed_everything
+    from ctrkit.jobs.scoring import predict_store
     from ctrkit.models.registry import create_model
-    from ctrkit.runner import predict_store
     from ctrkit.train.config import load_config
-    from ctrkit.train.trainer import Trainer, seed_everything
+    from ctrkit.train.trainer import Trainer
 
     cfg = load_config(config, [f"train.seed={seed}", f"train.epochs={epochs}", "train.early_stopping.patience=0",
                                "train.ema_decay=null", "train.progress=false"])
@@ -207,6 +208,7 @@ def run_ctrkit(config: Path, stores: dict[str, str], seed: int, epochs: int) -> 
     train = BatchLoader(Store(stores["train"]), b, shuffle=True, seed=seed, prefetch=cfg.data.prefetch)
     seed_everything(seed)
     model = create_model(cfg.model.name, train.store.schema, **cfg.model.params)
+    seed_everything(seed)  # the training run's draws (dropout), as the train job seeds them
     trainer = Trainer(model, train, cfg.train)  # no valid loader, no run dir: the fit loop only
     t0 = time.perf_counter()
     trainer.fit()
@@ -219,7 +221,7 @@ def run_ctrkit(config: Path, stores: dict[str, str], seed: int, epochs: int) -> 
 
 def run_ctrkit_config(config: Path, stores: dict[str, str], seed: int, run_dir: Path) -> dict[str, Any]:
     """Train ``config`` as it ships (valid early stopping, best-valid weights) -> {pred, fit_seconds, epochs, ...}."""
-    from ctrkit.runner import train_from_config
+    from ctrkit.jobs.train import train_from_config
     from ctrkit.train.config import load_config
 
     name = f"{config.stem}-seed{seed}"

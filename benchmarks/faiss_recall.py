@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from scipy.optimize import nnls
 
-from ctrkit.retrieval.index import VectorIndex, default_nlist
+from ctrkit.serving.index import VectorIndex, default_nlist
 
 CENTRES, K, TARGET_RECALL, TARGET_RATIO = 4096, 10, 0.95, 20.0
 NPROBES, EF_SEARCHES, HNSW_M = (1, 2, 4, 8, 16, 32, 64), (16, 24, 32, 48, 64, 128, 256), 32

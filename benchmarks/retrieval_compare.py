@@ -117,7 +117,7 @@ def train_one(job: dict[str, Any]) -> dict[str, Any]:
     """One training run (in a worker process): the config's model on the stores -> best valid, test, seconds."""
     torch.set_num_threads(job["threads"])
     logging.basicConfig(level=logging.WARNING)
-    from ctrkit.runner import train_from_config
+    from ctrkit.jobs.train import train_from_config
     from ctrkit.train.config import load_config
 
     cfg = load_config(REPO / "configs" / f"{job['dataset']}_retrieval" / f"{job['model']}.yaml", [

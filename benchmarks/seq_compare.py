@@ -95,10 +95,12 @@ def run_ctrkit(config: Path, stores: dict[str, str], seed: int, epochs: int) -> 
     """Train ``config`` for ``epochs``, scoring valid / test after each epoch (off the clock)."""
     from ctrkit.data.storage.loader import BatchLoader
     from ctrkit.data.storage.store import Store
+    from ctrkit.jobs.common import seed_everything
+    from ctrkit.jobs.scoring import predict_store
     from ctrkit.models.registry import create_model
-    from ctrkit.runner import predict_store
+    from ctrkit.train.callbacks import Callback
     from ctrkit.train.config import load_config
-    from ctrkit.train.trainer import Callback, Trainer, seed_everything
+    from ctrkit.train.trainer import Trainer
 
     cfg = load_config(config, [f"train.seed={seed}", f"train.epochs={epochs}", "train.progress=false"])
     train = BatchLoader(Store(stores["train"]), cfg.data.batch_size, shuffle=True, seed=seed, prefetch=cfg.data.prefetch)
@@ -121,6 +123,7 @@ def run_ctrkit(config: Path, stores: dict[str, str], seed: int, epochs: int) -> 
             self.seconds += time.perf_counter() - t0
 
     score = Score()
+    seed_everything(seed)  # the training run's draws (dropout), as the train job seeds them
     trainer = Trainer(model, train, cfg.train, callbacks=[score])  # no valid loader / run dir: the fit loop only
     t0 = time.perf_counter()
     trainer.fit()

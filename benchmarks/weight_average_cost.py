@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", help="work directory (default: a temporary one)")
     a = ap.parse_args(argv)
-    from ctrkit.runner import train_from_config
+    from ctrkit.jobs.train import train_from_config
     from ctrkit.train.config import load_config
 
     logging.basicConfig(level=logging.WARNING)

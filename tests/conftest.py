@@ -180,3 +180,15 @@ class ListLoader(list):
 @pytest.fixture
 def schema() -> Schema:
     return contract_schema()
+
+
+def write_log(path, n_users=30, n_items=25, per_user=7, seed=0):
+    """A CSV behaviour log: user, item, cat (item % 4), time."""
+    rng = np.random.default_rng(seed)
+    lines = ["user,item,cat,time"]
+    for u in range(n_users):
+        items = rng.choice(n_items, per_user, replace=False)
+        for t, i in enumerate(items):
+            lines.append(f"u{u},i{i},c{i % 4},{1000 * u + t}")
+    path.write_text("\n".join(lines) + "\n")
+    return path

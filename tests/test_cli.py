@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 import torch
 
+from ctrkit.checkpoint import Checkpoint
 from ctrkit.cli import main
 from ctrkit.data.sources.criteo import preprocess_criteo
 from ctrkit.data.storage.store import Store
+from ctrkit.jobs.demo import SAMPLE
+from ctrkit.jobs.scoring import predict_store
 from ctrkit.models.base import logits_of
 from ctrkit.nn.embedding import IdOutOfRangeError
-from ctrkit.runner import SAMPLE, predict_store
-from ctrkit.train.checkpoint import load_model
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +69,7 @@ def test_predict_scores_raw_rows_with_the_training_vocabulary(trained, tmp_path)
     # reference: the same rows mapped with the training store's vocabularies, in order, scored directly
     ref_store = preprocess_criteo(raw, tmp_path / "ref", split="1,0", shuffle=False,
                                   vocab_from=trained / "criteo/train", embedding_dim=8)["train"]
-    model, _, _ = load_model(ckpt)
+    model = Checkpoint.load(ckpt).build_model()
     want = predict_store(model, Store(ref_store))
     np.testing.assert_allclose(got, want, atol=1e-6)
     assert len(np.unique(got)) > 1
@@ -230,13 +231,12 @@ def test_predict_a_table_checkpoint_reads_csv_and_parquet_with_or_without_label(
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
 
-    from ctrkit.data.pipeline.persist import pipeline_from_checkpoint
-    from ctrkit.train.checkpoint import load_checkpoint
+    from ctrkit.checkpoint import Checkpoint
 
     test = Store(table_run["stores"]["test"])  # test keeps input order: these raw rows, in this order
     raw = table_run["table"].take(pa.array(np.asarray(test["rid"]).astype(np.int64)))
-    model, _, _ = load_model(table_run["ckpt"])
-    want = predict_store(model, test, pipeline=pipeline_from_checkpoint(load_checkpoint(table_run["ckpt"])))
+    model = Checkpoint.load(table_run["ckpt"]).build_model()
+    want = predict_store(model, test, pipeline=Checkpoint.load(table_run["ckpt"]).feature_pipeline())
     pacsv.write_csv(raw, tmp_path / "with_label.csv")
     pacsv.write_csv(raw.drop_columns(["label"]), tmp_path / "no_label.csv")
     pq.write_table(raw.drop_columns(["label"]), tmp_path / "rows.parquet")
@@ -259,7 +259,7 @@ def test_predict_a_table_checkpoint_names_a_malformed_line(table_run, tmp_path, 
 
 @pytest.fixture(scope="module")
 def multi_hot_run(trained):
-    from ctrkit.runner import train_from_config
+    from ctrkit.jobs.train import train_from_config
     from ctrkit.train.config import load_config
 
     cfg = load_config("configs/criteo/dlrm.yaml", [
@@ -271,15 +271,14 @@ def multi_hot_run(trained):
 
 
 def test_evaluate_applies_the_multi_hot_stage_training_used(trained, multi_hot_run, capsys):
-    from ctrkit.data.pipeline.persist import pipeline_from_checkpoint
-    from ctrkit.runner import evaluate_store
-    from ctrkit.train.checkpoint import load_checkpoint
+    from ctrkit.checkpoint import Checkpoint
+    from ctrkit.jobs.scoring import evaluate_store
 
     cfg, summary = multi_hot_run
     ckpt = trained / "runs/mh/best.pt"
-    pipe = pipeline_from_checkpoint(load_checkpoint(ckpt))
+    pipe = Checkpoint.load(ckpt).feature_pipeline()
     assert pipe.multi_hot["size"] == 3 and sum(pipe.batch_stage.expanded) > 0
-    model, _, _ = load_model(ckpt)
+    model = Checkpoint.load(ckpt).build_model()
     test = Store(trained / "criteo/test")
     got = evaluate_store(model, test, pipe, cfg.data.eval_batch_size)
     assert got["auc"] == pytest.approx(summary["test"]["auc"], abs=1e-12)
@@ -297,7 +296,8 @@ def test_predict_applies_the_multi_hot_stage_and_reads_unlabelled_criteo(trained
     (tmp_path / "rows.tsv").write_text("".join(lines))
     (tmp_path / "unlabelled.tsv").write_text("".join(ln.split("\t", 1)[1] for ln in lines))
     ckpt = trained / "runs/mh/best.pt"
-    model, schema, _ = load_model(ckpt)
+    saved = Checkpoint.load(ckpt)
+    model, schema = saved.build_model(), saved.schema
     # reference: the rows mapped by the training store's vocabularies, expanded by a MultiHot built by hand
     ref = preprocess_criteo(tmp_path / "rows.tsv", tmp_path / "ref", split="1,0", shuffle=False, embedding_dim=8,
                             vocab_from=trained / "criteo/train", progress=False)["train"]

@@ -14,8 +14,8 @@ import os
 import pytest
 
 from ctrkit.cli import main
+from ctrkit.jobs.demo import REPO, SAMPLE
 from ctrkit.nn.table_memory import available_memory
-from ctrkit.runner import REPO, SAMPLE
 
 DEEPFM = str(REPO / "configs" / "criteo" / "deepfm.yaml")
 

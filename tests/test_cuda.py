@@ -54,7 +54,7 @@ def test_trainer_on_cuda_ranking_and_retrieval(tmp_path):
     valid = [make_batch(data, slice(384, 512), schema)]
     cfg = TrainConfig(epochs=2, device="cuda", progress=False, sparse_optimizer="sparse_adam")
     torch.manual_seed(0)
-    t = Trainer(create_model("din", schema), batches, cfg, valid_loader=valid, run_dir=tmp_path / "din")
+    t = Trainer(create_model("din", schema).cuda(), batches, cfg, valid_loader=valid, run_dir=tmp_path / "din")
     s = t.fit()
     assert np.isfinite(s["last_eval"]["auc"])
     cat = ItemCatalogue({"item": np.arange(2, 40), "cat": np.arange(2, 40) % 10 + 2}, np.ones(38, np.int64))
@@ -63,7 +63,7 @@ def test_trainer_on_cuda_ranking_and_retrieval(tmp_path):
     for loss in ("in_batch", "sampled", "full"):
         torch.manual_seed(0)
         task = RetrievalTask(cat, loss=loss, num_negatives=8, metrics=["hr@10", "mrr"])
-        t = Trainer(create_model("sasrec", schema), batches, cfg, valid_loader=valid, run_dir=tmp_path / loss,
+        t = Trainer(create_model("sasrec", schema).cuda(), batches, cfg, valid_loader=valid, run_dir=tmp_path / loss,
                     task=task)
         s = t.fit()
         on_gpu = s["last_eval"]

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pytest
 import torch
 
+from ctrkit.checkpoint import Checkpoint
 from ctrkit.data.pipeline.feature_pipeline import DENSE_NAMES, SPARSE_NAMES, FeaturePipeline
 from ctrkit.data.pipeline.multihot import MultiHot
 from ctrkit.data.pipeline.persist import from_payload, load_pipeline, save_pipeline, to_payload
@@ -21,7 +22,6 @@ from ctrkit.data.sources.criteo import preprocess_criteo
 from ctrkit.data.storage.fitted import pipeline_from_store, store_vocab_fingerprint
 from ctrkit.data.storage.store import Store
 from ctrkit.errors import DataError, NotFittedError
-from ctrkit.train.checkpoint import load_checkpoint, save_checkpoint
 
 BUNDLED = Path(__file__).resolve().parents[2] / "examples" / "data" / "criteo_sample.tsv.gz"
 SPEC = {
@@ -209,11 +209,10 @@ def test_save_load_and_checkpoint_payload_round_trip(tmp_path: Path) -> None:
     assert {f.suffix for f in d.iterdir()} == {".json", ".npy"}
     for f in d.glob("*.npy"):  # plain numeric arrays: readable without pickle
         assert np.load(f, allow_pickle=False).dtype.kind in "iuf"
-    ckpt = save_checkpoint(tmp_path / "c.pt", model=torch.nn.Linear(1, 1), model_name="x",
-                           pipeline=to_payload(pipe))
+    ckpt = Checkpoint.of(torch.nn.Linear(1, 1), model_name="x", pipeline=to_payload(pipe)).save(tmp_path / "c.pt")
     raw = torch.load(ckpt, weights_only=True)  # nothing but plain data inside
     assert raw["pipeline"]["meta"]["multi_hot"]["size"] == 2
-    for other in (load_pipeline(d), from_payload(load_checkpoint(ckpt)["pipeline"])):
+    for other in (load_pipeline(d), from_payload(Checkpoint.load(ckpt).pipeline)):
         assert_same_columns(other.transform(rows), want)
         assert other.vocab_fingerprint() == pipe.vocab_fingerprint()
         assert other.schema == pipe.schema and other.batch_stage.fingerprint() == pipe.batch_stage.fingerprint()
@@ -267,17 +266,17 @@ def test_vocab_fingerprints_of_stores(tmp_path: Path) -> None:
 
 
 def test_checkpoints_written_before_pipelines_get_theirs_rebuilt(tmp_path: Path) -> None:
-    from ctrkit.data.pipeline.persist import pipeline_from_checkpoint
-    from ctrkit.runner import vocab_payload
+    from ctrkit.jobs.common import vocab_payload
 
     src = tmp_path / "s.tsv"
     src.write_text("\n".join(criteo_lines(500)) + "\n")
     train = Store(preprocess_criteo(src, tmp_path / "o", min_freq=2, embedding_dim=8, progress=False)["train"])
     save_vocabularies(train.path / "vocab", load_pipeline(train.path).vocabs_)  # the layout of those days
-    old = {"schema": train.schema.to_dict(), "vocab": {"arrays": vocab_payload(train), "path": None},
-           "extra": {"data_format": "criteo", "preprocessing": train.preprocessing}, "pipeline": None,
-           "config": {"data": {"multi_hot_size": 2, "multi_hot_min_table_size": 30}}}
-    pipe = pipeline_from_checkpoint(old)
+    old = Checkpoint.from_plain({  # the layout of a checkpoint file, as it was before pipelines
+        "version": 2, "schema": train.schema.to_dict(), "vocab": {"arrays": vocab_payload(train), "path": None},
+        "extra": {"data_format": "criteo", "preprocessing": train.preprocessing}, "pipeline": None,
+        "config": {"data": {"multi_hot_size": 2, "multi_hot_min_table_size": 30}}})
+    pipe = old.feature_pipeline()
     assert pipe.kind == "criteo" and pipe.schema == train.schema
     assert pipe.vocab_fingerprint() == load_pipeline(train.path).vocab_fingerprint()
     assert pipe.multi_hot["size"] == 2 and pipe.batch_stage.expanded == [

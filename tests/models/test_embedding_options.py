@@ -11,6 +11,7 @@ import pytest
 import torch
 import yaml
 from conftest import behaviour_schema, contract_schema, make_batch, planted_data
+from ctrkit.tune import load_search_space
 
 from ctrkit.cli import main
 from ctrkit.errors import ConfigError
@@ -18,7 +19,6 @@ from ctrkit.models.base import logits_of
 from ctrkit.models.registry import create_model, model_params, upgrade_params
 from ctrkit.nn.embedding import EmbeddingCollection, make_embeddings
 from ctrkit.train.config import read_config_file
-from ctrkit.tune import load_search_space
 
 REPO = Path(__file__).resolve().parents[2]
 

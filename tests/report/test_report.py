@@ -262,7 +262,7 @@ def trained(tmp_path_factory):
     import pyarrow.csv as pacsv
 
     from ctrkit.data.sources.table import preprocess_table
-    from ctrkit.runner import train_from_config
+    from ctrkit.jobs.train import train_from_config
     from ctrkit.train.config import load_config
 
     d = tmp_path_factory.mktemp("report_e2e")

@@ -5,24 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import write_log
 
 from ctrkit.data.sources.behaviour import preprocess_behaviour
 from ctrkit.data.storage.store import Store
 from ctrkit.errors import MetricError
 from ctrkit.metrics import hit_rate_at_k, mrr_at_k, ndcg_at_k
 from ctrkit.retrieval.catalogue import ItemCatalogue, SeenItems, ranking_metrics, target_ranks
-
-
-def write_log(path, n_users=30, n_items=25, per_user=7, seed=0):
-    """A CSV behaviour log: user, item, cat (item % 4), time."""
-    rng = np.random.default_rng(seed)
-    lines = ["user,item,cat,time"]
-    for u in range(n_users):
-        items = rng.choice(n_items, per_user, replace=False)
-        for t, i in enumerate(items):
-            lines.append(f"u{u},i{i},c{i % 4},{1000 * u + t}")
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 @pytest.fixture(scope="module")

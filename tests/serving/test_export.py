@@ -21,18 +21,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))  # the c
 from test_models_contract import VARIANTS, build, schema_for
 
 from ctrkit.batch import KeyedJagged
-from ctrkit.data.pipeline.persist import pipeline_from_checkpoint
+from ctrkit.checkpoint import Checkpoint
 from ctrkit.data.sources.criteo import preprocess_criteo
 from ctrkit.data.storage.loader import BatchLoader
 from ctrkit.data.storage.store import Store
 from ctrkit.errors import ConfigError, ExportError
+from ctrkit.jobs.demo import SAMPLE
+from ctrkit.jobs.scoring import predict_store
+from ctrkit.jobs.train import train_from_config
 from ctrkit.models.base import CTRModel, logits_of
 from ctrkit.models.registry import create_model, get_model_class, list_models
-from ctrkit.runner import SAMPLE, predict_store, train_from_config
 from ctrkit.schema import Schema, SequenceFeature
 from ctrkit.serving import export
 from ctrkit.serving.export import EXAMPLE_ROWS, add_export_args, export_checkpoint, load_exported, run_export
-from ctrkit.train.checkpoint import load_checkpoint, load_model, save_checkpoint
 from ctrkit.train.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,7 +53,7 @@ def tiny_checkpoint(name: str, path: Path) -> tuple[Path, CTRModel, Schema, dict
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=g) * 0.2)
     model.eval()
-    return save_checkpoint(path, model=model, model_params=params, schema=schema), model, schema, data
+    return Checkpoint.of(model, model_params=params, schema=schema).save(path), model, schema, data
 
 
 def eager(model: CTRModel, batch) -> np.ndarray:
@@ -104,7 +105,7 @@ def test_a_model_reading_some_of_the_keys_exports(tmp_path):
     torch.manual_seed(0)
     model = create_model("dlrm", schema, **params).eval()
     assert model.sparse_keys != schema.sparse_keys
-    ckpt = save_checkpoint(tmp_path / "m.pt", model=model, model_params=params, schema=schema)
+    ckpt = Checkpoint.of(model, model_params=params, schema=schema).save(tmp_path / "m.pt")
     exported = load_exported(export_checkpoint(ckpt, tmp_path / "e", "torchscript"))
     batch = make_batch(data, slice(0, 29), schema)
     np.testing.assert_allclose(exported.score(batch), eager(model, batch), rtol=0, atol=1e-5)
@@ -122,7 +123,7 @@ def test_a_model_without_dense_features_exports_and_scores(fmt, tmp_path):
     params = VARIANTS["dlrm"][0]
     torch.manual_seed(0)
     model = create_model("dlrm", schema, **params).eval()
-    ckpt = save_checkpoint(tmp_path / "m.pt", model=model, model_params=params, schema=schema)
+    ckpt = Checkpoint.of(model, model_params=params, schema=schema).save(tmp_path / "m.pt")
     exported = load_exported(export_checkpoint(ckpt, tmp_path / "e", fmt))
     batch = make_batch(data, slice(0, 23), schema)
     assert batch.dense.shape == (23, 0) and exported.num_dense == 0
@@ -169,7 +170,7 @@ def test_every_model_that_is_not_exportable_says_why():
 def test_gbdt_lr_is_refused_with_the_reason(tmp_path):
     schema = contract_schema()
     model = create_model("gbdt_lr", schema, num_trees=2, num_leaves=4, num_threads=1)  # trees not needed to refuse
-    ckpt = save_checkpoint(tmp_path / "gbdt.pt", model=model, schema=schema)
+    ckpt = Checkpoint.of(model, schema=schema).save(tmp_path / "gbdt.pt")
     for fmt in export.FORMATS:
         with pytest.raises(ExportError, match=r"model 'gbdt_lr' cannot be exported.*LightGBM trees are not torch ops"):
             export_checkpoint(ckpt, tmp_path / "out", fmt)
@@ -242,9 +243,9 @@ def test_criteo_checkpoint_export_scores_its_test_rows_as_the_checkpoint(criteo,
     out = export_checkpoint(criteo["ckpt"], criteo["dir"] / f"export_{fmt}", fmt)
     exported = load_exported(out)
     assert exported.meta["multi_hot"]["size"] == 3 and exported.meta["num_dense"] == 13
-    model, _, _ = load_model(criteo["ckpt"])
+    model = Checkpoint.load(criteo["ckpt"]).build_model()
     test = Store(criteo["stores"]["test"])
-    want = predict_store(model, test, 300, pipeline_from_checkpoint(load_checkpoint(criteo["ckpt"])))
+    want = predict_store(model, test, 300, Checkpoint.load(criteo["ckpt"]).feature_pipeline())
     # the export's own pipeline (saved beside the program) builds the batches: its multi-hot stage included
     loader = BatchLoader(test, 300, shuffle=False, prefetch=0, pipeline=exported.pipeline())
     got = np.concatenate([exported.score(b) for b in loader])

@@ -12,16 +12,17 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pytest
 
+from ctrkit.checkpoint import Checkpoint
 from ctrkit.cli import main
-from ctrkit.data.pipeline.persist import pipeline_from_checkpoint
 from ctrkit.data.sources.criteo import preprocess_criteo
 from ctrkit.data.sources.table import preprocess_table
 from ctrkit.data.storage.store import Store
 from ctrkit.errors import DataError, JobError
+from ctrkit.jobs.demo import SAMPLE
+from ctrkit.jobs.scoring import evaluate_store, predict_store
+from ctrkit.jobs.train import train_from_config
 from ctrkit.metrics import gauc, log_loss, roc_auc
-from ctrkit.runner import SAMPLE, evaluate_store, predict_store, train_from_config
 from ctrkit.serving.predictor import Predictor
-from ctrkit.train.checkpoint import load_checkpoint, load_model
 from ctrkit.train.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,8 +69,8 @@ def test_criteo_rows_score_as_evaluate_scores_their_store(criteo):
     rows = criteo_dicts(criteo["lines"])
     got = p.predict(rows)
     ref = Store(criteo["ref"])
-    model, _, _ = load_model(criteo["ckpt"])
-    pipe = pipeline_from_checkpoint(load_checkpoint(criteo["ckpt"]))
+    model = Checkpoint.load(criteo["ckpt"]).build_model()
+    pipe = Checkpoint.load(criteo["ckpt"]).feature_pipeline()
     np.testing.assert_allclose(got, predict_store(model, ref, 128, pipe), atol=1e-6)
     want = evaluate_store(model, ref, pipe)  # what `ctrkit evaluate --data ref` prints
     labels = np.array([r["label"] for r in rows])
@@ -190,8 +191,8 @@ def test_movielens_table_rows_score_as_evaluate_scores_their_store(tmp_path, sha
     pacsv.write_csv(raw, tmp_path / "piece.csv")
     ref = Store(preprocess_table(tmp_path / "piece.csv", spec, tmp_path / "ref", split="1",
                                  vocab_from=stores["train"])["train"])
-    model, _, _ = load_model(ckpt)
-    want = evaluate_store(model, ref, pipeline_from_checkpoint(load_checkpoint(ckpt)))
+    model = Checkpoint.load(ckpt).build_model()
+    want = evaluate_store(model, ref, Checkpoint.load(ckpt).feature_pipeline())
     # raw dicts with lists for the multi-valued and sequence features (the store was made from "|" strings)
     rows = raw.to_pylist()
     for r in rows:

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from ctrkit.cli import main
 from ctrkit.errors import Problem
-from ctrkit.runner import SAMPLE
+from ctrkit.jobs.demo import SAMPLE
 from ctrkit.serving import batching
 from ctrkit.serving.batching import MicroBatcher
 from ctrkit.serving.options import add_serve_args

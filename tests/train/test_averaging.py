@@ -7,10 +7,10 @@ import pytest
 import torch
 from test_trainer import MemLoader, TinyCTR, _cfg, _loaders, make_data, resume_after_kill
 
+from ctrkit.checkpoint import Checkpoint
 from ctrkit.errors import ConfigError
 from ctrkit.metrics import roc_auc
 from ctrkit.train.averaging import WeightAverage
-from ctrkit.train.checkpoint import load_checkpoint
 from ctrkit.train.trainer import Callback, Trainer, TrainingError
 
 
@@ -57,13 +57,13 @@ def test_average_is_the_debiased_ema_of_every_steps_weights(tmp_path, sparse_opt
     for name, p in model.named_parameters():  # fit() leaves the average in the model
         torch.testing.assert_close(p.double(), want[name], rtol=0, atol=2e-6, msg=name)
     # best.pt holds the average at the best evaluation, and its valid AUC is the one logged
-    best = load_checkpoint(tmp_path / "run" / "best.pt")
-    at = best["trainer"]["step"]
+    best = Checkpoint.load(tmp_path / "run" / "best.pt")
+    at = best.trainer.progress.step
     assert at == summary["best_step"] and at in (7, 14, 21, 28, 35, 40)
     for name, w in reference(rec.weights, decay, at).items():
-        torch.testing.assert_close(best["model_state"][name].double(), w, rtol=0, atol=2e-6, msg=name)
+        torch.testing.assert_close(best.weights[name].double(), w, rtol=0, atol=2e-6, msg=name)
     fresh = TinyCTR()
-    fresh.load_state_dict(best["model_state"])
+    fresh.load_state_dict(best.weights)
     fresh.eval()
     with torch.no_grad():
         scores = torch.cat([fresh(b) for b in valid])
@@ -71,7 +71,7 @@ def test_average_is_the_debiased_ema_of_every_steps_weights(tmp_path, sparse_opt
     assert roc_auc(scores, labels) == pytest.approx(summary["best_metric"], abs=1e-9)
     # ... and the trained (not averaged) weights ride along for resume
     for name, w in rec.weights[at - 1].items():
-        torch.testing.assert_close(best["trainer"]["weight_average"]["raw"][name].double(), w, rtol=0, atol=0)
+        torch.testing.assert_close(best.trainer.weight_average["raw"][name].double(), w, rtol=0, atol=0)
 
 
 def test_average_differs_from_the_trained_weights():
@@ -93,7 +93,7 @@ def test_resume_with_averaging_is_exact(tmp_path, kill_at):
     for (name, p), q in zip(full.model.named_parameters(), resumed.model.parameters(), strict=True):
         torch.testing.assert_close(q, p, rtol=0, atol=1e-6, msg=name)
     assert summary["best_metric"] == pytest.approx(full_summary["best_metric"], abs=1e-7)
-    a, b = (load_checkpoint(d / "best.pt")["model_state"] for d in (tmp_path / "full", tmp_path / "cut"))
+    a, b = (Checkpoint.load(d / "best.pt").weights for d in (tmp_path / "full", tmp_path / "cut"))
     for name in a:
         torch.testing.assert_close(b[name], a[name], rtol=0, atol=1e-6, msg=name)
 

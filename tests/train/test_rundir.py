@@ -10,12 +10,14 @@ import pytest
 import torch
 from test_trainer import Crash, TinyCTR, _cfg, _loaders
 
+from ctrkit.checkpoint import Checkpoint
 from ctrkit.cli import main
 from ctrkit.errors import ConfigError, TrainingError
-from ctrkit.runner import SAMPLE, evaluate_store
-from ctrkit.train.checkpoint import load_checkpoint, load_model
+from ctrkit.jobs.common import resolve_device
+from ctrkit.jobs.demo import SAMPLE
+from ctrkit.jobs.scoring import evaluate_store
 from ctrkit.train.rundir import RunLock
-from ctrkit.train.trainer import Callback, Trainer, resolve_device
+from ctrkit.train.trainer import Callback, Trainer
 
 
 def _records(run: Path) -> list[dict]:
@@ -113,13 +115,11 @@ def test_resume_continues_in_its_run_and_tests_with_best_weights(tmp_path, capsy
     assert f"run: {run}" in out
     recs = _records(run)
     assert len(recs) > n_records and [r["epoch"] for r in recs if r["kind"] == "eval"] == [0, 1, 2, 3]
-    best = load_checkpoint(run / "best.pt")["trainer"]
+    best = Checkpoint.load(run / "best.pt").trainer.progress
     evals = [r for r in recs if r["kind"] == "eval"]
-    assert best["step"] == max(evals, key=lambda r: r["auc"])["step"]
-    model, _, _ = load_model(run / "best.pt")
-    from ctrkit.data.pipeline.persist import pipeline_from_checkpoint
-
-    want = evaluate_store(model, Store(stores["test"]), pipeline_from_checkpoint(load_checkpoint(run / "best.pt")))
+    assert best.step == max(evals, key=lambda r: r["auc"])["step"]
+    ckpt = Checkpoint.load(run / "best.pt")
+    want = evaluate_store(ckpt.build_model(), Store(stores["test"]), ckpt.feature_pipeline())
     assert f"auc={want['auc']:.5f}" in out.split("test with best.pt:")[1]
 
 

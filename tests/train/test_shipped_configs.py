@@ -16,10 +16,10 @@ from ctrkit.data.sources.criteo import preprocess_criteo
 from ctrkit.data.sources.table import preprocess_table
 from ctrkit.data.storage.loader import BatchLoader
 from ctrkit.data.storage.store import Store
+from ctrkit.jobs.tune_space import SPACE_SUFFIX
 from ctrkit.models.base import logits_of
 from ctrkit.models.registry import create_model, get_model_class, list_models
 from ctrkit.train.config import load_config, read_config_file
-from ctrkit.tune import SPACE_SUFFIX
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = sorted(p for p in (REPO / "configs").glob("*/*.yaml")  # search spaces (tune) lie beside the configs

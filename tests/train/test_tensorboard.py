@@ -12,7 +12,8 @@ import pytest
 from ctrkit.cli import main
 from ctrkit.data.sources.criteo import preprocess_criteo
 from ctrkit.errors import ConfigError
-from ctrkit.runner import SAMPLE, train_from_config
+from ctrkit.jobs.demo import SAMPLE
+from ctrkit.jobs.train import train_from_config
 from ctrkit.train.config import load_config
 from ctrkit.train.tensorboard import TensorBoardLogger, scalars_of
 

@@ -11,11 +11,11 @@ import torch
 from torch import nn
 
 from ctrkit.batch import Batch, KeyedJagged
+from ctrkit.checkpoint import Checkpoint
 from ctrkit.errors import ConfigError
 from ctrkit.metrics import roc_auc
 from ctrkit.models.base import CTRModel, ModelOutput, ParamGroup, logits_of
 from ctrkit.train import trainer as trainer_module
-from ctrkit.train.checkpoint import load_checkpoint
 from ctrkit.train.config import EarlyStoppingConfig, TrainConfig
 from ctrkit.train.tasks import CTRTask
 from ctrkit.train.trainer import Callback, Trainer, TrainingError
@@ -120,8 +120,8 @@ def test_learns_planted_signal_and_writes_run_dir(tmp_path):
     evals = [r for r in lines if r["kind"] == "eval"]
     assert len(evals) == 3 and all("gauc" in r for r in evals)
     assert any(r["kind"] == "train" and math.isfinite(r["loss"]) for r in lines)
-    ck = load_checkpoint(run / "last.pt")
-    assert ck["trainer"]["step"] == summary["steps"] and ck["trainer"]["epoch_complete"]
+    ck = Checkpoint.load(run / "last.pt")
+    assert ck.trainer.progress.step == summary["steps"] and ck.trainer.progress.epoch_complete
 
 
 def test_early_stopping_triggers():
@@ -242,7 +242,7 @@ def test_module_is_stepped_model_is_checkpointed(tmp_path):
     tr.module = CountingWrapper(tr.model)
     summary = tr.fit()
     assert tr.module.calls == summary["steps"] + len(valid)  # every train step and every eval batch
-    state = load_checkpoint(tmp_path / "run" / "last.pt")["model_state"]
+    state = Checkpoint.load(tmp_path / "run" / "last.pt").weights
     assert set(state) == set(tr.model.state_dict())  # the unwrapped model's keys, no "inner." prefix
     assert all(not k.startswith("inner.") for k in state)
 
@@ -301,7 +301,7 @@ def resume_after_kill(tmp_path, cfg: TrainConfig, kill_at: int):
     full_summary = full.fit()
     with pytest.raises(KeyboardInterrupt):
         run(tmp_path / "cut", callbacks=[Crash(kill_at)]).fit()
-    assert load_checkpoint(tmp_path / "cut" / "last.pt")["trainer"]["step"] == kill_at
+    assert Checkpoint.load(tmp_path / "cut" / "last.pt").trainer.progress.step == kill_at
     resumed = run(tmp_path / "cut", resume=tmp_path / "cut" / "last.pt", init_seed=99)
     return full, full_summary, resumed, resumed.fit(), run
 

@@ -17,14 +17,15 @@ import pytest
 from ctrkit.cli import main
 from ctrkit.data.sources.criteo import preprocess_criteo
 from ctrkit.errors import ConfigError
-from ctrkit.runner import SAMPLE, train_from_config
+from ctrkit.jobs.demo import SAMPLE
+from ctrkit.jobs.train import train_from_config
+from ctrkit.jobs.tune_space import default_space_path, load_search_space
 from ctrkit.train.config import load_config, read_config_file
-from ctrkit.tune import default_space_path, load_search_space
 
 optuna = pytest.importorskip("optuna")
 from optuna.trial import TrialState
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONFIG = str(REPO / "configs" / "criteo" / "deepfm.yaml")
 GOOD, BAD = 3e-3, 1e-7  # learning rates: one learns within an epoch, the other leaves the random model
 

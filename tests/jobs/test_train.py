@@ -10,14 +10,15 @@ import numpy as np
 import pytest
 import torch
 
+from ctrkit.checkpoint import Checkpoint
 from ctrkit.cli import main
-from ctrkit.data.pipeline.persist import pipeline_from_checkpoint
 from ctrkit.data.sources.criteo import preprocess_criteo
 from ctrkit.data.storage.store import Store
 from ctrkit.errors import TrainingError
+from ctrkit.jobs.demo import SAMPLE
+from ctrkit.jobs.scoring import evaluate_store, predict_store
+from ctrkit.jobs.train import train_from_config
 from ctrkit.metrics import roc_auc
-from ctrkit.runner import SAMPLE, evaluate_store, predict_store, train_from_config
-from ctrkit.train.checkpoint import load_checkpoint, load_model
 from ctrkit.train.config import load_config
 from ctrkit.train.trainer import Callback
 
@@ -59,14 +60,14 @@ def test_summary_names_the_best_valid_evaluation(run):
     assert (s["best"]["step"], s["best"]["epoch"]) == (best["step"], best["epoch"])
     assert s["best"]["valid"] == {k: best[k] for k in ("auc", "logloss")}
     assert s["last_valid"] == {k: evals[-1][k] for k in ("auc", "logloss")}
-    assert load_checkpoint(run_dir / "best.pt")["trainer"]["step"] == best["step"]
+    assert Checkpoint.load(run_dir / "best.pt").trainer.progress.step == best["step"]
 
 
 def test_summary_test_metrics_are_the_best_checkpoints(run):
     run_dir, s, st = run
-    model, _, _ = load_model(run_dir / "best.pt")
-    ckpt = load_checkpoint(run_dir / "best.pt")
-    got = evaluate_store(model, Store(st["test"]), pipeline_from_checkpoint(ckpt))
+    model = Checkpoint.load(run_dir / "best.pt").build_model()
+    ckpt = Checkpoint.load(run_dir / "best.pt")
+    got = evaluate_store(model, Store(st["test"]), ckpt.feature_pipeline())
     assert s["test"]["auc"] == pytest.approx(got["auc"], abs=1e-9)
     assert s["test"]["logloss"] == pytest.approx(got["logloss"], abs=1e-6)
 
@@ -78,7 +79,7 @@ def test_summary_speed_and_size(run):
     assert 0 < s["train_seconds"] < s["seconds"]
     assert s["seconds_per_epoch"] == pytest.approx(s["train_seconds"] / EPOCHS)
     assert s["samples_per_second"] == pytest.approx(s["samples"] / s["train_seconds"])
-    state = load_checkpoint(run_dir / "best.pt")["model_state"]
+    state = Checkpoint.load(run_dir / "best.pt").weights
     assert s["model_size"]["parameters"] == sum(v.numel() for v in state.values() if v.is_floating_point())
     assert s["model_size"]["bytes"] == 4 * s["model_size"]["parameters"]  # fp32
     assert 0 < s["model_size"]["embedding_parameters"] < s["model_size"]["parameters"]
@@ -93,8 +94,8 @@ def test_summary_speed_and_size(run):
 def test_predictions_are_the_best_checkpoints_test_scores(run):
     run_dir, s, st = run
     p = np.load(run_dir / "predictions.npz")
-    model, _, _ = load_model(run_dir / "best.pt")
-    pipeline = pipeline_from_checkpoint(load_checkpoint(run_dir / "best.pt"))
+    model = Checkpoint.load(run_dir / "best.pt").build_model()
+    pipeline = Checkpoint.load(run_dir / "best.pt").feature_pipeline()
     want = predict_store(model, Store(st["test"]), pipeline=pipeline)
     assert s["predictions"] == {"split": "test", "file": "predictions.npz", "rows": len(want)}
     np.testing.assert_allclose(p["score"], want, atol=1e-6)

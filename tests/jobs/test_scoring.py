@@ -1,4 +1,4 @@
-"""runner: evaluate / predict score any model of the contract, plain logits or ModelOutput alike."""
+"""jobs.scoring / jobs.predict: evaluate / predict score any model of the contract, plain logits or ModelOutput alike."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ from ctrkit.batch import Batch
 from ctrkit.data.sources.table import preprocess_table
 from ctrkit.data.storage.fitted import pipeline_from_store
 from ctrkit.data.storage.store import Store
+from ctrkit.jobs.predict import predict_file
+from ctrkit.jobs.scoring import evaluate_store, predict_store
 from ctrkit.models.base import CTRModel, ModelOutput, logits_of
 from ctrkit.models.registry import create_model
-from ctrkit.runner import evaluate_store, predict_file, predict_store
 
 
 class WithAux(CTRModel):

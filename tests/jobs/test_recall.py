@@ -9,17 +9,17 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from test_catalogue import write_log
+from conftest import write_log
 
+from ctrkit.checkpoint import Checkpoint
 from ctrkit.cli import main
 from ctrkit.data.sources.behaviour import preprocess_behaviour
 from ctrkit.data.storage.loader import BatchLoader
 from ctrkit.data.storage.store import Store
 from ctrkit.errors import JobError, RetrievalError
+from ctrkit.jobs.recall import raw_keys, recall, row_sources
+from ctrkit.jobs.train import train_from_config
 from ctrkit.retrieval.catalogue import ItemCatalogue, SeenItems
-from ctrkit.retrieval.recall import raw_keys, recall, row_sources
-from ctrkit.runner import train_from_config
-from ctrkit.train.checkpoint import content_digest, load_checkpoint, load_model
 from ctrkit.train.config import load_config
 
 pytest.importorskip("faiss")
@@ -58,9 +58,9 @@ def test_exact_recall_equals_brute_force(trained, tmp_path):
     _, out, ckpt_path, _summary = trained
     assert main(["recall", "--checkpoint", str(ckpt_path), "--k", "7", "--output", str(tmp_path / "c.csv")]) == 0
     rows = _read(tmp_path / "c.csv")
-    ckpt = load_checkpoint(ckpt_path)
-    model, _, _ = load_model(ckpt_path, ckpt=ckpt)
-    cat = ItemCatalogue.from_payload(ckpt["extra"]["catalogue"])
+    ckpt = Checkpoint.load(ckpt_path)
+    model = ckpt.build_model()
+    cat = ItemCatalogue.from_payload(ckpt.catalogue)
     seen = SeenItems.from_store(Store(out["train"]))
     batch = next(iter(BatchLoader(Store(out["test"]), 10_000, shuffle=False, prefetch=0)))
     with torch.no_grad():
@@ -74,9 +74,8 @@ def test_exact_recall_equals_brute_force(trained, tmp_path):
     top = scores.topk(7, dim=1)
     pipe_items = {int(x): x for x in cat.ids}
     assert len(rows) == 7 * len(batch)
-    from ctrkit.data.pipeline.persist import pipeline_from_checkpoint
 
-    item_keys = raw_keys(pipeline_from_checkpoint(ckpt).vocabs_["item"], cat.ids[top.indices.numpy()].reshape(-1))
+    item_keys = raw_keys(ckpt.feature_pipeline().vocabs_["item"], cat.ids[top.indices.numpy()].reshape(-1))
     got_items = [row["item"] for row in rows]
     got_scores = np.array([float(row["score"]) for row in rows])
     np.testing.assert_allclose(got_scores, top.values.numpy().reshape(-1), atol=1e-5)
@@ -88,7 +87,8 @@ def test_exact_recall_equals_brute_force(trained, tmp_path):
 
 def test_row_sources_cold_start(trained):
     _, out, ckpt_path, _summary = trained
-    model, schema, _ = load_model(ckpt_path)
+    ckpt = Checkpoint.load(ckpt_path)
+    model, schema = ckpt.build_model(), ckpt.schema
     batch = next(iter(BatchLoader(Store(out["test"]), 4, shuffle=False, prefetch=0)))
     assert row_sources(model, schema, batch).tolist() == [0, 0, 0, 0]
     kj = batch.sparse
@@ -116,11 +116,9 @@ def test_recall_errors(trained, tmp_path):
     with pytest.raises(JobError, match="already exists"):
         recall(ckpt_path, None, tmp_path / "a.csv", k=3)
     other = tmp_path / "other.pt"  # another checkpoint (its bytes differ): the saved index is refused
-    ck = torch.load(ckpt_path, weights_only=True)
-    ck["model_state"] = {k: v + 1 if v.is_floating_point() else v for k, v in ck["model_state"].items()}
-    del ck["checksum"]
-    ck["checksum"] = content_digest(ck)  # a sound checkpoint of other weights
-    torch.save(ck, other)
+    ck = Checkpoint.load(ckpt_path)
+    ck.weights = {k: v + 1 if v.is_floating_point() else v for k, v in ck.weights.items()}
+    ck.save(other)  # a sound checkpoint of other weights
     with pytest.raises(RetrievalError, match="rebuild it"):
         recall(other, None, tmp_path / "b.csv", k=3, index_path=tmp_path / "idx")
     shutil.copy(ckpt_path, tmp_path / "same.pt")  # the same bytes: reused
@@ -130,21 +128,20 @@ def test_recall_errors(trained, tmp_path):
 
 def test_popular_fallback_rows(trained, tmp_path, monkeypatch):
     """Rows served from the popular items: the most frequent training items minus the user's seen ones."""
-    import ctrkit.retrieval.recall as rc
+    import ctrkit.jobs.recall as rc
 
     _, out, ckpt_path, _ = trained
     monkeypatch.setattr(rc, "row_sources", lambda model, schema, batch: np.array([2, 1] + [0] * (len(batch) - 2)))
     rc.recall(ckpt_path, None, tmp_path / "p.csv", k=4)
     rows = _read(tmp_path / "p.csv")
     assert [r["source"] for r in rows[:8]] == ["popular"] * 4 + ["cold_start_features"] * 4
-    ckpt = load_checkpoint(ckpt_path)
-    cat = ItemCatalogue.from_payload(ckpt["extra"]["catalogue"])
-    from ctrkit.data.pipeline.persist import pipeline_from_checkpoint
+    ckpt = Checkpoint.load(ckpt_path)
+    cat = ItemCatalogue.from_payload(ckpt.catalogue)
 
     batch = next(iter(BatchLoader(Store(out["test"]), 1, shuffle=False, prefetch=0)))
     _, seen_items = SeenItems.from_store(Store(out["train"])).pairs(batch.group_ids.numpy())
     seen = set(seen_items.tolist()) | set(batch.sparse["hist_item"][0].tolist())
     popular = [int(i) for i in cat.ids[np.argsort(-cat.counts, kind="stable")] if int(i) not in seen][:4]
-    keys = raw_keys(pipeline_from_checkpoint(ckpt).vocabs_["item"], np.array(popular))
+    keys = raw_keys(ckpt.feature_pipeline().vocabs_["item"], np.array(popular))
     assert [r["item"] for r in rows[:4]] == list(keys)
     assert all(r["score"] == "nan" for r in rows[:4])

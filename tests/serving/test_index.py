@@ -10,7 +10,7 @@ import torch
 
 from ctrkit.errors import ConfigError, RetrievalError
 from ctrkit.retrieval.catalogue import SeenItems
-from ctrkit.retrieval.index import INDEX_KINDS, VectorIndex, default_nlist
+from ctrkit.serving.index import INDEX_KINDS, VectorIndex, default_nlist
 
 
 def exact_topk_torch(queries: np.ndarray, vectors: np.ndarray, k: int, metric: str = "ip",
