@@ -14,7 +14,7 @@ Data (preprocessed once, then every model trains on the same stores):
   as a mean-pooled sequence sharing the item table) and examples/movielens_100k.yaml, random 80/10/10
   split seeded with ``--split-seed``, embedding dim 16.
 
-Each model runs ``configs/<dataset>/<model>.yaml`` through ``ctrkit.runner.train_from_config`` (early
+Each model runs ``configs/<dataset>/<model>.yaml`` through ``ctrkit.jobs.train.train_from_config`` (early
 stopping on valid AUC, test scored with the best checkpoint); only ``train.seed``, the store paths and
 the run directory are overridden (plus ``--epochs`` / ``--set``). "seconds" is the whole job as
 ``train_from_config`` reports it: loaders, GBDT prefit, the fit loop with its per-epoch valid

@@ -8,7 +8,7 @@ and with --uniform a row of vectors uniform on the unit sphere, the worst case (
 
 Per index: build seconds, queries/s (one batch search of all queries, best of --reps, faiss on all the
 machine's threads), recall@10 against the exact index, memory bytes (faiss.serialize_index size).
-IVF: nlist by the faiss wiki's rule (ctrkit.retrieval.index.default_nlist: 4 sqrt(N)), nprobe swept.
+IVF: nlist by the faiss wiki's rule (ctrkit.serving.index.default_nlist: 4 sqrt(N)), nprobe swept.
 HNSW: M=32, efConstruction=100 (--ef-construction; ctrkit's default 200 builds ~2x slower, too slow
 for a 15-minute run on 2 cores; faiss's default 40 builds a graph that needs efSearch 128 rather than
 ~32 for recall 0.95 on the clustered rows), efSearch swept. Target: HNSW at recall@10 >= 0.95 (the

@@ -6,7 +6,7 @@
 Data: the stores of ``benchmarks/bench_models.py`` (the same preprocessing and 0.8/0.1/0.1 split seeded
 with ``--split-seed``): the bundled Criteo sample (min_freq 8) and MovieLens-100K.
 
-- ctrkit: ``configs/<dataset>/lr.yaml`` through ``ctrkit.runner.train_from_config`` (only the store
+- ctrkit: ``configs/<dataset>/lr.yaml`` through ``ctrkit.jobs.train.train_from_config`` (only the store
   paths, the run directory and ``--set`` are overridden); test scored with best.pt (best valid AUC).
 - scikit-learn: the design matrix of exactly what ``lr`` computes (:func:`linear_design`): one column per
   row of every first-order table (ids one-hot; a mean-pooled multi-valued feature or sequence puts 1/len on

@@ -8,10 +8,11 @@ import torch
 from test_trainer import MemLoader, TinyCTR, _cfg, _loaders, make_data, resume_after_kill
 
 from ctrkit.checkpoint import Checkpoint
-from ctrkit.errors import ConfigError
+from ctrkit.errors import ConfigError, TrainingError
 from ctrkit.metrics import roc_auc
 from ctrkit.train.averaging import WeightAverage
-from ctrkit.train.trainer import Callback, Trainer, TrainingError
+from ctrkit.train.callbacks import Callback
+from ctrkit.train.trainer import Trainer
 
 
 class Record(Callback):

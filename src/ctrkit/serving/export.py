@@ -59,7 +59,7 @@ from ctrkit.data.pipeline.multihot import MultiHot
 from ctrkit.data.pipeline.persist import load_pipeline, save_pipeline
 from ctrkit.errors import ConfigError, ExportError
 from ctrkit.io import file_checksum
-from ctrkit.models.base import logits_of
+from ctrkit.models.base import TwoTowerModel, logits_of
 from ctrkit.models.registry import get_model_class
 from ctrkit.schema import Schema, SequenceFeature, SparseFeature
 from ctrkit.version import __version__
@@ -330,10 +330,10 @@ def _export_into(directory: Path, model: nn.Module, name: str, schema: Schema, p
                           f"(> {TOLERANCE:g}) on the check batches; nothing was written")
     log.info("exported %s to %s in %.1fs (max |exported - eager| %.1e on %s-row checks)", name, fmt, seconds, diff,
              "/".join(map(str, CHECK_ROWS)))
-    task_kind = getattr(model, "task_kind", "ctr")
     return {
         "format": fmt, "file": MODEL_FILES[fmt], "kind": MARKER, "version": VERSION, "model": name,
-        "task_kind": task_kind, "inputs": INPUTS, "output": RETRIEVAL_OUTPUT if task_kind == "retrieval" else OUTPUT,
+        "task_kind": type(model).task_kind, "inputs": INPUTS,
+        "output": RETRIEVAL_OUTPUT if isinstance(model, TwoTowerModel) else OUTPUT,
         "sparse_keys": schema.sparse_keys, "num_dense": schema.num_dense, "dense_names": schema.dense_names,
         "pipeline": PIPELINE_DIR, "multi_hot": pipeline.multi_hot,
         "check": {"rows": list(CHECK_ROWS), "max_abs_diff": diff, "tolerance": TOLERANCE},

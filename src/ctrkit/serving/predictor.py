@@ -30,7 +30,7 @@ from ctrkit.data.pipeline.encode import Raw
 from ctrkit.data.pipeline.feature_pipeline import FeaturePipeline
 from ctrkit.data.pipeline.rows import BadRows
 from ctrkit.errors import DataError, JobError, Problem
-from ctrkit.models.base import logits_of
+from ctrkit.models.base import TwoTowerModel, logits_of
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class Predictor:
     def __init__(self, model: torch.nn.Module, pipeline: FeaturePipeline, *, device: str | torch.device = "cpu",
                  batch_size: int = 8192, checkpoint: str | Path | None = None,
                  info: dict[str, Any] | None = None) -> None:
-        if getattr(model, "task_kind", "ranking") == "retrieval":
+        if isinstance(model, TwoTowerModel):
             raise JobError("a retrieval model ranks items for a user; score it with `ctrkit recall`, not predict")
         if batch_size < 1:
             raise JobError(f"batch_size must be >= 1, got {batch_size}")

@@ -12,7 +12,7 @@ A train record gives ``train/<key>`` for each of its numbers but step / epoch; a
 ``valid/<metric>`` for each metric (its bookkeeping fields, :data:`EVAL_BOOKKEEPING`, are not plotted).
 The global step is the record's optimizer step. Events are flushed at every evaluation and the writer is
 closed when training ends (an early-stopped eval record, or :meth:`TensorBoardLogger.close`, which the
-runner calls whatever way training ended).
+train job calls whatever way training ended).
 
 A resumed run writes into the same directory: the writer is opened at the first record of this process with
 ``purge_step`` = that record's step, so TensorBoard hides the events a killed attempt wrote for the steps the
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ctrkit.errors import ConfigError
-from ctrkit.train.trainer import Callback
+from ctrkit.train.callbacks import Callback
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,50 @@
+"""The floors this package sits on: the checkpoint below train/ and serving/, serving/ without train/, the jobs
+imported by the CLI only, the task kind chosen in one place (an AST scan of src/, no imports run)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "ctrkit"
+
+
+def _imports(path: Path) -> set[str]:
+    """Every ``ctrkit...`` module ``path`` imports (top level or inside functions)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("ctrkit"):
+            out.add(node.module)
+            out.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("ctrkit"))
+    return out
+
+
+def _importers(package: str) -> dict[str, set[str]]:
+    """{file under src/ctrkit: the modules of ``package`` it imports}, files that import none left out."""
+    found = {}
+    for f in SRC.rglob("*.py"):
+        hits = {m for m in _imports(f) if m == package or m.startswith(package + ".")}
+        if hits:
+            found[str(f.relative_to(SRC))] = hits
+    return found
+
+
+def test_the_checkpoint_imports_nothing_above_it():
+    above = ("ctrkit.train", "ctrkit.serving", "ctrkit.jobs", "ctrkit.cli")
+    assert not [m for m in _imports(SRC / "checkpoint.py") if m.startswith(above)]
+
+
+def test_serving_does_not_import_train_or_the_jobs():
+    for f in (SRC / "serving").glob("*.py"):
+        assert not [m for m in _imports(f) if m.startswith(("ctrkit.train", "ctrkit.jobs"))], f.name
+
+
+def test_only_the_cli_and_the_jobs_import_the_jobs():
+    assert {f for f in _importers("ctrkit.jobs") if not f.startswith("jobs/")} == {"cli.py"}
+
+
+def test_the_task_kind_is_read_in_one_place():
+    readers = [str(f.relative_to(SRC)) for f in SRC.rglob("*.py") if 'task_kind ==' in f.read_text()]
+    assert readers in ([], ["jobs/tasks.py"])
