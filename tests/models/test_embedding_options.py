@@ -11,10 +11,10 @@ import pytest
 import torch
 import yaml
 from conftest import behaviour_schema, contract_schema, make_batch, planted_data
-from ctrkit.tune import load_search_space
 
 from ctrkit.cli import main
 from ctrkit.errors import ConfigError
+from ctrkit.jobs.tune_space import load_search_space
 from ctrkit.models.base import logits_of
 from ctrkit.models.registry import create_model, model_params, upgrade_params
 from ctrkit.nn.embedding import EmbeddingCollection, make_embeddings
@@ -107,7 +107,7 @@ def test_tune_can_search_the_embedding_dim(tmp_path):
 def test_the_same_store_trains_at_two_dims(tmp_path):
     """`ctrkit synth --embedding-dim 16` writes a store; deepfm trains on it at D = 8 and D = 16, and each
     checkpoint rebuilds its model at its own D."""
-    from ctrkit.train.checkpoint import load_model
+    from ctrkit.checkpoint import Checkpoint
 
     for split, seed in (("train", 0), ("valid", 1)):
         assert main(["synth", "--rows", "600", "--seed", str(seed), "--max-cardinality", "40", "--embedding-dim",
@@ -120,5 +120,6 @@ def test_the_same_store_trains_at_two_dims(tmp_path):
         assert main(["train", "--config", str(tmp_path / "c.yaml"), f"--model.params.embedding_dim={dim}",
                      f"--run.name=d{dim}", "--quiet"]) == 0
         ckpt = glob.glob(str(tmp_path / "runs" / f"d{dim}*" / "best.pt"))[0]
-        model, schema, _ = load_model(ckpt)
+        saved = Checkpoint.load(ckpt)
+        model, schema = saved.build_model(), saved.schema
         assert set(table_dims(model).values()) == {dim} and schema.embedding_dim("C1") == 16
