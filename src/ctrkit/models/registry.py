@@ -109,19 +109,15 @@ def register_model(name: str) -> Callable[[M], M]:
     return deco
 
 
-def _load_builtin() -> None:
-    # importing ctrkit.models registers every built-in model
-    import ctrkit.models  # noqa: F401
-
-
 def list_models() -> list[str]:
-    """Registered model names; names starting with "_" are private (e.g. test doubles) and not listed."""
-    _load_builtin()
+    """Registered model names; names starting with "_" are private (e.g. test doubles) and not listed.
+
+    Every built-in model is registered by then: importing this module imports its package first, and
+    ``ctrkit/models/__init__.py`` imports every model module (so the registry never imports the models)."""
     return sorted(n for n in _MODELS if not n.startswith("_"))
 
 
 def get_model_class(name: str) -> type[nn.Module]:
-    _load_builtin()
     if name not in _MODELS:
         raise ConfigError(f"unknown model {name!r}{suggest(name, _MODELS)}; see `ctrkit models`")
     return _MODELS[name]
