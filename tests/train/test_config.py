@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import typing
+
 import pytest
 import yaml
 
@@ -181,3 +183,24 @@ def test_a_bad_key_in_a_base_is_reported(tmp_path):
     _files(tmp_path, {"base.yaml": "train: {lrr: 0.1}\n", "m.yaml": "defaults: [base.yaml]\n"})
     with pytest.raises(ConfigError, match=r"m\.yaml: unknown config key 'train\.lrr'.*did you mean 'lr'"):
         load_config(tmp_path / "m.yaml")
+
+
+def test_one_key_walker_for_overrides_and_search_spaces() -> None:
+    """walk_key stops at the first value that is not a config block; set_key creates missing / null blocks and
+    refuses to go through a value, for overrides and ctrkit tune's with_values alike."""
+    from ctrkit.jobs.tune_space import with_values
+    from ctrkit.train.config import set_key, walk_key
+
+    def unknown(here: str, parent: str, part: str, names: list[str]) -> ConfigError:
+        return ConfigError(f"{here} in {parent}")
+
+    assert walk_key(["train", "lr"], unknown) == (2, float)
+    n, leaf = walk_key(["model", "params", "dnn_hidden"], unknown)
+    assert n == 2 and typing.get_origin(leaf) is dict  # below model.params the model checks its own names
+    with pytest.raises(ConfigError, match="train.lrr in train"):
+        walk_key(["train", "lrr"], unknown)
+    data: dict = {"train": None}
+    set_key(data, ["train", "early_stopping", "patience"], 3, "x")
+    assert data == {"train": {"early_stopping": {"patience": 3}}}
+    with pytest.raises(ConfigError, match=r"params 'train.lr.x': 'train.lr' is not a mapping"):
+        with_values({"train": {"lr": 0.1}}, {"train.lr.x": 1})

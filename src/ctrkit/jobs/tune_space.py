@@ -7,7 +7,6 @@ import copy
 import dataclasses
 import json
 import re
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -16,7 +15,7 @@ import yaml
 
 from ctrkit.errors import ConfigError
 from ctrkit.models.registry import check_model_params, model_params
-from ctrkit.train.config import Config, config_from_dict
+from ctrkit.train.config import config_from_dict, set_key, walk_key
 from ctrkit.typecheck import build, suggest
 
 FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
@@ -109,23 +108,18 @@ def _check_range(key: str, s: ParamRange) -> None:
 
 def _check_key(key: str, model: str) -> None:
     """``key`` names a config value: a leaf of the config dataclasses, or ``model.params.<parameter>``."""
-    parts, cls = key.split("."), Config
-    for i, part in enumerate(parts):
-        here, rest, names = ".".join(parts[: i + 1]), parts[i + 1:], [f.name for f in dataclasses.fields(cls)]
-        if part not in names:
-            raise ConfigError(f"params {key!r}: unknown config key {here!r}{suggest(part, names)}")
-        tp = typing.get_type_hints(cls)[part]
-        if dataclasses.is_dataclass(tp):
-            cls = tp  # type: ignore[assignment]
-            continue
-        if here == "model.params":
-            name, valid = ".".join(rest), list(model_params(model))
-            if name not in valid:
-                raise ConfigError(f"params {key!r}: model {model!r} has no parameter {name!r}{suggest(name, valid)}")
-        elif rest:
-            raise ConfigError(f"params {key!r}: {here!r} is a value, it has no key {rest[0]!r}")
-        return
-    raise ConfigError(f"params {key!r} is a block of the config; name one of its keys ({key}.<key>)")
+    parts = key.split(".")
+    n, leaf = walk_key(parts, lambda here, parent, part, names: ConfigError(
+        f"params {key!r}: unknown config key {here!r}{suggest(part, names)}"))
+    if dataclasses.is_dataclass(leaf):
+        raise ConfigError(f"params {key!r} is a block of the config; name one of its keys ({key}.<key>)")
+    here, rest = ".".join(parts[:n]), parts[n:]
+    if here == "model.params":
+        name, valid = ".".join(rest), list(model_params(model))
+        if name not in valid:
+            raise ConfigError(f"params {key!r}: model {model!r} has no parameter {name!r}{suggest(name, valid)}")
+    elif rest:
+        raise ConfigError(f"params {key!r}: {here!r} is a value, it has no key {rest[0]!r}")
 
 
 def _check_value(base: dict[str, Any], key: str, value: Any) -> None:
@@ -141,12 +135,7 @@ def with_values(base: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
     """A copy of the nested config dict ``base`` with each dotted key of ``values`` set."""
     data = copy.deepcopy(base)
     for key, value in values.items():
-        *path, last = key.split(".")
-        node = data
-        for part in path:
-            node[part] = node.get(part) or {}
-            node = node[part]
-        node[last] = value
+        set_key(data, key.split("."), value, f"params {key!r}")
     return data
 
 

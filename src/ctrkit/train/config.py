@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -202,6 +203,36 @@ def _split_override(item: str) -> tuple[list[str], CliValue]:
     return path, CliValue(value.strip())
 
 
+def walk_key(parts: list[str], unknown: Callable[[str, str, str, list[str]], ConfigError]) -> tuple[int, Any]:
+    """Follow the dotted key ``parts`` through the config dataclasses as far as they go -> (how many parts name
+    dataclass fields, the annotation of the last one). A part that is no field of its block raises
+    ``unknown(here, parent, part, valid names)``; parts below a non-dataclass value (``model.params.x``) are
+    the caller's to check. The one key walker of config overrides and of ``ctrkit tune``'s search spaces."""
+    cls: Any = Config
+    for i, part in enumerate(parts):
+        names = [f.name for f in dataclasses.fields(cls)]
+        if part not in names:
+            raise unknown(".".join(parts[: i + 1]), ".".join(parts[:i]) or "the top level", part, names)
+        cls = typing.get_type_hints(cls)[part]
+        if not dataclasses.is_dataclass(cls):
+            return i + 1, cls
+    return len(parts), cls
+
+
+def set_key(data: dict[str, Any], parts: list[str], value: Any, what: str) -> None:
+    """Set ``value`` at the dotted key ``parts`` of the nested dict ``data``, creating missing (or null)
+    blocks; a value where a block is needed is a ConfigError starting with ``what``."""
+    node = data
+    for depth, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"{what}: {'.'.join(parts[: depth + 1])!r} is not a mapping, cannot set a sub-key")
+        node = child
+    node[parts[-1]] = value
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
     """Set ``key.path=value`` entries into the nested dict ``data`` (in place; returned).
 
@@ -210,29 +241,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]
     """
     for item in overrides:
         path, value = _split_override(item)
-        cls: Any = Config
-        node = data
-        for depth, part in enumerate(path):
-            here = ".".join(path[: depth + 1])
-            last = depth == len(path) - 1
-            if cls is not None:
-                names = [f.name for f in dataclasses.fields(cls)]
-                if part not in names:
-                    parent = ".".join(path[:depth]) or "the top level"
-                    raise ConfigError(
-                        f"override {item!r}: unknown config key {here!r} in {parent}{suggest(part, names)}"
-                    )
-                tp = typing.get_type_hints(cls)[part]
-                cls = tp if dataclasses.is_dataclass(tp) else None
-            if last:
-                node[part] = value
-            else:
-                child = node.get(part)
-                if child is None:
-                    child = node[part] = {}
-                if not isinstance(child, dict):
-                    raise ConfigError(f"override {item!r}: {here!r} is not a mapping, cannot set a sub-key")
-                node = child
+        walk_key(path, lambda here, parent, part, names, item=item: ConfigError(
+            f"override {item!r}: unknown config key {here!r} in {parent}{suggest(part, names)}"))
+        set_key(data, path, value, f"override {item!r}")
     return data
 
 
