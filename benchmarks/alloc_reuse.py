@@ -1,4 +1,4 @@
-"""What ctrkit.train.memory.keep_freed_memory buys: big-tensor allocation and a CIN training step.
+"""What ctrkit.training.memory.keep_freed_memory buys: big-tensor allocation and a CIN training step.
 
     python benchmarks/alloc_reuse.py [--mb 100] [--batch 256] [--iters 10]
 
@@ -25,7 +25,7 @@ def child(reuse: bool, mb: int, batch: int, iters: int) -> dict[str, float]:
     import torch
 
     from ctrkit.nn.cin import CIN
-    from ctrkit.train.memory import keep_freed_memory
+    from ctrkit.training.memory import keep_freed_memory
 
     torch.set_num_threads(1)
     if reuse:

@@ -90,7 +90,7 @@ def config_paths(dataset: str, models: list[str] | None) -> dict[str, Path]:
 def run_one(config: Path, stores: dict[str, str], seed: int, run_dir: Path, overrides: list[str]) -> dict[str, Any]:
     """Train one config on ``stores`` with ``train.seed=seed`` -> {auc, logloss, seconds, steps, best_step}."""
     from ctrkit.jobs.train import train_from_config
-    from ctrkit.train.config import load_config
+    from ctrkit.training.config import load_config
 
     cfg = load_config(config, [
         f"data.train={stores['train']}", f"data.valid={stores['valid']}", f"data.test={stores['test']}",

@@ -198,8 +198,8 @@ def run_ctrkit(config: Path, stores: dict[str, str], seed: int, epochs: int) -> 
     from ctrkit.jobs.common import seed_everything
     from ctrkit.jobs.scoring import predict_store
     from ctrkit.models.registry import create_model
-    from ctrkit.train.config import load_config
-    from ctrkit.train.trainer import Trainer
+    from ctrkit.training.config import load_config
+    from ctrkit.training.trainer import Trainer
 
     cfg = load_config(config, [f"train.seed={seed}", f"train.epochs={epochs}", "train.early_stopping.patience=0",
                                "train.ema_decay=null", "train.progress=false"])
@@ -222,7 +222,7 @@ def run_ctrkit(config: Path, stores: dict[str, str], seed: int, epochs: int) -> 
 def run_ctrkit_config(config: Path, stores: dict[str, str], seed: int, run_dir: Path) -> dict[str, Any]:
     """Train ``config`` as it ships (valid early stopping, best-valid weights) -> {pred, fit_seconds, epochs, ...}."""
     from ctrkit.jobs.train import train_from_config
-    from ctrkit.train.config import load_config
+    from ctrkit.training.config import load_config
 
     name = f"{config.stem}-seed{seed}"
     cfg = load_config(config, [f"data.{k}={v}" for k, v in stores.items()] + [
@@ -321,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
                          "measured in the same run: pass --recipes config, or drop --peer-cache")
     if not a.dataset:
         ap.error("--dataset is required (criteo or movielens)")
-    from ctrkit.train.config import load_config
+    from ctrkit.training.config import load_config
 
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(a.threads)

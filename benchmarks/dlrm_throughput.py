@@ -69,9 +69,9 @@ def run_ctrkit(interaction: str, precision: str, seed: int = 0, keep_memory: boo
     from ctrkit.models.base import logits_of
     from ctrkit.models.registry import create_model
     from ctrkit.schema import DenseFeature, Schema, SparseFeature
-    from ctrkit.train.config import TrainConfig
-    from ctrkit.train.memory import keep_freed_memory
-    from ctrkit.train.optim import build_optimizers
+    from ctrkit.training.config import TrainConfig
+    from ctrkit.training.memory import keep_freed_memory
+    from ctrkit.training.optim import build_optimizers
 
     torch.manual_seed(seed)
     torch.set_num_threads(THREADS)

@@ -117,7 +117,7 @@ def sklearn_lr(stores: dict[str, str], cs: Sequence[float] = CS, *, tol: float =
 def ctrkit_lr(dataset: str, stores: dict[str, str], run_dir: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
     """Train configs/<dataset>/lr.yaml on ``stores`` -> test AUC (best.pt), best valid AUC, steps, seconds."""
     from ctrkit.jobs.train import train_from_config
-    from ctrkit.train.config import load_config
+    from ctrkit.training.config import load_config
 
     cfg = load_config(REPO / "configs" / dataset / "lr.yaml", [
         f"data.train={stores['train']}", f"data.valid={stores['valid']}", f"data.test={stores['test']}",

@@ -118,7 +118,7 @@ def train_one(job: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(job["threads"])
     logging.basicConfig(level=logging.WARNING)
     from ctrkit.jobs.train import train_from_config
-    from ctrkit.train.config import load_config
+    from ctrkit.training.config import load_config
 
     cfg = load_config(REPO / "configs" / f"{job['dataset']}_retrieval" / f"{job['model']}.yaml", [
         f"data.train={job['stores']['train']}", f"data.valid={job['stores']['valid']}",

@@ -98,9 +98,9 @@ def run_ctrkit(config: Path, stores: dict[str, str], seed: int, epochs: int) -> 
     from ctrkit.jobs.common import seed_everything
     from ctrkit.jobs.scoring import predict_store
     from ctrkit.models.registry import create_model
-    from ctrkit.train.callbacks import Callback
-    from ctrkit.train.config import load_config
-    from ctrkit.train.trainer import Trainer
+    from ctrkit.training.callbacks import Callback
+    from ctrkit.training.config import load_config
+    from ctrkit.training.trainer import Trainer
 
     cfg = load_config(config, [f"train.seed={seed}", f"train.epochs={epochs}", "train.progress=false"])
     train = BatchLoader(Store(stores["train"]), cfg.data.batch_size, shuffle=True, seed=seed, prefetch=cfg.data.prefetch)
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="work directory (stores are reused; default /tmp/ctrkit-seq-<dataset>)")
     a = ap.parse_args(argv)
     from ctrkit.data.storage.store import Store
-    from ctrkit.train.config import load_config
+    from ctrkit.training.config import load_config
 
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(a.threads)

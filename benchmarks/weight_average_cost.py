@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="work directory (default: a temporary one)")
     a = ap.parse_args(argv)
     from ctrkit.jobs.train import train_from_config
-    from ctrkit.train.config import load_config
+    from ctrkit.training.config import load_config
 
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(a.threads)

@@ -73,7 +73,7 @@ def benchmark_module(name: str) -> ModuleType:
 torch.set_num_threads(1)
 # Some tests step torch's sparse optimizers directly (references next to ctrkit's OptimizerSet, which opts out
 # itself); say explicitly what torch does by default, so they print no "implicitly disabled" warning.
-# (tests/train/test_optim.py checks ctrkit's own paths in fresh interpreters, unaffected by this.)
+# (tests/training/test_optim.py checks ctrkit's own paths in fresh interpreters, unaffected by this.)
 torch.sparse.check_sparse_tensor_invariants.disable()
 
 

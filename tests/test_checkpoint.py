@@ -15,9 +15,9 @@ from ctrkit.jobs.common import checkpoint_config
 from ctrkit.models.base import CTRModel, logits_of
 from ctrkit.models.registry import register_model
 from ctrkit.schema import DenseFeature, Schema, SparseFeature
-from ctrkit.train.config import Config, config_to_dict
-from ctrkit.train.optim import build_optimizers
-from ctrkit.train.writer import CheckpointWriter, rng_state
+from ctrkit.training.config import Config, config_to_dict
+from ctrkit.training.optim import build_optimizers
+from ctrkit.training.writer import CheckpointWriter, rng_state
 
 
 @register_model("_test_ckpt_tiny")
@@ -209,7 +209,7 @@ def test_a_pickled_object_is_not_executed_on_load(tmp_path):
 
 # ---- files written by the first release ------------------------------------------------------------------
 def _save_as_release_0_1(path, model, *, schema, config, optimizer, trainer, vocab, extra):
-    """A checkpoint file laid out exactly as the base commit's ``ctrkit.train.checkpoint.save_checkpoint`` wrote it
+    """A checkpoint file laid out exactly as the base commit's ``ctrkit.training.checkpoint.save_checkpoint`` wrote it
     (the trainer entry with that release's keys, in its order), checksum included."""
     raw = to_plain({
         "format": "ctrkit-checkpoint", "version": 2, "ctrkit_version": "0.1.0", "config": config,

@@ -165,8 +165,8 @@ def test_nan_dense_values_stop_dlrm_training_with_the_step(trained):
     from conftest import ListLoader, contract_schema, make_batch, planted_data
 
     from ctrkit.models.registry import create_model
-    from ctrkit.train.config import TrainConfig
-    from ctrkit.train.trainer import Trainer, TrainingError
+    from ctrkit.training.config import TrainConfig
+    from ctrkit.training.trainer import Trainer, TrainingError
 
     data = planted_data(256)
     data["dense"][2 * 64 + 1, 0] = float("nan")  # third batch
@@ -260,7 +260,7 @@ def test_predict_a_table_checkpoint_names_a_malformed_line(table_run, tmp_path, 
 @pytest.fixture(scope="module")
 def multi_hot_run(trained):
     from ctrkit.jobs.train import train_from_config
-    from ctrkit.train.config import load_config
+    from ctrkit.training.config import load_config
 
     cfg = load_config("configs/criteo/dlrm.yaml", [
         f"data.train={trained / 'criteo/train'}", f"data.valid={trained / 'criteo/valid'}",

@@ -13,9 +13,9 @@ from conftest import ListLoader, behaviour_schema, contract_schema, make_batch, 
 from ctrkit.models.base import logits_of
 from ctrkit.models.registry import create_model
 from ctrkit.retrieval.catalogue import ItemCatalogue
-from ctrkit.train.config import TrainConfig
-from ctrkit.train.tasks import CTRTask, RetrievalTask
-from ctrkit.train.trainer import Trainer
+from ctrkit.training.config import TrainConfig
+from ctrkit.training.tasks import CTRTask, RetrievalTask
+from ctrkit.training.trainer import Trainer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 

@@ -26,7 +26,7 @@ import pytest
 from ctrkit import cli_reference
 from ctrkit.cli import build_parser
 from ctrkit.models.registry import EMBEDDING_DEFAULTS, check_model_params, list_models, model_params
-from ctrkit.train.config import load_config
+from ctrkit.training.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -89,7 +89,21 @@ def test_readme_python_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     scores = ns["predictor"].predict([ns["row"]])  # an all-missing row scores too
     assert scores.shape == (1,) and np.isfinite(scores).all() and 0 < scores[0] < 1
     out = capsys.readouterr().out
-    assert "'auc'" in out and "[" in out  # both prints ran
+    assert "'auc'" in out and "[" in out  # the prints ran
+    assert f"'auc': {summary['test']['auc']}" in out.splitlines()[1]  # evaluate() gives the run's own test metrics
+    assert "from ctrkit" not in blocks[0] and "import ctrkit\n" in blocks[0]  # the public names only
+
+
+def test_import_ctrkit_exposes_the_users_verbs() -> None:
+    import ctrkit
+
+    for name in ctrkit.__all__:
+        assert getattr(ctrkit, name) is not None, name
+    for verb in ("preprocess_criteo", "preprocess_table", "preprocess_behaviour", "load_config", "train",
+                 "evaluate", "Predictor", "create_model", "Schema", "CtrkitError", "ConfigError", "DataError"):
+        assert verb in ctrkit.__all__, verb
+    with pytest.raises(AttributeError, match="no attribute 'trian'"):
+        ctrkit.trian  # noqa: B018
 
 
 def test_readme_keeps_the_two_setup_commands() -> None:

@@ -28,9 +28,9 @@ FLOORS: list[list[str]] = [
     ["ctrkit.retrieval"],
     ["ctrkit.models"],
     ["ctrkit.checkpoint"],
-    ["ctrkit.train", "ctrkit.serving", "ctrkit.report"],
+    ["ctrkit.training", "ctrkit.serving", "ctrkit.report"],
     ["ctrkit.jobs"],
-    ["ctrkit.cli"],
+    ["ctrkit.cli", "ctrkit.api"],
     ["ctrkit.cli_reference", "ctrkit.__main__", "ctrkit"],  # "ctrkit": the package's public names only
 ]
 

@@ -30,8 +30,8 @@ key, number, string and tensor byte, :func:`content_digest`) is recomputed and a
 another format version is refused with the versions named; version 1 (before checksums) still loads, with a
 warning that it cannot be verified.
 
-Floor: below ``train/``, ``serving/`` and ``jobs/`` (which all read it), above ``models/`` and ``data/`` (whose
-model registry and pipeline it rebuilds); it never imports ``train/``.
+Floor: below ``training/``, ``serving/`` and ``jobs/`` (which all read it), above ``models/`` and ``data/`` (whose
+model registry and pipeline it rebuilds); it never imports ``training/``.
 """
 
 from __future__ import annotations

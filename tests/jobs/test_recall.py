@@ -20,7 +20,7 @@ from ctrkit.errors import JobError, RetrievalError
 from ctrkit.jobs.recall import raw_keys, recall, row_sources
 from ctrkit.jobs.train import train_from_config
 from ctrkit.retrieval.catalogue import ItemCatalogue, SeenItems
-from ctrkit.train.config import load_config
+from ctrkit.training.config import load_config
 
 pytest.importorskip("faiss")
 

@@ -19,8 +19,8 @@ from ctrkit.jobs.demo import SAMPLE
 from ctrkit.jobs.scoring import evaluate_store, predict_store
 from ctrkit.jobs.train import train_from_config
 from ctrkit.metrics import roc_auc
-from ctrkit.train.callbacks import Callback
-from ctrkit.train.config import load_config
+from ctrkit.training.callbacks import Callback
+from ctrkit.training.config import load_config
 
 EPOCHS = 3
 

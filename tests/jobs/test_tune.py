@@ -20,7 +20,7 @@ from ctrkit.errors import ConfigError
 from ctrkit.jobs.demo import SAMPLE
 from ctrkit.jobs.train import train_from_config
 from ctrkit.jobs.tune_space import default_space_path, load_search_space
-from ctrkit.train.config import load_config, read_config_file
+from ctrkit.training.config import load_config, read_config_file
 
 optuna = pytest.importorskip("optuna")
 from optuna.trial import TrialState

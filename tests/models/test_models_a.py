@@ -16,8 +16,8 @@ from ctrkit.batch import Batch, KeyedJagged
 from ctrkit.models.base import logits_of
 from ctrkit.models.registry import ConfigError, create_model
 from ctrkit.schema import DenseFeature, Schema, SparseFeature
-from ctrkit.train.ftrl import FTRL
-from ctrkit.train.tasks import CTRTask
+from ctrkit.training.ftrl import FTRL
+from ctrkit.training.tasks import CTRTask
 
 # Variants exercised by test_models_contract.py (small sizes, every option branch).
 CONTRACT_VARIANTS: dict[str, list[dict]] = {

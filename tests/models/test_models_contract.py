@@ -28,7 +28,7 @@ from test_retrieval_models import learns_next_item
 from ctrkit.models.base import CTRModel, ModelOutput, logits_of
 from ctrkit.models.registry import ConfigError, create_model, get_model_class, list_models
 from ctrkit.schema import Schema, SequenceFeature
-from ctrkit.train.tasks import CTRTask
+from ctrkit.training.tasks import CTRTask
 
 
 def merge(*parts: dict[str, list[dict]]) -> dict[str, list[dict]]:

@@ -14,7 +14,7 @@ from ctrkit.models.base import RetrievalModel, TwoTowerModel, logits_of
 from ctrkit.models.registry import ConfigError, create_model
 from ctrkit.retrieval.catalogue import ItemCatalogue
 from ctrkit.schema import Schema, SequenceFeature, SparseFeature
-from ctrkit.train.tasks import RetrievalTask
+from ctrkit.training.tasks import RetrievalTask
 
 CONTRACT_VARIANTS: dict[str, list[dict]] = {
     "two_tower": [{"dnn_hidden": (16,), "out_dim": 8},

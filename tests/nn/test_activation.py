@@ -110,7 +110,7 @@ def test_nn_imports_neither_models_nor_train() -> None:
     for path in NN.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module:
-                assert not node.module.startswith(("ctrkit.models", "ctrkit.train")), (path.name, node.module)
+                assert not node.module.startswith(("ctrkit.models", "ctrkit.training")), (path.name, node.module)
             elif isinstance(node, ast.Import):
                 for alias in node.names:
-                    assert not alias.name.startswith(("ctrkit.models", "ctrkit.train")), (path.name, alias.name)
+                    assert not alias.name.startswith(("ctrkit.models", "ctrkit.training")), (path.name, alias.name)

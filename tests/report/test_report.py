@@ -263,7 +263,7 @@ def trained(tmp_path_factory):
 
     from ctrkit.data.sources.table import preprocess_table
     from ctrkit.jobs.train import train_from_config
-    from ctrkit.train.config import load_config
+    from ctrkit.training.config import load_config
 
     d = tmp_path_factory.mktemp("report_e2e")
     rng = np.random.default_rng(0)

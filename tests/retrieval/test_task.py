@@ -12,7 +12,7 @@ from ctrkit.errors import ConfigError, MetricError
 from ctrkit.models.registry import create_model
 from ctrkit.retrieval.catalogue import ItemCatalogue
 from ctrkit.retrieval.losses import full_softmax_loss, in_batch_softmax_loss
-from ctrkit.train.tasks import RetrievalTask
+from ctrkit.training.tasks import RetrievalTask
 
 
 def setup():

@@ -34,7 +34,7 @@ from ctrkit.models.registry import create_model, get_model_class, list_models
 from ctrkit.schema import Schema, SequenceFeature
 from ctrkit.serving import export
 from ctrkit.serving.export import EXAMPLE_ROWS, add_export_args, export_checkpoint, load_exported, run_export
-from ctrkit.train.config import load_config
+from ctrkit.training.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPORTABLE = [n for n in list_models() if get_model_class(n).exportable]

@@ -23,7 +23,7 @@ from ctrkit.jobs.scoring import evaluate_store, predict_store
 from ctrkit.jobs.train import train_from_config
 from ctrkit.metrics import gauc, log_loss, roc_auc
 from ctrkit.serving.predictor import Predictor
-from ctrkit.train.config import load_config
+from ctrkit.training.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["model.params.dense_arch=[16]", "model.params.over_arch=[16]", "train.epochs=1"]

@@ -2,7 +2,7 @@
 
 A job reads a config or a checkpoint, checks the parameters, picks the device, seeds, picks the task from the
 model's class (:mod:`ctrkit.jobs.tasks`), runs the library (data loaders, the
-:class:`~ctrkit.train.trainer.Trainer`, the :class:`~ctrkit.serving.predictor.Predictor`, the faiss index) and
+:class:`~ctrkit.training.trainer.Trainer`, the :class:`~ctrkit.serving.predictor.Predictor`, the faiss index) and
 writes its outputs. ``ctrkit.cli`` only parses arguments and calls a job's ``run_*`` function.
 
 Modules: :mod:`~ctrkit.jobs.common` (seeding, device, loaders, checkpoint/store agreement),

@@ -20,7 +20,7 @@ from ctrkit.data.storage.store import Store
 from ctrkit.errors import ConfigError, JobError
 from ctrkit.io import missing_path
 from ctrkit.schema import Schema
-from ctrkit.train.config import Config, config_from_dict
+from ctrkit.training.config import Config, config_from_dict
 
 
 # ---- seed and device ------------------------------------------------------------------------------------

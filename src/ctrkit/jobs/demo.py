@@ -12,7 +12,7 @@ import torch
 from ctrkit.data.storage.store import Store
 from ctrkit.errors import JobError
 from ctrkit.jobs.train import train_from_config
-from ctrkit.train.config import load_config
+from ctrkit.training.config import load_config
 
 REPO = Path(__file__).resolve().parents[3]
 SAMPLE = REPO / "examples" / "data" / "criteo_sample.tsv.gz"

@@ -12,7 +12,7 @@ from ctrkit.data.pipeline.feature_pipeline import FeaturePipeline
 from ctrkit.data.storage.loader import BatchLoader
 from ctrkit.data.storage.store import Store
 from ctrkit.models.base import logits_of
-from ctrkit.train.tasks import CTRTask
+from ctrkit.training.tasks import CTRTask
 
 EVALUATE_METRICS = ("auc", "logloss", "accuracy", "calibration")
 
@@ -37,7 +37,7 @@ def predict_store(model: torch.nn.Module, store: Store, batch_size: int = 8192,
 def evaluate_store(model: torch.nn.Module, store: Store, pipeline: FeaturePipeline | None,
                    batch_size: int = 8192) -> dict[str, float]:
     """AUC, LogLoss, accuracy and calibration of ``model`` on ``store`` through ``pipeline``, by the same
-    :class:`~ctrkit.train.tasks.CTRTask` evaluation that training reports (GAUC too when the store has groups)."""
+    :class:`~ctrkit.training.tasks.CTRTask` evaluation that training reports (GAUC too when the store has groups)."""
     metrics = [*EVALUATE_METRICS, *(["gauc"] if store.schema.group_id else [])]
     return CTRTask(metrics).evaluate(model, eval_loader(store, batch_size, pipeline))
 

@@ -3,8 +3,8 @@
 ==============  ==================================================  ===========================================
 ``task_kind``   training task                                       ``ctrkit evaluate``
 ==============  ==================================================  ===========================================
-``"ctr"``       :class:`~ctrkit.train.tasks.CTRTask` of the config  AUC / LogLoss / accuracy / calibration
-``"retrieval"`` :class:`~ctrkit.train.tasks.RetrievalTask` over     full ranking over the checkpoint's catalogue
+``"ctr"``       :class:`~ctrkit.training.tasks.CTRTask` of the config  AUC / LogLoss / accuracy / calibration
+``"retrieval"`` :class:`~ctrkit.training.tasks.RetrievalTask` over     full ranking over the checkpoint's catalogue
                 the training store's item catalogue                 (HR@K, NDCG@K, MRR)
 ==============  ==================================================  ===========================================
 
@@ -24,8 +24,8 @@ from ctrkit.data.pipeline.feature_pipeline import FeaturePipeline
 from ctrkit.data.storage.store import Store
 from ctrkit.errors import JobError
 from ctrkit.jobs.scoring import eval_loader, evaluate_store
-from ctrkit.train.config import Config
-from ctrkit.train.tasks import Task, ranking_task
+from ctrkit.training.config import Config
+from ctrkit.training.tasks import Task, ranking_task
 
 log = logging.getLogger(__name__)
 
@@ -106,9 +106,9 @@ class RetrievalKind(TaskKind):
 
     @staticmethod
     def task(cfg: Config, catalogue: Any, seen: Any) -> Task:
-        """The :class:`~ctrkit.train.tasks.RetrievalTask` of ``cfg.train.retrieval`` over ``catalogue``, excluding
+        """The :class:`~ctrkit.training.tasks.RetrievalTask` of ``cfg.train.retrieval`` over ``catalogue``, excluding
         the items ``seen`` (:class:`~ctrkit.retrieval.catalogue.SeenItems`; None: only the rows' own histories)."""
-        from ctrkit.train.tasks import RetrievalTask
+        from ctrkit.training.tasks import RetrievalTask
 
         r = cfg.train.retrieval
         return RetrievalTask(catalogue, seen=seen, loss=r.loss, log_q=r.log_q, num_negatives=r.num_negatives,

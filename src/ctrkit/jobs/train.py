@@ -3,7 +3,7 @@
 The job checks the config and the model's parameters before any data is read, picks the device, seeds (the
 model's initial weights, then the training run, so that dropout and sampling do not depend on how many draws
 building the model took), picks the task from the model's class (:mod:`ctrkit.jobs.tasks`) and hands the
-:class:`~ctrkit.train.trainer.Trainer` a :class:`~ctrkit.train.writer.CheckpointWriter` that makes every
+:class:`~ctrkit.training.trainer.Trainer` a :class:`~ctrkit.training.writer.CheckpointWriter` that makes every
 checkpoint self-contained: besides config, schema and weights it carries the training data's
 :class:`~ctrkit.data.pipeline.feature_pipeline.FeaturePipeline` (vocabularies, dense statistics, the multi-hot stage), so
 ``evaluate`` and ``predict`` apply exactly what training applied, with nothing else on disk.
@@ -41,9 +41,9 @@ from ctrkit.jobs.common import (
 from ctrkit.jobs.scoring import score_rows
 from ctrkit.jobs.tasks import TaskKind, task_kind
 from ctrkit.models.registry import check_model_params, create_model
-from ctrkit.train.config import Config, config_to_dict, load_config
-from ctrkit.train.trainer import Trainer
-from ctrkit.train.writer import CheckpointWriter
+from ctrkit.training.config import Config, config_to_dict, load_config
+from ctrkit.training.trainer import Trainer
+from ctrkit.training.writer import CheckpointWriter
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class _Data:
 def train_from_config(cfg: Config, *, resume: str | None = None, progress: bool | None = None,
                       callbacks: Sequence[Any] = ()) -> dict[str, Any]:
     """Train ``cfg.model`` on ``cfg.data.train``; evaluate on valid during training and on test at the
-    end, with the best validation checkpoint. ``callbacks``: :class:`~ctrkit.train.callbacks.Callback` objects
+    end, with the best validation checkpoint. ``callbacks``: :class:`~ctrkit.training.callbacks.Callback` objects
     (one that raises stops training). The run directory gets, besides metrics.jsonl and the checkpoints,
     summary.json (the returned dict, see :func:`run_summary`), predictions.npz (label, score and group of the
     test rows, else the valid rows) and report.html. ``train.threads`` sets torch's CPU threads for the run."""
@@ -101,7 +101,7 @@ def _train(cfg: Config, resume: str | None, progress: bool | None, callbacks: li
         model.prefit(train)
     run_dir = _run_dir(cfg, resume)
     if "tensorboard" in cfg.run.log:
-        from ctrkit.train.tensorboard import TensorBoardLogger
+        from ctrkit.training.tensorboard import TensorBoardLogger
 
         callbacks.append(TensorBoardLogger(run_dir / "tensorboard"))
     writer = CheckpointWriter(

@@ -50,9 +50,9 @@ from ctrkit.jobs.tune_space import (
     with_values,
 )
 from ctrkit.metrics import higher_is_better
-from ctrkit.train.callbacks import Callback
-from ctrkit.train.config import Config, apply_overrides, config_from_dict, config_to_dict, read_config_file
-from ctrkit.train.rundir import RunLock
+from ctrkit.training.callbacks import Callback
+from ctrkit.training.config import Config, apply_overrides, config_from_dict, config_to_dict, read_config_file
+from ctrkit.training.rundir import RunLock
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import yaml
 
 from ctrkit.errors import ConfigError
 from ctrkit.models.registry import check_model_params, model_params
-from ctrkit.train.config import config_from_dict, set_key, walk_key
+from ctrkit.training.config import config_from_dict, set_key, walk_key
 from ctrkit.typecheck import build, suggest
 
 FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")

@@ -15,7 +15,7 @@ multiplicative hash of k: ``((k · 0x9E3779B97F4A7C15 mod 2⁶⁴) >> 16) mod cr
 
 The paper trains the wide part with FTRL + L1 and the deep part with AdaGrad: the model declares
 the wide part's parameters as the parameter group "wide" (optimizer "ftrl"); with
-``train.wide_optimizer=ftrl`` the trainer gives them to :class:`ctrkit.train.ftrl.FTRL` and takes
+``train.wide_optimizer=ftrl`` the trainer gives them to :class:`ctrkit.training.ftrl.FTRL` and takes
 them out of the dense / embedding optimizers.
 """
 

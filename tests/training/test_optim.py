@@ -11,8 +11,14 @@ from torch import nn
 
 from ctrkit.errors import ConfigError
 from ctrkit.models.base import CTRModel, ParamGroup, logits_of
-from ctrkit.train.config import TrainConfig
-from ctrkit.train.optim import OptimizerSet, RowWiseAdagrad, build_optimizers, coalesce_rows, split_parameters
+from ctrkit.training.config import TrainConfig
+from ctrkit.training.optim import (
+    OptimizerSet,
+    RowWiseAdagrad,
+    build_optimizers,
+    coalesce_rows,
+    split_parameters,
+)
 
 
 class Tiny(CTRModel):
@@ -185,9 +191,9 @@ def test_wide_part_trained_with_ftrl_l1_gives_exact_zeros():
     from conftest import contract_schema, make_batch, planted_data
 
     from ctrkit.models.registry import create_model
-    from ctrkit.train.config import TrainConfig
-    from ctrkit.train.ftrl import FTRL
-    from ctrkit.train.optim import build_optimizers
+    from ctrkit.training.config import TrainConfig
+    from ctrkit.training.ftrl import FTRL
+    from ctrkit.training.optim import build_optimizers
 
     torch.manual_seed(0)
     model = create_model("wide_deep", contract_schema(), dnn_hidden=(8,), crosses=(("user", "item"),))
@@ -219,8 +225,8 @@ def test_ftrl_needs_a_wide_part():
     from conftest import contract_schema
 
     from ctrkit.models.registry import ConfigError, create_model
-    from ctrkit.train.config import TrainConfig
-    from ctrkit.train.optim import build_optimizers
+    from ctrkit.training.config import TrainConfig
+    from ctrkit.training.optim import build_optimizers
 
     model = create_model("lr", contract_schema())
     with pytest.raises(ConfigError, match="wide_optimizer=ftrl needs a model with a wide part.*'lr' declares none"):
@@ -235,7 +241,7 @@ class TwoGroups(Tiny):
 
 
 def test_ftrl_takes_the_groups_that_declare_it_whatever_their_name():
-    from ctrkit.train.ftrl import FTRL
+    from ctrkit.training.ftrl import FTRL
 
     model = TwoGroups()
     opt = build_optimizers(model, TrainConfig(wide_optimizer="ftrl"))
@@ -258,8 +264,8 @@ def test_sparse_steps_print_no_torch_invariants_warning(sparse, optimizer):
         import torch, warnings
         from torch import nn
         from ctrkit.models.base import CTRModel
-        from ctrkit.train.config import TrainConfig
-        from ctrkit.train.optim import build_optimizers
+        from ctrkit.training.config import TrainConfig
+        from ctrkit.training.optim import build_optimizers
 
         class Dense(CTRModel):
             def __init__(self):

@@ -83,7 +83,7 @@ class EarlyStoppingConfig:
 
 @dataclass
 class RetrievalConfig:
-    """How a retrieval model (two_tower, youtube_dnn, sasrec) is trained: see ``ctrkit.train.tasks.RetrievalTask``.
+    """How a retrieval model (two_tower, youtube_dnn, sasrec) is trained: see ``ctrkit.training.tasks.RetrievalTask``.
 
     ``loss``: in_batch | sampled | full softmax; ``log_q``: the log-Q (sampling-bias) correction; ``num_negatives``
     / ``sampling`` / ``alpha``: the sampled softmax's k negatives per batch, uniform or ∝ count^alpha (热门打压).

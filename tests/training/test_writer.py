@@ -7,7 +7,7 @@ import random
 import numpy as np
 import torch
 
-from ctrkit.train.writer import rng_state, set_rng_state
+from ctrkit.training.writer import rng_state, set_rng_state
 
 
 def test_rng_state_restores_all_generators():

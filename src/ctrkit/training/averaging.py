@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from ctrkit.errors import ConfigError, TrainingError
-from ctrkit.train.optim import coalesce_rows, nonzero_rows
+from ctrkit.training.optim import coalesce_rows, nonzero_rows
 
 
 def check_decay(decay: float) -> float:

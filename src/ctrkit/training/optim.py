@@ -19,7 +19,7 @@ divides by each id's frequency; that variant is not implemented.)
 
 Dedicated groups: a model declares named :class:`~ctrkit.models.base.ParamGroup` s; with
 ``train.wide_optimizer=ftrl`` the groups declared with ``optimizer="ftrl"`` (Wide & Deep's "wide" linear
-part) are trained by :class:`~ctrkit.train.ftrl.FTRL` and taken out of the dense / sparse optimizers.
+part) are trained by :class:`~ctrkit.training.ftrl.FTRL` and taken out of the dense / sparse optimizers.
 """
 
 from __future__ import annotations
@@ -251,7 +251,7 @@ def build_sparse_optimizer(name: str, params: list[nn.Parameter], lr: float) -> 
 
 
 def build_optimizers(model: CTRModel, config: Any) -> OptimizerSet:
-    """An :class:`OptimizerSet` for ``model`` from a :class:`~ctrkit.train.config.TrainConfig`
+    """An :class:`OptimizerSet` for ``model`` from a :class:`~ctrkit.training.config.TrainConfig`
     (fields dense_optimizer, sparse_optimizer, lr, embedding_lr, weight_decay, embedding_l2,
     wide_optimizer and ftrl_*)."""
     if not isinstance(model, CTRModel):
@@ -269,7 +269,7 @@ def build_optimizers(model: CTRModel, config: Any) -> OptimizerSet:
                 f"optimizer='ftrl'); {model.model_name or type(model).__name__!r} declares none; "
                 "set train.wide_optimizer=default"
             )
-        from ctrkit.train.ftrl import FTRL
+        from ctrkit.training.ftrl import FTRL
 
         wide = {id(p): p for g in groups for p in g.params if p.requires_grad}
         dense = [p for p in dense if id(p) not in wide]

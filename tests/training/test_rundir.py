@@ -16,9 +16,9 @@ from ctrkit.errors import ConfigError, TrainingError
 from ctrkit.jobs.common import resolve_device
 from ctrkit.jobs.demo import SAMPLE
 from ctrkit.jobs.scoring import evaluate_store
-from ctrkit.train.callbacks import Callback
-from ctrkit.train.rundir import RunLock
-from ctrkit.train.trainer import Trainer
+from ctrkit.training.callbacks import Callback
+from ctrkit.training.rundir import RunLock
+from ctrkit.training.trainer import Trainer
 
 
 def _records(run: Path) -> list[dict]:

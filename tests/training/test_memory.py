@@ -8,7 +8,7 @@ import platform
 import pytest
 import torch
 
-from ctrkit.train import memory
+from ctrkit.training import memory
 
 GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 

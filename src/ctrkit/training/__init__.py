@@ -1,7 +1,7 @@
 """Training: config (YAML -> dataclasses), optimizers by parameter group, tasks, the Trainer and its checkpoint
 writer (the checkpoint format itself is :mod:`ctrkit.checkpoint`, one floor down).
 
-Imports are lazy so ``import ctrkit.train.config`` (used by the CLI) does not pull in the trainer.
+Imports are lazy so ``import ctrkit.training.config`` (used by the CLI) does not pull in the trainer.
 """
 
 from __future__ import annotations
@@ -25,5 +25,5 @@ def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         import importlib
 
-        return getattr(importlib.import_module(f"ctrkit.train.{_EXPORTS[name]}"), name)
-    raise AttributeError(f"module 'ctrkit.train' has no attribute {name!r}")
+        return getattr(importlib.import_module(f"ctrkit.training.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'ctrkit.training' has no attribute {name!r}")

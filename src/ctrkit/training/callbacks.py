@@ -1,4 +1,4 @@
-"""What the :class:`~ctrkit.train.trainer.Trainer` talks to besides the model: the loader protocol, the
+"""What the :class:`~ctrkit.training.trainer.Trainer` talks to besides the model: the loader protocol, the
 :class:`Callback` hooks, and the running sums of the loss between two train records."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from torch import nn
 from ctrkit.errors import TrainingError
 
 if TYPE_CHECKING:
-    from ctrkit.train.trainer import Trainer
+    from ctrkit.training.trainer import Trainer
 
 RECORD_FIELDS = ("kind", "step", "epoch", "loss")  # of a train record in metrics.jsonl; parts of the loss join them
 
@@ -27,7 +27,7 @@ class Loader(Protocol):
 
 
 class Callback:
-    """Hooks called by :class:`~ctrkit.train.trainer.Trainer`; override what you need. ``trainer.stop(reason)``
+    """Hooks called by :class:`~ctrkit.training.trainer.Trainer`; override what you need. ``trainer.stop(reason)``
     ends the run the way early stopping does (checkpoints, summary and report written); raising aborts it."""
 
     def on_step(self, trainer: Trainer, step: int, loss: torch.Tensor) -> None: ...

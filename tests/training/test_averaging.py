@@ -10,9 +10,9 @@ from test_trainer import MemLoader, TinyCTR, _cfg, _loaders, make_data, resume_a
 from ctrkit.checkpoint import Checkpoint
 from ctrkit.errors import ConfigError, TrainingError
 from ctrkit.metrics import roc_auc
-from ctrkit.train.averaging import WeightAverage
-from ctrkit.train.callbacks import Callback
-from ctrkit.train.trainer import Trainer
+from ctrkit.training.averaging import WeightAverage
+from ctrkit.training.callbacks import Callback
+from ctrkit.training.trainer import Trainer
 
 
 class Record(Callback):

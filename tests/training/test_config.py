@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from ctrkit.models.registry import ConfigError
-from ctrkit.train.config import (
+from ctrkit.training.config import (
     Config,
     TrainConfig,
     config_from_dict,
@@ -189,7 +189,7 @@ def test_one_key_walker_for_overrides_and_search_spaces() -> None:
     """walk_key stops at the first value that is not a config block; set_key creates missing / null blocks and
     refuses to go through a value, for overrides and ctrkit tune's with_values alike."""
     from ctrkit.jobs.tune_space import with_values
-    from ctrkit.train.config import set_key, walk_key
+    from ctrkit.training.config import set_key, walk_key
 
     def unknown(here: str, parent: str, part: str, names: list[str]) -> ConfigError:
         return ConfigError(f"{here} in {parent}")

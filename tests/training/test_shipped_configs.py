@@ -19,7 +19,7 @@ from ctrkit.data.storage.store import Store
 from ctrkit.jobs.tune_space import SPACE_SUFFIX
 from ctrkit.models.base import logits_of
 from ctrkit.models.registry import create_model, get_model_class, list_models
-from ctrkit.train.config import load_config, read_config_file
+from ctrkit.training.config import load_config, read_config_file
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = sorted(p for p in (REPO / "configs").glob("*/*.yaml")  # search spaces (tune) lie beside the configs

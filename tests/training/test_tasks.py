@@ -11,7 +11,7 @@ from ctrkit.batch import Batch, KeyedJagged
 from ctrkit.errors import ConfigError, MetricError, TrainingError
 from ctrkit.metrics import evaluate_predictions
 from ctrkit.models.base import CTRModel, ModelOutput, ParamGroup, logits_of
-from ctrkit.train.tasks import CTRTask
+from ctrkit.training.tasks import CTRTask
 
 
 def batch(n: int = 32, seed: int = 0, weights: bool = True) -> Batch:

@@ -1,6 +1,6 @@
 """How a training run's checkpoints are written and read back for resume: one :class:`CheckpointWriter`.
 
-The :class:`~ctrkit.train.trainer.Trainer` hands the writer what changes during a run (weights, optimizer state,
+The :class:`~ctrkit.training.trainer.Trainer` hands the writer what changes during a run (weights, optimizer state,
 :class:`~ctrkit.checkpoint.TrainerState`); the writer adds what does not (model name and parameters, schema,
 config, feature pipeline, vocabularies, extras) and writes ``<run_dir>/<name>`` as a
 :class:`~ctrkit.checkpoint.Checkpoint`. A distributed trainer replaces the writer (e.g. one that writes on rank 0

@@ -18,7 +18,7 @@ from ctrkit.models.registry import (
     model_params,
     register_model,
 )
-from ctrkit.train.config import load_config
+from ctrkit.training.config import load_config
 
 
 @pytest.mark.parametrize("name, params, message", [

@@ -15,11 +15,11 @@ from ctrkit.checkpoint import Checkpoint
 from ctrkit.errors import ConfigError, TrainingError
 from ctrkit.metrics import roc_auc
 from ctrkit.models.base import CTRModel, ModelOutput, ParamGroup, logits_of
-from ctrkit.train import trainer as trainer_module
-from ctrkit.train.callbacks import Callback
-from ctrkit.train.config import EarlyStoppingConfig, TrainConfig
-from ctrkit.train.tasks import CTRTask
-from ctrkit.train.trainer import Trainer
+from ctrkit.training import trainer as trainer_module
+from ctrkit.training.callbacks import Callback
+from ctrkit.training.config import EarlyStoppingConfig, TrainConfig
+from ctrkit.training.tasks import CTRTask
+from ctrkit.training.trainer import Trainer
 
 VOCAB = 50
 KEYS = ["c0", "c1"]

@@ -14,8 +14,8 @@ from ctrkit.data.sources.criteo import preprocess_criteo
 from ctrkit.errors import ConfigError
 from ctrkit.jobs.demo import SAMPLE
 from ctrkit.jobs.train import train_from_config
-from ctrkit.train.config import load_config
-from ctrkit.train.tensorboard import TensorBoardLogger, scalars_of
+from ctrkit.training.config import load_config
+from ctrkit.training.tensorboard import TensorBoardLogger, scalars_of
 
 pytest.importorskip("tensorboard")
 

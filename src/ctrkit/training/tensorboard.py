@@ -1,6 +1,6 @@
 """TensorBoard logging of a run (``run.log: [tensorboard]``): the scalars of metrics.jsonl, as event files.
 
-:class:`TensorBoardLogger` is a trainer :class:`~ctrkit.train.trainer.Callback` fed every record the trainer
+:class:`TensorBoardLogger` is a trainer :class:`~ctrkit.training.trainer.Callback` fed every record the trainer
 writes to metrics.jsonl (``on_record``) and nothing else, so the two always agree::
 
     {"kind": "train", "step": 50, "epoch": 0, "loss": 0.47, "bce": 0.46}   -> train/loss, train/bce at step 50
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ctrkit.errors import ConfigError
-from ctrkit.train.callbacks import Callback
+from ctrkit.training.callbacks import Callback
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ Decisions worth knowing:
   wrapper goes there and nothing else changes). The model trains on the device it is on: the job
   (:mod:`ctrkit.jobs.train`) picks the device, seeds and checks the parameters, the Trainer does not.
 - Progress lives in one :class:`~ctrkit.checkpoint.TrainProgress` (``self.progress``), which checkpoints store
-  and resume restores; checkpoints go through one :class:`~ctrkit.train.writer.CheckpointWriter`, which a
+  and resume restores; checkpoints go through one :class:`~ctrkit.training.writer.CheckpointWriter`, which a
   distributed trainer replaces.
-- The :class:`~ctrkit.train.tasks.Task` owns loss and evaluation (default: a :class:`~ctrkit.train.tasks.CTRTask`
+- The :class:`~ctrkit.training.tasks.Task` owns loss and evaluation (default: a :class:`~ctrkit.training.tasks.CTRTask`
   with the config's metrics and precision). Every named part of the loss it returns (aux losses,
   ``penalty/<group>``, ``bce``) is averaged over ``log_every`` steps like ``loss`` and written to the train
   records; the sums stay on the device (no extra host synchronisation per step).
@@ -27,11 +27,11 @@ Decisions worth knowing:
 - Exact resume: a checkpoint stores weights, optimizer states, the progress, the loader's mid-epoch position
   and the python / numpy / torch RNG states; resuming gives bit-identical weights to a run that never stopped
   (dropout and shuffling included), provided the loader's order depends only on (seed, epoch).
-- Weight averaging (``ema_decay``, :mod:`ctrkit.train.averaging`): evaluation and every checkpoint use the
+- Weight averaging (``ema_decay``, :mod:`ctrkit.training.averaging`): evaluation and every checkpoint use the
   weights' debiased moving average (the trained weights ride in the trainer state) and ``fit`` leaves it in
   the model. bf16 (``precision="bf16"``) runs the forward pass under autocast; loss, parameters and optimizer
   states stay float32.
-- Run directory (locked while training, :mod:`ctrkit.train.rundir`): ``config.yaml``, ``metrics.jsonl`` (per log
+- Run directory (locked while training, :mod:`ctrkit.training.rundir`): ``config.yaml``, ``metrics.jsonl`` (per log
   step ``{"kind": "train", "loss": ..., <each logged part>: ...}``, per evaluation ``{"kind": "eval", ...}``),
   ``last.pt`` (every evaluation, every ``checkpoint_every`` steps and at the end) and ``best.pt`` (best
   evaluation).
@@ -57,25 +57,25 @@ from ctrkit.errors import ConfigError, TrainingError
 from ctrkit.metrics import higher_is_better
 from ctrkit.models.base import CTRModel
 from ctrkit.progress import progress_bar
-from ctrkit.train.averaging import WeightAverage
-from ctrkit.train.callbacks import Callback, Loader, RunningLoss, non_finite_error
-from ctrkit.train.config import TrainConfig, config_to_dict
-from ctrkit.train.memory import keep_freed_memory
-from ctrkit.train.optim import OptimizerSet, build_optimizers
-from ctrkit.train.rundir import RunLock, append_record, open_run_dir
-from ctrkit.train.tasks import Task, ranking_task
-from ctrkit.train.writer import CheckpointWriter, rng_state, set_rng_state
+from ctrkit.training.averaging import WeightAverage
+from ctrkit.training.callbacks import Callback, Loader, RunningLoss, non_finite_error
+from ctrkit.training.config import TrainConfig, config_to_dict
+from ctrkit.training.memory import keep_freed_memory
+from ctrkit.training.optim import OptimizerSet, build_optimizers
+from ctrkit.training.rundir import RunLock, append_record, open_run_dir
+from ctrkit.training.tasks import Task, ranking_task
+from ctrkit.training.writer import CheckpointWriter, rng_state, set_rng_state
 
 log = logging.getLogger(__name__)
 
 
 class Trainer:
-    """Fit a :class:`~ctrkit.models.base.CTRModel` through a :class:`~ctrkit.train.tasks.Task` on a
+    """Fit a :class:`~ctrkit.models.base.CTRModel` through a :class:`~ctrkit.training.tasks.Task` on a
     loader of :class:`~ctrkit.batch.Batch`, on the device the model is on.
 
     ``config`` is the train block of the run config; ``run_config`` (optional, the whole
-    :class:`~ctrkit.train.config.Config`) is what gets saved as config.yaml and inside checkpoints.
-    ``writer`` writes the checkpoints (default: a :class:`~ctrkit.train.writer.CheckpointWriter` of
+    :class:`~ctrkit.training.config.Config`) is what gets saved as config.yaml and inside checkpoints.
+    ``writer`` writes the checkpoints (default: a :class:`~ctrkit.training.writer.CheckpointWriter` of
     ``run_dir`` with the model's name and the run config; the job gives one that also holds schema,
     pipeline and vocabularies). ``task`` defaults to ``CTRTask(metrics, precision=config.precision)``
     with ``metrics`` (default ``config.metrics``) plus the early-stopping metric.

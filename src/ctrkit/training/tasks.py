@@ -1,6 +1,6 @@
 """Tasks: what a model is trained to do, i.e. its loss and its evaluation.
 
-The :class:`~ctrkit.train.trainer.Trainer` knows nothing about labels or metrics: each step it calls
+The :class:`~ctrkit.training.trainer.Trainer` knows nothing about labels or metrics: each step it calls
 ``task.loss(module, batch) -> (loss, logs)`` and at each evaluation ``task.evaluate(module, loader)``.
 A task is bound once to the unwrapped model (``task.bind(model)``) to take what it needs from the
 model's declarations (its penalised parameter groups); ``module`` is what the trainer steps (the

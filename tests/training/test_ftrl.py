@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from ctrkit.train.ftrl import FTRL
+from ctrkit.training.ftrl import FTRL
 
 
 class NaiveFTRL:
