@@ -132,6 +132,9 @@ def test_train_refuses_a_valid_or_test_store_with_other_vocabularies(trained, ot
 
 def test_evaluate_refuses_a_store_with_other_vocabularies(trained, other_stores, caplog, capsys):
     ckpt = trained / "runs/r/best.pt"
+    loaded = Checkpoint.load(ckpt)  # its vocabularies once: the pipeline's arrays, no copy of vocab/ files
+    assert loaded.vocab_files is None and loaded.vocab_path is None
+    assert loaded.pipeline["meta"]["vocabularies"] and loaded.pipeline["meta"]["table_fingerprints"]
     assert main(["evaluate", "--checkpoint", str(ckpt), "--data", str(other_stores["own"])]) == 2
     assert f"--data: store {other_stores['own']} was preprocessed with other vocabularies than checkpoint {ckpt}" \
         in caplog.text

@@ -266,14 +266,14 @@ def test_vocab_fingerprints_of_stores(tmp_path: Path) -> None:
 
 
 def test_checkpoints_written_before_pipelines_get_theirs_rebuilt(tmp_path: Path) -> None:
-    from ctrkit.jobs.common import vocab_payload
-
     src = tmp_path / "s.tsv"
     src.write_text("\n".join(criteo_lines(500)) + "\n")
     train = Store(preprocess_criteo(src, tmp_path / "o", min_freq=2, embedding_dim=8, progress=False)["train"])
     save_vocabularies(train.path / "vocab", load_pipeline(train.path).vocabs_)  # the layout of those days
     old = Checkpoint.from_plain({  # the layout of a checkpoint file, as it was before pipelines
-        "version": 2, "schema": train.schema.to_dict(), "vocab": {"arrays": vocab_payload(train), "path": None},
+        "version": 2, "schema": train.schema.to_dict(), "vocab": {"arrays": {
+            f.name: np.frombuffer(f.read_bytes(), np.uint8) for f in sorted((train.path / "vocab").iterdir())},
+            "path": None},
         "extra": {"data_format": "criteo", "preprocessing": train.preprocessing}, "pipeline": None,
         "config": {"data": {"multi_hot_size": 2, "multi_hot_min_table_size": 30}}})
     pipe = old.feature_pipeline()

@@ -78,14 +78,6 @@ def config_loader(path: str | None, cfg: Config, *, train: bool, what: str,
                        pipeline=pipeline)
 
 
-def vocab_payload(store: Store) -> dict[str, np.ndarray] | None:
-    """The store's vocabulary files as {relative name: uint8 bytes}, for a self-contained checkpoint."""
-    vdir = store.path / "vocab"
-    if not vdir.is_dir():
-        return None
-    return {p.name: np.frombuffer(p.read_bytes(), dtype=np.uint8).copy() for p in sorted(vdir.iterdir())}
-
-
 # ---- checkpoints -------------------------------------------------------------------------------------------
 def checkpoint_config(ckpt: Checkpoint) -> Config | None:
     """The run config of ``ckpt`` as a :class:`Config`; None when it has none or this version cannot read it."""

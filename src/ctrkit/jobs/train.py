@@ -36,7 +36,6 @@ from ctrkit.jobs.common import (
     fmt_metrics,
     resolve_device,
     seed_everything,
-    vocab_payload,
 )
 from ctrkit.jobs.scoring import score_rows
 from ctrkit.jobs.tasks import TaskKind, task_kind
@@ -107,7 +106,7 @@ def _train(cfg: Config, resume: str | None, progress: bool | None, callbacks: li
     writer = CheckpointWriter(
         run_dir, model_name=model.model_name or cfg.model.name, model_params=dict(cfg.model.params),
         schema=store.schema, config=config_to_dict(cfg), pipeline=to_payload(train.pipeline),
-        vocab=vocab_payload(store), extra={"preprocessing": store.preprocessing, **extra})
+        extra={"preprocessing": store.preprocessing, **extra})  # the vocabularies: the pipeline's arrays
     model.to(device)
     seed_everything(cfg.train.seed)  # the training run: dropout and sampling, whatever building the model drew
     trainer = Trainer(model, train, cfg.train, valid_loader=data.valid, run_dir=run_dir, resume_from=resume,
