@@ -34,7 +34,7 @@ try:
     from ctrkit.data.sources.criteo import preprocess_criteo
 except ImportError:  # the layout before data/ was split into pipeline / storage / sources
     from ctrkit.data.criteo import preprocess_criteo
-preprocess_criteo(sys.argv[1], sys.argv[2], seed=7, shard_bytes=1 << 14, chunk_rows=256, progress=False, overwrite=True)
+preprocess_criteo(sys.argv[1], sys.argv[2], seed=7, shard_bytes=1 << 14, block_rows=256, progress=False, overwrite=True)
 """
 
 

@@ -61,7 +61,7 @@ def test_predict_scores_raw_rows_with_the_training_vocabulary(trained, tmp_path)
     raw.write_text("".join(lines))
     out = tmp_path / "scores.csv"
     ckpt = trained / "runs/r/best.pt"
-    assert main(["predict", "--checkpoint", str(ckpt), "--input", str(raw), "--output", str(out)]) == 0
+    assert main(["predict", "--checkpoint", str(ckpt), "--input", str(raw), "--out", str(out)]) == 0
     with open(out) as f:
         rows = list(csv.DictReader(f))
     assert [int(r["line"]) for r in rows] == list(range(1, 41))
@@ -79,7 +79,7 @@ def test_predict_refuses_malformed_rows(trained, tmp_path, caplog):
     raw = tmp_path / "bad.tsv"
     raw.write_text("1\t2\n")
     rc = main(["predict", "--checkpoint", str(trained / "runs/r/best.pt"), "--input", str(raw),
-               "--output", str(tmp_path / "s.csv")])
+               "--out", str(tmp_path / "s.csv")])
     assert rc == 2
     assert "line 1: expected 40 tab-separated fields" in caplog.text
     assert not (tmp_path / "s.csv").exists()
@@ -246,7 +246,7 @@ def test_predict_a_table_checkpoint_reads_csv_and_parquet_with_or_without_label(
     for name in ("with_label.csv", "no_label.csv", "rows.parquet"):
         out = tmp_path / f"{name}.scores.csv"
         assert main(["predict", "--checkpoint", str(table_run["ckpt"]), "--input", str(tmp_path / name),
-                     "--output", str(out), "--batch-size", "50"]) == 0, name
+                     "--out", str(out), "--batch-size", "50"]) == 0, name
         first = 2 if name.endswith(".csv") else 1
         np.testing.assert_allclose(_scores(out, first), want, atol=1e-6, err_msg=name)
     assert len(np.unique(want)) > 1
@@ -255,7 +255,7 @@ def test_predict_a_table_checkpoint_reads_csv_and_parquet_with_or_without_label(
 def test_predict_a_table_checkpoint_names_a_malformed_line(table_run, tmp_path, caplog):
     (tmp_path / "bad.csv").write_text("label,rid,x,u,tags\n1,0,1.5,user1,t1\n0,1,abc,user2,\n")
     rc = main(["predict", "--checkpoint", str(table_run["ckpt"]), "--input", str(tmp_path / "bad.csv"),
-               "--output", str(tmp_path / "s.csv")])
+               "--out", str(tmp_path / "s.csv")])
     assert rc == 2 and "line 3: dense 'x' is not a number" in caplog.text
     assert not (tmp_path / "s.csv").exists()
 
@@ -313,7 +313,7 @@ def test_predict_applies_the_multi_hot_stage_and_reads_unlabelled_criteo(trained
     want = np.concatenate(want)
     for name in ("rows.tsv", "unlabelled.tsv"):
         out = tmp_path / f"{name}.csv"
-        assert main(["predict", "--checkpoint", str(ckpt), "--input", str(tmp_path / name), "--output", str(out),
+        assert main(["predict", "--checkpoint", str(ckpt), "--input", str(tmp_path / name), "--out", str(out),
                      "--batch-size", "64"]) == 0
         np.testing.assert_allclose(_scores(out), want, atol=1e-6, err_msg=name)
 
@@ -334,7 +334,7 @@ def test_predict_numbers_csv_rows_by_their_line_across_blank_lines(table_run, tm
     (tmp_path / "gappy.csv").write_text(head + rows[0] + "\n" + "".join(rows[1:4]) + "\r\n\n" + "".join(rows[4:]))
     for name in ("plain.csv", "gappy.csv"):
         assert main(["predict", "--checkpoint", str(table_run["ckpt"]), "--input", str(tmp_path / name),
-                     "--output", str(tmp_path / f"{name}.out")]) == 0
+                     "--out", str(tmp_path / f"{name}.out")]) == 0
     with open(tmp_path / "gappy.csv.out") as f:
         got = list(csv.DictReader(f))
     assert [int(r["line"]) for r in got] == [2, 4, 5, 6, 9, 10]

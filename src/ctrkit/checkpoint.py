@@ -58,7 +58,16 @@ if TYPE_CHECKING:
 FORMAT = "ctrkit-checkpoint"
 VERSION = 2
 READS = (1, 2)  # format versions this ctrkit loads (1: no checksum)
+DEFAULT_SCORING_BATCH_SIZE = 8192  # rows per scoring batch when the run config names no batch size
 log = logging.getLogger(__name__)
+
+
+def scoring_batch_size(batch_size: int | None, eval_batch_size: int | None) -> int:
+    """Rows per batch that a run evaluates with, and that evaluate / predict / recall score a checkpoint with
+    unless told otherwise: ``data.eval_batch_size``, else 4 x ``data.batch_size``."""
+    if eval_batch_size:
+        return int(eval_batch_size)
+    return 4 * int(batch_size) if batch_size else DEFAULT_SCORING_BATCH_SIZE
 
 # ---- plain-data conversion ---------------------------------------------------------------------------
 def to_plain(obj: Any, where: str = "checkpoint") -> Any:
@@ -220,6 +229,12 @@ class Checkpoint:
     def data_config(self) -> dict[str, Any]:
         """The ``data`` block of the run config ({} when the checkpoint has no config)."""
         return (self.config.get("data") or {}) if isinstance(self.config, dict) else {}
+
+    @property
+    def scoring_batch_size(self) -> int:
+        """Rows per batch the run evaluated with (:func:`scoring_batch_size` of its data config)."""
+        d = self.data_config
+        return scoring_batch_size(d.get("batch_size"), d.get("eval_batch_size"))
 
     @property
     def progress(self) -> TrainProgress | None:

@@ -4,6 +4,7 @@ tune | report``.
 This file only parses arguments: every sub-command runs a job (:mod:`ctrkit.jobs`: train, evaluate, predict, recall,
 tune, report, demo) or the module that does the work (preprocess, synth, serve, export).
 Errors of ctrkit's own kinds (bad config, bad data, bad store) are printed as one line and exit 2.
+Options renamed since a release keep their old spelling as a hidden alias (:data:`RENAMED_OPTIONS`).
 """
 
 from __future__ import annotations
@@ -12,8 +13,66 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 log = logging.getLogger("ctrkit")
+
+# Old spellings of renamed options, per command: each still works as a hidden alias (the same dest, not in --help)
+# that logs one warning naming the new option. docs/cli.md lists them (ctrkit.cli_reference).
+RENAMED_OPTIONS: dict[tuple[str, ...], dict[str, str]] = {
+    ("preprocess", "criteo"): {"--chunk-rows": "--block-rows"},
+    ("preprocess", "table"): {"--batch-rows": "--block-rows"},
+    ("predict",): {"--output": "--out"},
+    ("recall",): {"--output": "--out"},
+    ("tune",): {"--study-dir": "--out"},
+}
+
+
+class _OldSpelling(argparse.Action):
+    """The old spelling of a renamed option: parses as the new one does, stores through it, and warns."""
+
+    def __init__(self, option_strings: list[str], dest: str, *, new: argparse.Action, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=new.nargs, const=new.const, type=new.type, choices=new.choices,
+                         metavar=new.metavar, help=argparse.SUPPRESS)
+        self.new = new
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        log.warning("%s is deprecated and will be removed: use %s", option_string, self.new.option_strings[0])
+        self.new(parser, namespace, values, self.new.option_strings[0])
+
+
+class CtrkitParser(argparse.ArgumentParser):
+    """An ArgumentParser whose renamed options keep their old spelling (:meth:`rename_option`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._renamed: dict[str, argparse.Action] = {}  # old spelling -> the option it is now
+
+    def rename_option(self, old: str, new: str) -> None:
+        """Accept ``old`` as a hidden alias of the option ``new`` (already added)."""
+        action = self._option_string_actions[new]
+        self.add_argument(old, dest=action.dest, action=_OldSpelling, new=action)
+        self._renamed[old] = action
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        """As argparse does, except that a required renamed option may be given by its old spelling (argparse
+        counts an option as given only under its own action, so that requirement is checked here)."""
+        args = sys.argv[1:] if args is None else list(args)
+        required = [a for old, a in self._renamed.items() if a.required
+                    and any(t == old or t.startswith(old + "=") for t in args)]
+        for a in required:
+            a.required = False
+        try:
+            ns, rest = super().parse_known_args(args, namespace)
+        finally:
+            for a in required:
+                a.required = True
+        missing = [a.option_strings[0] for a in required if getattr(ns, a.dest, None) is None]
+        if missing:
+            self.error(f"the following arguments are required: {', '.join(missing)}")
+        return ns, rest
 
 
 def _add_preprocess(sub: argparse._SubParsersAction) -> None:
@@ -59,6 +118,7 @@ def _run_models(args: argparse.Namespace) -> int:
 
 def _add_run_commands(sub: argparse._SubParsersAction) -> None:
     from ctrkit.jobs import demo, evaluate, predict, train
+    from ctrkit.jobs.common import SCORING_BATCH_HELP
 
     p = sub.add_parser("train", help="train a model from a YAML config")
     p.add_argument("--config", required=True, help="YAML config (see configs/)")
@@ -71,15 +131,15 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
     e = sub.add_parser("evaluate", help="evaluate a checkpoint on a store")
     e.add_argument("--checkpoint", required=True)
     e.add_argument("--data", help="store to evaluate (default: the config's test store)")
-    e.add_argument("--batch-size", type=int, default=8192)
+    e.add_argument("--batch-size", type=int, default=None, help=SCORING_BATCH_HELP)
     e.set_defaults(func=evaluate.run_evaluate)
 
     r = sub.add_parser("predict", help="score raw rows with a checkpoint")
     r.add_argument("--checkpoint", required=True)
     r.add_argument("--input", required=True, help="raw rows in the training data's format (e.g. Criteo TSV)")
-    r.add_argument("--output", required=True, help="CSV of line,score: one score per input row, with its line")
-    r.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
-    r.add_argument("--batch-size", type=int, default=8192)
+    r.add_argument("--out", required=True, help="CSV of line,score: one score per input row, with its line")
+    r.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
+    r.add_argument("--batch-size", type=int, default=None, help=SCORING_BATCH_HELP)
     r.set_defaults(func=predict.run_predict)
 
     d = sub.add_parser("demo", help="preprocess the bundled Criteo sample and train DLRM with each interaction")
@@ -145,11 +205,24 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ctrkit", description=__doc__.splitlines()[0])
+    parser = CtrkitParser(prog="ctrkit", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True)  # sub-commands are CtrkitParsers too
     for add in COMMANDS:
         add(sub)
+    for path, renamed in RENAMED_OPTIONS.items():
+        command = subcommand(parser, path)
+        for old, new in renamed.items():
+            command.rename_option(old, new)
+    return parser
+
+
+def subcommand(parser: argparse.ArgumentParser, path: Sequence[str]) -> CtrkitParser:
+    """The parser of the sub-command ``path`` (e.g. ``("preprocess", "criteo")``) under ``parser``."""
+    for name in path:
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser = sub.choices[name]
+    assert isinstance(parser, CtrkitParser)
     return parser
 
 

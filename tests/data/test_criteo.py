@@ -100,7 +100,7 @@ def test_ratio_split_union_is_input_and_reproducible(tmp_path: Path) -> None:
     lines = sample_lines()
     src = write(tmp_path / "all.tsv", lines)
     a = preprocess_criteo(src, tmp_path / "a", split="0.8,0.1,0.1", seed=3, progress=False)
-    b = preprocess_criteo(src, tmp_path / "b", split="0.8,0.1,0.1", seed=3, chunk_rows=500, progress=False)
+    b = preprocess_criteo(src, tmp_path / "b", split="0.8,0.1,0.1", seed=3, block_rows=500, progress=False)
     c = preprocess_criteo(src, tmp_path / "c", split="0.8,0.1,0.1", seed=4, progress=False)
     n = len(lines)
     sizes = {k: Store(p).num_rows for k, p in a.items()}

@@ -38,7 +38,7 @@ def first_ids(values: list[str]) -> dict[str, int]:
 def test_movielens_100k_store_matches_naive(tmp_path: Path, shared_data) -> None:
     csv = _make_csv_module().make_movielens_csv(shared_data("movielens_100k"), tmp_path / "ml.csv")
     res = preprocess_table(csv, ROOT / "examples" / "movielens_100k.yaml", tmp_path / "st", split="1",
-                           batch_rows=200_000)
+                           block_rows=200_000)
     s = Store(res["train"])
     t = pacsv.read_csv(csv, convert_options=pacsv.ConvertOptions(
         column_types={c: pa.string() for c in ("user_id", "item_id", "gender", "genres", "hist_items", "year")},
@@ -92,7 +92,7 @@ def test_movielens_ratio_split_and_seed(tmp_path: Path) -> None:
     pacsv.write_csv(df, src)
     spec = {"label": "label", "dense": [{"name": "x"}], "sparse": [{"name": "u"}]}
     a = preprocess_table(src, spec, tmp_path / "a", split="0.7,0.15,0.15", seed=1)
-    b = preprocess_table(src, spec, tmp_path / "b", split="0.7,0.15,0.15", seed=1, batch_rows=333)
+    b = preprocess_table(src, spec, tmp_path / "b", split="0.7,0.15,0.15", seed=1, block_rows=333)
     sizes = {k: Store(p).num_rows for k, p in a.items()}
     assert sum(sizes.values()) == 3000 and abs(sizes["train"] - 2100) < 5 * math.sqrt(3000 * 0.21)
     for k in a:

@@ -71,7 +71,7 @@ def test_fraction_split_fits_vocabularies_and_statistics_on_the_train_rows_only(
     src = tmp_path / "t.csv"
     src.write_text(",".join(raw) + "\n" + "\n".join(bad.get(i, ln) for i, ln in enumerate(lines)) + "\n")
     good = [i for i in range(n) if i not in bad]
-    res = preprocess_table(src, SPEC, tmp_path / "o", split="0.6,0.2,0.2", seed=3, batch_rows=250,
+    res = preprocess_table(src, SPEC, tmp_path / "o", split="0.6,0.2,0.2", seed=3, block_rows=250,
                            max_bad_fraction=0.01)
     st = {k: Store(p) for k, p in res.items()}
     rows = {k: np.asarray(s["row"]).astype(int) for k, s in st.items()}
@@ -122,7 +122,7 @@ def test_fraction_split_assigns_the_same_rows_with_or_without_a_fitted_pipeline(
     """The split is a function of the line numbers and the seed: fitting (rows routed before parsing) and
     --vocab-from (rows split after parsing) put every row in the same split."""
     src = _write(tmp_path / "t.csv", _rows(900, 1))
-    fitted = preprocess_table(src, SPEC, tmp_path / "a", split="0.7,0.1,0.2", seed=5, batch_rows=128)
+    fitted = preprocess_table(src, SPEC, tmp_path / "a", split="0.7,0.1,0.2", seed=5, block_rows=128)
     reused = preprocess_table(src, SPEC, tmp_path / "b", split="0.7,0.1,0.2", seed=5, vocab_from=fitted["train"])
     for k in fitted:
         np.testing.assert_array_equal(np.sort(Store(fitted[k])["row"]), np.sort(Store(reused[k])["row"]))
@@ -165,9 +165,9 @@ def _three_files(tmp_path: Path) -> tuple[Path, Path, Path]:
 
 def test_explicit_valid_and_test_equal_train_alone_then_vocab_from(tmp_path: Path) -> None:
     tr, va, te = _three_files(tmp_path)
-    got = preprocess_table(tr, SPEC, tmp_path / "o", valid=va, test=te, seed=2, batch_rows=100)
+    got = preprocess_table(tr, SPEC, tmp_path / "o", valid=va, test=te, seed=2, block_rows=100)
     assert set(got) == {"train", "valid", "test"}
-    alone = preprocess_table(tr, SPEC, tmp_path / "alone", split="1", seed=2, batch_rows=100)["train"]
+    alone = preprocess_table(tr, SPEC, tmp_path / "alone", split="1", seed=2, block_rows=100)["train"]
     want = {"train": alone,
             "valid": preprocess_table(va, SPEC, tmp_path / "v", split="1", vocab_from=alone)["train"],
             "test": preprocess_table(te, SPEC, tmp_path / "t", split="1", vocab_from=alone)["train"]}
@@ -190,7 +190,7 @@ def test_explicit_valid_and_test_equal_train_alone_then_vocab_from(tmp_path: Pat
     assert set(np.asarray(Store(got["valid"])["rid"]).tolist()) == {1}
     assert Store(got["valid"]).preprocessing["options"]["valid"] == str(va)
     # with --vocab-from as well, every file (train included) is mapped with that store's pipeline
-    reused = preprocess_table(tr, SPEC, tmp_path / "r", test=te, vocab_from=alone, seed=2, batch_rows=100)
+    reused = preprocess_table(tr, SPEC, tmp_path / "r", test=te, vocab_from=alone, seed=2, block_rows=100)
     assert set(reused) == {"train", "test"}
     for col in Store(alone).columns():
         _assert_same(Store(reused["train"])[col], Store(alone)[col], f"reused train/{col}")

@@ -56,7 +56,7 @@ def _read(path):
 
 def test_exact_recall_equals_brute_force(trained, tmp_path):
     _, out, ckpt_path, _summary = trained
-    assert main(["recall", "--checkpoint", str(ckpt_path), "--k", "7", "--output", str(tmp_path / "c.csv")]) == 0
+    assert main(["recall", "--checkpoint", str(ckpt_path), "--k", "7", "--out", str(tmp_path / "c.csv")]) == 0
     rows = _read(tmp_path / "c.csv")
     ckpt = Checkpoint.load(ckpt_path)
     model = ckpt.build_model()

@@ -66,7 +66,7 @@ def study(stores, tmp_path_factory):
     for lr in (GOOD, BAD):
         queued.enqueue_trial({"train.lr": lr})
     space = _space(d / "space.yaml", {"train.lr": "{choices: [3.0e-3, 1e-7]}"})  # the same lr: the same run
-    args = ["tune", "--config", CONFIG, "--trials", "4", "--space", str(space), "--study-dir", str(d / "s"),
+    args = ["tune", "--config", CONFIG, "--trials", "4", "--space", str(space), "--out", str(d / "s"),
             "--seed", "3", "--log", "tensorboard", *_overrides(stores)]
     return d / "s", args
 
@@ -150,7 +150,7 @@ def test_refuses_to_replace_a_best_yaml_it_did_not_write(stores, tmp_path, caplo
     (tmp_path / "s").mkdir()
     (tmp_path / "s" / "best.yaml").write_text("mine: true\n")
     space = _space(tmp_path / "space.yaml", {"train.lr": f"{{choices: [{GOOD}]}}"})
-    rc = main(["tune", "--config", CONFIG, "--trials", "1", "--space", str(space), "--study-dir",
+    rc = main(["tune", "--config", CONFIG, "--trials", "1", "--space", str(space), "--out",
                str(tmp_path / "s"), *_overrides(stores)])
     assert rc == 2 and "was not written by ctrkit tune" in caplog.text
     assert (tmp_path / "s" / "best.yaml").read_text() == "mine: true\n"
@@ -162,7 +162,7 @@ def test_resume_after_a_kill_fails_the_running_trial_and_finishes_the_study(stor
     root = tmp_path / "s"
     space = _space(tmp_path / "space.yaml", {"train.lr": "{low: 1.0e-3, high: 1.0e-2, log: true}"},
                    pruner="{kind: none}")
-    args = ["tune", "--config", CONFIG, "--trials", "3", "--space", str(space), "--study-dir", str(root), "--seed",
+    args = ["tune", "--config", CONFIG, "--trials", "3", "--space", str(space), "--out", str(root), "--seed",
             "0", *_overrides(stores, epochs=12)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "ctrkit.cli", *args], env=env, stdout=subprocess.DEVNULL,

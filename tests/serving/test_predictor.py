@@ -144,7 +144,7 @@ def test_predict_keeps_input_line_numbers_across_blank_lines(criteo, tmp_path, c
     (tmp_path / "gappy.tsv").write_text(text)
     out = tmp_path / "s.csv"
     assert main(["predict", "--checkpoint", str(criteo["ckpt"]), "--input", str(tmp_path / "gappy.tsv"),
-                 "--output", str(out)]) == 0
+                 "--out", str(out)]) == 0
     got_lines, got = _read_scores(out)
     assert got_lines == [*range(1, 11), *range(12, 22), *range(24, 34)]
     np.testing.assert_allclose(got, Predictor.from_checkpoint(criteo["ckpt"]).predict(criteo_dicts(lines)),
@@ -157,15 +157,15 @@ def test_predict_refuses_to_overwrite_its_input_or_an_existing_file(criteo, tmp_
     src.write_text("".join(criteo["lines"][:5]))
     before = src.read_bytes()
     args = ["predict", "--checkpoint", str(criteo["ckpt"]), "--input", str(src)]
-    assert main([*args, "--output", str(src)]) == 2
+    assert main([*args, "--out", str(src)]) == 2
     assert "is the --input file" in caplog.text and src.read_bytes() == before
     out = tmp_path / "s.csv"
     out.write_text("keep me")
-    assert main([*args, "--output", str(out)]) == 2 and out.read_text() == "keep me"
-    assert "already exists; choose another --output or pass --overwrite" in caplog.text
-    assert main([*args, "--output", str(out), "--overwrite"]) == 0 and _read_scores(out)[0] == [1, 2, 3, 4, 5]
-    assert main([*args, "--output", str(tmp_path)]) == 2 and "is a directory" in caplog.text
-    assert main([*args, "--output", str(src / "x.csv")]) == 2 and f"{src} is a file" in caplog.text
+    assert main([*args, "--out", str(out)]) == 2 and out.read_text() == "keep me"
+    assert "already exists; choose another --out or pass --overwrite" in caplog.text
+    assert main([*args, "--out", str(out), "--overwrite"]) == 0 and _read_scores(out)[0] == [1, 2, 3, 4, 5]
+    assert main([*args, "--out", str(tmp_path)]) == 2 and "is a directory" in caplog.text
+    assert main([*args, "--out", str(src / "x.csv")]) == 2 and f"{src} is a file" in caplog.text
     assert not list(tmp_path.glob(".*tmp*"))
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ctrkit.checkpoint import Checkpoint
+from ctrkit.checkpoint import Checkpoint, scoring_batch_size
 from ctrkit.data.pipeline.feature_pipeline import FeaturePipeline
 from ctrkit.data.storage.agree import Vocabularies
 from ctrkit.data.storage.fitted import pipeline_from_store
@@ -21,6 +21,9 @@ from ctrkit.errors import ConfigError, JobError
 from ctrkit.io import missing_path
 from ctrkit.schema import Schema
 from ctrkit.training.config import Config, config_from_dict
+
+SCORING_BATCH_HELP = "rows per scoring batch (default: as the run evaluated: data.eval_batch_size, else 4 x " \
+                     "data.batch_size of the checkpoint's config)"
 
 
 # ---- seed and device ------------------------------------------------------------------------------------
@@ -74,8 +77,8 @@ def config_loader(path: str | None, cfg: Config, *, train: bool, what: str,
     if train:
         return BatchLoader(store, d.batch_size, shuffle=d.shuffle, seed=cfg.train.seed, drop_last=d.drop_last,
                            prefetch=d.prefetch, pipeline=pipeline)
-    return BatchLoader(store, d.eval_batch_size or 4 * d.batch_size, shuffle=False, prefetch=d.prefetch,
-                       pipeline=pipeline)
+    return BatchLoader(store, scoring_batch_size(d.batch_size, d.eval_batch_size), shuffle=False,
+                       prefetch=d.prefetch, pipeline=pipeline)
 
 
 # ---- checkpoints -------------------------------------------------------------------------------------------

@@ -21,9 +21,11 @@ from ctrkit.jobs.tasks import task_kind
 __all__ = ["evaluate_checkpoint", "evaluate_store", "run_evaluate"]
 
 
-def evaluate_checkpoint(checkpoint: str, data: str | None = None, batch_size: int = 8192) -> tuple[str, dict]:
+def evaluate_checkpoint(checkpoint: str, data: str | None = None,
+                        batch_size: int | None = None) -> tuple[str, dict]:
     """(the store evaluated, its metrics) of the model of ``checkpoint`` on ``data`` (default: the checkpoint
-    config's test store)."""
+    config's test store), ``batch_size`` rows at a time (default: as the run evaluated,
+    :attr:`Checkpoint.scoring_batch_size`)."""
     ckpt = Checkpoint.load(checkpoint)
     model, cfg = ckpt.build_model(), checkpoint_config(ckpt)
     path = data or (cfg.data.test if cfg is not None else None)
@@ -35,7 +37,8 @@ def evaluate_checkpoint(checkpoint: str, data: str | None = None, batch_size: in
                         f"checkpoint {checkpoint}")
     check_same_vocabulary(checkpoint_vocabularies(ckpt, checkpoint), store,
                           "--data" if data else "the checkpoint's data.test")
-    metrics = task_kind(model).evaluate(model, ckpt, cfg, store, ckpt.feature_pipeline(), batch_size)
+    rows = ckpt.scoring_batch_size if batch_size is None else batch_size
+    metrics = task_kind(model).evaluate(model, ckpt, cfg, store, ckpt.feature_pipeline(), rows)
     return path, metrics
 
 

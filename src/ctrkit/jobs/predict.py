@@ -35,16 +35,16 @@ def run_predict(args: argparse.Namespace) -> int:
     input (CSV: the header is line 1; Parquet: the row number), written only once every row is scored."""
     from ctrkit.data.sources.raw_rows import ReadStats
 
-    out, src = Path(args.output), Path(args.input)
+    out, src = Path(args.out), Path(args.input)
     if src.exists() and out.exists() and out.resolve() == src.resolve() and not args.overwrite:
-        raise JobError(f"--output {out} is the --input file; write the scores elsewhere (or pass --overwrite)")
+        raise JobError(f"--out {out} is the --input file; write the scores elsewhere (or pass --overwrite)")
     if out.is_dir():
-        raise JobError(f"--output {out} is a directory; give a file path")
-    check_replaceable(out, args.overwrite, option="--output")
-    make_dir(out.parent, option="--output")
+        raise JobError(f"--out {out} is a directory; give a file path")
+    check_replaceable(out, args.overwrite, option="--out")
+    make_dir(out.parent, option="--out")
     predictor = Predictor.from_checkpoint(args.checkpoint, batch_size=args.batch_size)
     stats, n = ReadStats(), 0
-    with atomic_file(out, option="--output") as tmp, open(tmp, "w", newline="") as f:
+    with atomic_file(out, option="--out") as tmp, open(tmp, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["line", "score"])
         for lines, scores in predictor.predict_file(src, stats):

@@ -34,7 +34,7 @@ from ctrkit.data.storage.loader import BatchLoader
 from ctrkit.data.storage.store import Store
 from ctrkit.errors import JobError
 from ctrkit.io import atomic_file, file_checksum
-from ctrkit.jobs.common import checkpoint_config
+from ctrkit.jobs.common import SCORING_BATCH_HELP, checkpoint_config
 from ctrkit.models.base import TwoTowerModel
 from ctrkit.retrieval.catalogue import ItemCatalogue, SeenItems, encode_catalogue, exclusion_pairs, history_of
 from ctrkit.serving.index import INDEX_KINDS, VectorIndex
@@ -76,13 +76,14 @@ def row_sources(model: TwoTowerModel, schema: Any, batch: Any) -> np.ndarray:
 
 def recall(checkpoint: str | Path, data: str | Path | None, out: str | Path, *, k: int = 50,
            index_kind: str = "flat_ip", index_path: str | Path | None = None, nprobe: int | None = None,
-           ef_search: int | None = None, batch_size: int = 4096, overwrite: bool = False) -> dict[str, Any]:
-    """Write ``out`` (see the module docstring); returns counts per source and the index used."""
+           ef_search: int | None = None, batch_size: int | None = None, overwrite: bool = False) -> dict[str, Any]:
+    """Write ``out`` (see the module docstring); returns counts per source and the index used. ``batch_size``:
+    query rows per batch (default: the checkpoint's, :attr:`Checkpoint.scoring_batch_size`)."""
     if index_kind not in INDEX_KINDS:
         raise JobError(f"--index {index_kind!r} is not one of {INDEX_KINDS}")
     out = Path(out)
     if out.exists() and not overwrite:
-        raise JobError(f"--output {out} already exists; choose another path or pass --overwrite")
+        raise JobError(f"--out {out} already exists; choose another path or pass --overwrite")
     ckpt = Checkpoint.load(checkpoint)
     model, schema, cfg = ckpt.build_model(), ckpt.schema, checkpoint_config(ckpt)
     if not isinstance(model, TwoTowerModel) or ckpt.catalogue is None:
@@ -103,11 +104,12 @@ def recall(checkpoint: str | Path, data: str | Path | None, out: str | Path, *, 
     item_table, user_table = schema.table_of(catalogue.item_feature), GROUP_TABLE  # the group column: the user
     popular = catalogue.ids[np.argsort(-catalogue.counts, kind="stable")]  # (N,) most popular first
     hist = history_of(schema, catalogue.item_feature)
-    loader = BatchLoader(Store(path), batch_size, shuffle=False, prefetch=0, pipeline=pipeline)
+    rows = ckpt.scoring_batch_size if batch_size is None else batch_size
+    loader = BatchLoader(Store(path), rows, shuffle=False, prefetch=0, pipeline=pipeline)
     counts = dict.fromkeys(SOURCES, 0)
     out.parent.mkdir(parents=True, exist_ok=True)
     n = 0
-    with atomic_file(out, option="--output") as tmp, open(tmp, "w", newline="") as fh, torch.no_grad():
+    with atomic_file(out, option="--out") as tmp, open(tmp, "w", newline="") as fh, torch.no_grad():
         w = csv.writer(fh)
         w.writerow(["row", "user", "rank", "item", "score", "source"])
         for batch in loader:
@@ -165,18 +167,18 @@ def add_recall_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, help="a retrieval model's checkpoint (best.pt)")
     p.add_argument("--data", help="store of query rows (default: the checkpoint's test store)")
     p.add_argument("--k", type=int, default=50, help="candidates per query row")
-    p.add_argument("--output", required=True, help="CSV: row, user, rank, item, score, source")
+    p.add_argument("--out", required=True, help="CSV: row, user, rank, item, score, source")
     p.add_argument("--index", choices=INDEX_KINDS, default="flat_ip", help="exact (flat_*) or approximate")
     p.add_argument("--index-path", help="save the index here (or reuse it, when built from this checkpoint)")
     p.add_argument("--nprobe", type=int, help="ivf: lists scanned per query")
     p.add_argument("--ef-search", type=int, help="hnsw: candidates kept in the graph walk")
-    p.add_argument("--batch-size", type=int, default=4096)
-    p.add_argument("--overwrite", action="store_true", help="replace --output / --index-path if they exist")
+    p.add_argument("--batch-size", type=int, default=None, help=SCORING_BATCH_HELP)
+    p.add_argument("--overwrite", action="store_true", help="replace --out / --index-path if they exist")
 
 
 def run_recall(args: argparse.Namespace) -> int:
     if args.k < 1:
         raise JobError(f"--k must be >= 1, got {args.k}")
-    recall(args.checkpoint, args.data, args.output, k=args.k, index_kind=args.index, index_path=args.index_path,
+    recall(args.checkpoint, args.data, args.out, k=args.k, index_kind=args.index, index_path=args.index_path,
            nprobe=args.nprobe, ef_search=args.ef_search, batch_size=args.batch_size, overwrite=args.overwrite)
     return 0

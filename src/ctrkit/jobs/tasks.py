@@ -3,12 +3,14 @@
 ==============  ==================================================  ===========================================
 ``task_kind``   training task                                       ``ctrkit evaluate``
 ==============  ==================================================  ===========================================
-``"ctr"``       :class:`~ctrkit.training.tasks.CTRTask` of the config  AUC / LogLoss / accuracy / calibration
+``"ranking"``   :class:`~ctrkit.training.tasks.CTRTask` of the config  AUC / LogLoss / accuracy / calibration
 ``"retrieval"`` :class:`~ctrkit.training.tasks.RetrievalTask` over     full ranking over the checkpoint's catalogue
                 the training store's item catalogue                 (HR@K, NDCG@K, MRR)
 ==============  ==================================================  ===========================================
 
 A new kind of model adds one :class:`TaskKind` to :data:`TASK_KINDS`; the jobs ask it, never the kind's name.
+The name is the one users see: the run summary's ``"task"`` and export.json's ``"task_kind"``. ``"ctr"``, the
+ranking kind's former name (export.json files written with 0.1.0 hold it), is read as ``"ranking"``.
 """
 
 from __future__ import annotations
@@ -116,12 +118,14 @@ class RetrievalKind(TaskKind):
                              precision=cfg.train.precision)
 
 
-TASK_KINDS: dict[str, TaskKind] = {"ctr": RankingKind(), "retrieval": RetrievalKind()}
+TASK_KINDS: dict[str, TaskKind] = {kind.name: kind for kind in (RankingKind(), RetrievalKind())}
+OLD_NAMES = {"ctr": "ranking"}  # former names of task kinds
 
 
 def task_kind(model: torch.nn.Module) -> TaskKind:
-    """The :class:`TaskKind` of ``model``'s class attribute ``task_kind``."""
+    """The :class:`TaskKind` of ``model``'s class attribute ``task_kind`` (an old name read as the new one)."""
     kind = getattr(type(model), "task_kind", None)
+    kind = OLD_NAMES.get(kind, kind)
     if kind not in TASK_KINDS:
         raise JobError(f"{type(model).__name__} declares task_kind={kind!r}; the jobs know {list(TASK_KINDS)}")
     return TASK_KINDS[kind]

@@ -162,7 +162,8 @@ def run_summary(cfg: Config, trainer: Trainer, fit: dict[str, Any], test: dict[s
     speed, model size, where the data came from and the resolved config."""
     model = trainer.model
     best = dict(fit.get("best_eval") or {})
-    epochs = fit["epochs_completed"]
+    steps_per_epoch = len(trainer.train_loader)
+    epochs_trained = fit["steps"] / steps_per_epoch  # fractional when train.max_steps or early stopping cut an epoch
     train_s, samples = fit["train_seconds"], fit["samples"]
     return {
         "model": cfg.model.name,
@@ -172,13 +173,16 @@ def run_summary(cfg: Config, trainer: Trainer, fit: dict[str, Any], test: dict[s
                  "value": fit["best_metric"], "valid": best} if best else None,
         "last_valid": {k: v for k, v in fit["last_eval"].items() if k != "step"},
         **({"test": test} if test is not None else {}),
-        "epochs": epochs,
+        "epochs": fit["epochs_completed"],
+        "epochs_trained": round(epochs_trained, 4),
         "steps": fit["steps"],
+        "steps_per_epoch": steps_per_epoch,
+        "max_steps": cfg.train.max_steps,
         "stopped_early": fit["stopped_early"],
         "stopped_by": fit.get("stopped_by"),
         "seconds": seconds,
         "train_seconds": train_s,
-        "seconds_per_epoch": train_s / epochs if epochs else None,
+        "seconds_per_epoch": train_s / epochs_trained if epochs_trained else None,
         "samples": samples,
         "samples_per_second": samples / train_s if train_s > 0 else None,
         "model_size": {"parameters": sum(p.numel() for p in model.parameters()),
@@ -239,14 +243,30 @@ def run_train(args: argparse.Namespace) -> int:
         overrides.append(f"run.log=[{','.join(dict.fromkeys(args.log))}]")
     cfg = load_config(args.config, overrides)
     summary = train_from_config(cfg, resume=args.resume, progress=not args.quiet)
-    sys.stdout.write(f"run: {summary['run_dir']}\n")
-    best = summary.get("best")
-    if best:  # the evaluation whose checkpoint (best.pt) scored the test split
-        sys.stdout.write(f"best valid (epoch {best['epoch'] + 1} of {summary['epochs']}, step {best['step']}): "
-                         f"{fmt_metrics(best['valid'])}\n")  # epochs counted from 1 here, from 0 in the records
-    if "test" in summary:
-        sys.stdout.write(f"test with {'best.pt' if best else 'the last weights'}: {fmt_metrics(summary['test'])}\n")
-    sps = summary.get("samples_per_second")
-    sys.stdout.write(f"{summary['epochs']} epochs, {summary['seconds_per_epoch'] or 0:.1f} s/epoch"
-                     + (f", {sps:,.0f} samples/s" if sps else "") + f"; report: {summary['run_dir']}/report.html\n")
+    sys.stdout.write(summary_text(summary))
     return 0
+
+
+def summary_text(summary: dict[str, Any]) -> str:
+    """What ``ctrkit train`` prints of a run's summary: the best valid evaluation, the test metrics, the length of
+    the run (in steps when it ended inside an epoch: train.max_steps or early stopping) and its speed."""
+    out = [f"run: {summary['run_dir']}"]
+    trained, steps = summary.get("epochs_trained", summary["epochs"]), summary["steps"]
+    whole = float(trained).is_integer()
+    best = summary.get("best")
+    if best:  # the evaluation whose checkpoint (best.pt) scored the test split; epochs counted from 1 here
+        when = (f"epoch {best['epoch'] + 1} of {int(trained)}, step {best['step']}" if whole else
+                f"step {best['step']} of {steps}, in epoch {best['epoch'] + 1}")
+        out.append(f"best valid ({when}): {fmt_metrics(best['valid'])}")
+    if "test" in summary:
+        out.append(f"test with {'best.pt' if best else 'the last weights'}: {fmt_metrics(summary['test'])}")
+    if whole:
+        length = f"{int(trained)} epochs"
+    else:
+        why = ("train.max_steps" if steps == summary.get("max_steps") else
+               "early stopping" if summary.get("stopped_early") else summary.get("stopped_by") or "a stop")
+        length = f"{steps} steps ({trained:.2f} epochs, stopped by {why})"
+    sps, spe = summary.get("samples_per_second"), summary.get("seconds_per_epoch")
+    out.append(length + (f", {spe:.1f} s/epoch" if spe else "") + (f", {sps:,.0f} samples/s" if sps else "")
+               + f"; report: {summary['run_dir']}/report.html")
+    return "".join(line + "\n" for line in out)

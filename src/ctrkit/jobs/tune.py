@@ -9,7 +9,7 @@ The search space is YAML beside the config (``deepfm.search.yaml`` for ``deepfm.
       model.params.dnn_hidden: {choices: [[256, 128], [400, 400, 400]]}
 
 Each key is checked first (an unknown one names the closest) and a config built with each range end and choice.
-The study directory (``--study-dir``, default ``<run.dir>/tune/<dataset>-<model>``) holds ``study.db`` (SQLite:
+The study directory (``--out``, default ``<run.dir>/tune/<dataset>-<model>``) holds ``study.db`` (SQLite:
 rerun the command to resume), ``trials/trial-<n>/`` (normal run dirs) and ``best.yaml`` (``ctrkit train --config``).
 
 - The objective is a trial's best *valid* metric (``summary["best"]["value"]``; tune makes the metric
@@ -92,7 +92,7 @@ class _PruneOnEval(Callback):
 def _check_best_file(path: Path) -> None:
     if path.exists() and (not path.is_file() or not path.read_text().startswith(BEST_MARK)):
         raise JobError(f"{path} exists and was not written by ctrkit tune; move it away or choose another "
-                       "--study-dir (tune only replaces its own best.yaml)")
+                       "--out (tune only replaces its own best.yaml)")
 
 
 def _check_same_setup(study: Any, setup: dict[str, Any], study_dir: Path) -> None:
@@ -103,8 +103,8 @@ def _check_same_setup(study: Any, setup: dict[str, Any], study_dir: Path) -> Non
     elif old != setup:
         keys = [f"{part}.{k}" for part, new in setup.items() for k in new.keys() | old[part].keys()
                 if new.get(k) != old[part].get(k)]
-        raise JobError(f"--study-dir {study_dir} holds a study of another setup ({', '.join(sorted(keys))} differ); "
-                       "resume it with its config, overrides and search space, or choose another --study-dir")
+        raise JobError(f"--out {study_dir} holds a study of another setup ({', '.join(sorted(keys))} differ); "
+                       "resume it with its config, overrides and search space, or choose another --out")
 
 
 def _fail_stale_trials(study: Any, storage: Any, n_params: int) -> None:
@@ -151,8 +151,8 @@ def tune(config: str | Path, trials: int, *, space: str | Path | None = None, st
         lock = RunLock(root).acquire()
     except TrainingError:
         pid = (root / ".lock").read_text().strip() or "?"
-        raise JobError(f"--study-dir {root} is in use by another ctrkit tune (pid {pid}); wait for it or choose "
-                       "another --study-dir") from None
+        raise JobError(f"--out {root} is in use by another ctrkit tune (pid {pid}); wait for it or choose "
+                       "another --out") from None
     level = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # tune logs each trial itself
     try:
@@ -168,10 +168,10 @@ def _run_study(name: str, root: Path, base: dict[str, Any], cfg: Config, spec: S
 
     db, trials_dir, best_path = root / "study.db", root / "trials", root / "best.yaml"
     if not db.exists() and trials_dir.is_dir() and any(trials_dir.iterdir()):
-        raise JobError(f"--study-dir {root} holds trials but no study.db; choose another --study-dir")
+        raise JobError(f"--out {root} holds trials but no study.db; choose another --out")
     storage = optuna.storages.RDBStorage(f"sqlite:///{db.resolve()}")
     if others := [n for n in optuna.study.get_all_study_names(storage) if n != name]:
-        raise JobError(f"--study-dir {root} holds the study {others[0]!r}, not {name!r}; choose another --study-dir")
+        raise JobError(f"--out {root} holds the study {others[0]!r}, not {name!r}; choose another --out")
     es = cfg.train.early_stopping
     maximise = higher_is_better(es.metric) if es.mode == "auto" else es.mode == "max"
     p = spec.pruner
@@ -216,7 +216,7 @@ def _run_study(name: str, root: Path, base: dict[str, Any], cfg: Config, spec: S
     values = best.user_attrs["values"]
     text = yaml.safe_dump(config_to_dict(config_from_dict(with_values(base, values))), sort_keys=False)
     _check_best_file(best_path)
-    with atomic_file(best_path, option="--study-dir") as tmp:
+    with atomic_file(best_path, option="--out") as tmp:
         tmp.write_text(f"{BEST_MARK}: study {name} ({db}), trial {best.number}, valid {es.metric}="
                        f"{best.value:.6f}\n# {_fmt_values(values)}\n{text}")
     return TuneResult(name, db, es.metric, best, best_path, counts)
@@ -248,7 +248,8 @@ def add_tune_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True, help="YAML config whose keys are searched (see configs/)")
     p.add_argument("--trials", type=int, required=True, help="finished trials the study should hold (resumes count)")
     p.add_argument("--space", help="search space YAML (default: <config stem>.search.yaml beside the config)")
-    p.add_argument("--study-dir", help="study.db, trials/ and best.yaml (default: <run.dir>/tune/<dataset>-<model>)")
+    p.add_argument("--out", help="study directory: study.db, trials/ and best.yaml (default: "
+                                 "<run.dir>/tune/<dataset>-<model>)")
     p.add_argument("--timeout", type=float, help="stop starting trials after this many seconds")
     p.add_argument("--seed", type=int, default=0, help="the sampler's seed")
     p.add_argument("--log", action="append", choices=["tensorboard"], help="extra logger of every trial")
@@ -258,7 +259,7 @@ def run_tune(args: argparse.Namespace) -> int:
     """``ctrkit tune``: the best trial and its config on stdout; Ctrl-C keeps the study for a rerun."""
     overrides = [*(getattr(args, "overrides", None) or []), *([f"run.log=[{','.join(args.log)}]"] if args.log else [])]
     try:
-        r = tune(args.config, args.trials, space=args.space, study_dir=args.study_dir, timeout=args.timeout,
+        r = tune(args.config, args.trials, space=args.space, study_dir=args.out, timeout=args.timeout,
                  seed=args.seed, overrides=overrides)
     except KeyboardInterrupt:
         log.error("interrupted (Ctrl-C); the study is kept: run the same command again to resume it")

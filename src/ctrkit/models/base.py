@@ -144,7 +144,7 @@ class CTRModel(nn.Module):
     option_defaults: ClassVar[Mapping[str, Any]] = MappingProxyType({})  # option-group defaults that differ for this model
     renamed_options: ClassVar[Mapping[str, str]] = MappingProxyType({})  # old parameter name -> new
     renamed_values: ClassVar[Mapping[str, Mapping[Any, Any]]] = MappingProxyType({})  # parameter -> {old: new}
-    task_kind: ClassVar[str] = "ctr"  # the task that trains it: "ctr" (CTRTask) or "retrieval" (RetrievalTask)
+    task_kind: ClassVar[str] = "ranking"  # the task that trains it: "ranking" (CTRTask) or "retrieval" (RetrievalTask)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -59,7 +59,10 @@ class Run:
 
     @property
     def steps_per_epoch(self) -> float | None:
-        """Training steps per epoch (summary's steps / epochs), to put records on an epoch axis; None if unknown."""
+        """Training steps per epoch (the summary's, else its steps / epochs), to put records on an epoch axis; None
+        if unknown."""
+        if isinstance(self.summary.get("steps_per_epoch"), int) and self.summary["steps_per_epoch"] > 0:
+            return float(self.summary["steps_per_epoch"])
         steps, epochs = self.summary.get("steps"), self.summary.get("epochs")
         if isinstance(steps, (int, float)) and isinstance(epochs, (int, float)) and steps > 0 and epochs > 0:
             return float(steps) / float(epochs)

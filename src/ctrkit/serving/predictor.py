@@ -67,8 +67,9 @@ class Predictor:
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, *, device: str | torch.device = "cpu",
-                        batch_size: int = 8192) -> Predictor:
-        """The model and pipeline of the checkpoint at ``path`` (verified and read without unpickling code)."""
+                        batch_size: int | None = None) -> Predictor:
+        """The model and pipeline of the checkpoint at ``path`` (verified and read without unpickling code);
+        ``batch_size`` defaults to the rows per batch the run evaluated with (``Checkpoint.scoring_batch_size``)."""
         from ctrkit.checkpoint import Checkpoint
 
         path = Path(path)
@@ -85,6 +86,7 @@ class Predictor:
             if progress is not None else {"step": None, "epoch": None, "best_metric": None, "best_step": None,
                                           "last_eval": {}},
         }
+        batch_size = ckpt.scoring_batch_size if batch_size is None else batch_size
         return cls(ckpt.build_model(), ckpt.feature_pipeline(), device=device, batch_size=batch_size,
                    checkpoint=path, info=info)
 

@@ -43,6 +43,7 @@ import argparse
 import json
 import logging
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -76,7 +77,7 @@ from ctrkit.progress import progress_bar
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "valid", "test")
-_AVG_LINE_BYTES = 256  # chunk_rows -> read block size
+_AVG_LINE_BYTES = 256  # block_rows -> read block size
 
 
 # ---- the front-end of the preprocess driver --------------------------------------------------------------
@@ -103,7 +104,7 @@ class _Criteo(Frontend):
 
     def read(self, fitting: bool, tmp: Path) -> Iterator[Chunk]:
         """Every file's blocks: three stages on their own threads (read / gunzip -> tokenise / parse -> here)."""
-        block_bytes = max(1 << 16, int(self.options["chunk_rows"]) * _AVG_LINE_BYTES)
+        block_bytes = max(1 << 16, int(self.options["block_rows"]) * _AVG_LINE_BYTES)
         bar = _progress(sum(f.stat().st_size for f in self.files), self.progress)
         try:
             for path, src in zip(self.files, self.inputs):
@@ -179,14 +180,14 @@ def _options(args: dict[str, Any], day_mode: bool) -> dict[str, Any]:
     dim = args["embedding_dim"]
     if dim != "auto" and (not str(dim).isdigit() or int(dim) < 1):
         raise DataError(f"embedding_dim must be a positive integer or 'auto', got {dim!r}")
-    if args["chunk_rows"] < 1:
-        raise DataError(f"chunk_rows must be >= 1, got {args['chunk_rows']}")
+    if args["block_rows"] < 1:
+        raise DataError(f"block_rows must be >= 1, got {args['block_rows']}")
     split = "days"
     if not day_mode:
         split = ",".join(f"{f:g}" for f in parse_split("0.8,0.1,0.1" if args["split"] is None else args["split"]))
         if args["valid_from_test"]:
             raise DataError("--valid-from-test applies to day files (day_0 .. day_N) without --split")
-    keys = ("min_freq", "max_vocab", "max_vocab_mode", "split", "valid_from_test", "seed", "chunk_rows",
+    keys = ("min_freq", "max_vocab", "max_vocab_mode", "split", "valid_from_test", "seed", "block_rows",
             "max_bad_fraction", "embedding_dim", "vocab_from")
     return {**{k: args[k] for k in keys}, "split": split, "embedding_dim": dim if dim == "auto" else int(dim),
             "vocab_from": str(args["vocab_from"]) if args["vocab_from"] else None}
@@ -202,7 +203,7 @@ def preprocess_criteo(
     split: str | Sequence[float] | None = None,
     valid_from_test: bool = False,
     seed: int = 0,
-    chunk_rows: int = 1 << 14,
+    block_rows: int = 1 << 14,
     max_bad_fraction: float = 0.001,
     vocab_from: str | Path | None = None,
     embedding_dim: int | str = 16,
@@ -210,6 +211,7 @@ def preprocess_criteo(
     shard_bytes: int = 256 << 20,
     progress: bool | None = None,
     shuffle: bool = True,
+    chunk_rows: int | None = None,
 ) -> dict[str, Path]:
     """Preprocess Criteo TSV file(s) into one store per split under ``out`` -> {split: store path}.
 
@@ -224,10 +226,15 @@ def preprocess_criteo(
     with the fitted pipeline in ``<store>/pipeline`` of every output store.
 
     ``max_vocab`` (with ``max_vocab_mode`` 'hash' (default, torchrec's max_ind_range) or 'cap') and
-    ``min_freq`` are described in :mod:`ctrkit.data.pipeline.vocab`. ``chunk_rows`` sets the read block
-    (about chunk_rows * 256 bytes); ``shard_bytes`` the size of one shuffle shard in memory.
+    ``min_freq`` are described in :mod:`ctrkit.data.pipeline.vocab`. ``block_rows`` sets the read block
+    (about block_rows * 256 bytes; ``chunk_rows`` is its deprecated old name); ``shard_bytes`` the size of one
+    shuffle shard in memory.
     ``shuffle=False`` keeps train in input order too (scoring raw rows in order, e.g. ``predict``).
     """
+    if chunk_rows is not None:
+        warnings.warn("preprocess_criteo(chunk_rows=...) is deprecated; use block_rows=", DeprecationWarning,
+                      stacklevel=2)
+        block_rows = chunk_rows
     files = resolve_inputs(inputs)
     day_mode = split is None and len(files) >= 2 and all(DAY_RE.match(f.name) for f in files)
     files = sorted(files, key=day_number) if day_mode else files
@@ -262,7 +269,7 @@ def add_preprocess_criteo_args(p: argparse.ArgumentParser) -> argparse.ArgumentP
                    help="train,valid,test fractions (default: last day file = test, else 0.8,0.1,0.1)")
     p.add_argument("--valid-from-test", action="store_true", help="day files: halve the last day into valid/test")
     p.add_argument("--seed", type=int, default=0, help="seed of the split and the shuffle")
-    p.add_argument("--chunk-rows", type=int, default=1 << 14, help="rows per read block (memory vs speed)")
+    p.add_argument("--block-rows", type=int, default=1 << 14, help="rows per read block (memory vs speed)")
     p.add_argument("--max-bad-fraction", type=float, default=0.001,
                    help="fail when more than this fraction of a file's rows are malformed")
     p.add_argument("--vocab-from", default=None, help="store whose vocabularies to reuse (unseen values -> 1)")
@@ -278,7 +285,7 @@ def run_preprocess_criteo(args: argparse.Namespace) -> dict[str, Path]:
     result = preprocess_criteo(
         args.inputs, args.out, min_freq=args.min_freq, max_vocab=args.max_vocab,
         max_vocab_mode=args.max_vocab_mode, split=args.split, valid_from_test=args.valid_from_test,
-        seed=args.seed, chunk_rows=args.chunk_rows, max_bad_fraction=args.max_bad_fraction,
+        seed=args.seed, block_rows=args.block_rows, max_bad_fraction=args.max_bad_fraction,
         vocab_from=args.vocab_from, embedding_dim=args.embedding_dim, overwrite=args.overwrite,
     )
     for name, path in result.items():

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -87,9 +88,9 @@ class _Table(Frontend):
     dense_stats = True  # standardize: mean / std of the train rows
 
     def __init__(self, path: Path, spec: TableSpecYaml, pipe: FeaturePipeline, files: dict[str, Path], *,
-                 fractions: tuple[float, float, float], options: dict[str, Any], batch_rows: int) -> None:
+                 fractions: tuple[float, float, float], options: dict[str, Any], block_rows: int) -> None:
         self.path, self.spec, self.pipe, self.files, self.fractions = path, spec, pipe, files, fractions
-        self.options, self.batch_rows, self.vocab_from = options, batch_rows, options["vocab_from"]
+        self.options, self.block_rows, self.vocab_from = options, block_rows, options["vocab_from"]
         seed = options["seed"]
         self.key_split, self.key_shard, self.shuffle_key = (stream_key(seed, 11), stream_key(seed, 12),
                                                             stream_key(seed, 13))
@@ -103,7 +104,7 @@ class _Table(Frontend):
     def read(self, fitting: bool, tmp: Path) -> Iterator[Chunk]:
         """The input; while fitting (and without explicit valid / test files) valid / test rows wait raw."""
         self.held = RawSpill(tmp / "held-out.arrows") if fitting and not self.files else None
-        for t, lines in iter_batches(self.path, self.spec.columns(), self.batch_rows, self.main.bad):
+        for t, lines in iter_batches(self.path, self.spec.columns(), self.block_rows, self.main.bad):
             self.main.bad.total += t.num_rows
             if self.held is not None:
                 later = _raw_split(t, lines, self.spec, self.fractions, self.key_split) > 0
@@ -119,7 +120,7 @@ class _Table(Frontend):
             yield Chunk(t, self.main, lines)
         for name, f in self.files.items():
             src = self.source[name]
-            for t, lines in iter_batches(f, self.spec.columns(), self.batch_rows, src.bad):
+            for t, lines in iter_batches(f, self.spec.columns(), self.block_rows, src.bad):
                 src.bad.total += t.num_rows
                 yield Chunk(t, src, lines)
         for src in dict.fromkeys(self.source.values()):
@@ -161,13 +162,14 @@ def preprocess_table(
     seed: int = 0,
     min_freq: int | None = None,
     max_vocab: int | None = None,
-    max_vocab_mode: str = "hash",
+    max_vocab_mode: str | None = None,
     embedding_dim: int | str | None = None,
-    batch_rows: int = 1 << 16,
+    block_rows: int = 1 << 16,
     max_bad_fraction: float = 0.001,
     vocab_from: str | Path | None = None,
     overwrite: bool = False,
     shard_bytes: int = 256 << 20,
+    batch_rows: int | None = None,
 ) -> dict[str, Path]:
     """Preprocess one CSV (plain or .csv.gz) / Parquet file with a YAML feature spec into stores
     ``out/{train,valid,test}``.
@@ -177,9 +179,15 @@ def preprocess_table(
     (either or both), the whole input is train and those files are the valid / test stores. The pipeline
     (vocabularies, dense statistics) is fitted on the train rows only; valid / test rows are then mapped
     with it (values train never saw -> id 1, as with ``vocab_from``). Train is shuffled on disk; valid / test
-    keep input order. ``min_freq`` / ``max_vocab`` / ``embedding_dim`` default to the spec's ``options`` (a
-    sparse entry's own ``min_freq`` / ``embedding_dim`` win). Returns {split: path}.
+    keep input order. ``min_freq`` / ``max_vocab`` / ``max_vocab_mode`` / ``embedding_dim`` given here win over
+    the spec's ``options``, which win over the built-in defaults (1, none, hash, auto); a sparse entry's own
+    ``min_freq`` / ``embedding_dim`` win over both. ``block_rows``: rows per read block (``batch_rows`` is
+    its deprecated old name). Returns {split: path}.
     """
+    if batch_rows is not None:
+        warnings.warn("preprocess_table(batch_rows=...) is deprecated; use block_rows=", DeprecationWarning,
+                      stacklevel=2)
+        block_rows = batch_rows
     spec = load_spec(schema_yaml)
     path = Path(input)
     files = {name: Path(f) for name, f in (("valid", valid), ("test", test)) if f is not None}
@@ -187,7 +195,7 @@ def preprocess_table(
     o = spec.options
     min_freq = int(min_freq if min_freq is not None else o.get("min_freq", 1))
     max_vocab = max_vocab if max_vocab is not None else o.get("max_vocab")
-    max_vocab_mode = o.get("max_vocab_mode", max_vocab_mode)
+    max_vocab_mode = max_vocab_mode if max_vocab_mode is not None else o.get("max_vocab_mode", "hash")
     embedding_dim = embedding_dim if embedding_dim is not None else o.get("embedding_dim", "auto")
     check_vocab_options(min_freq, max_vocab, max_vocab_mode)
     fractions = parse_split(split) if split not in ("1", "1.0") else (1.0, 0.0, 0.0)
@@ -197,7 +205,7 @@ def preprocess_table(
                "test": str(files["test"]) if "test" in files else None, "seed": seed, "min_freq": min_freq,
                "max_vocab": max_vocab, "max_vocab_mode": max_vocab_mode, "embedding_dim": embedding_dim,
                "max_bad_fraction": max_bad_fraction, "vocab_from": str(vocab_from) if vocab_from else None}
-    front = _Table(path, spec, pipe, files, fractions=fractions, options=options, batch_rows=batch_rows)
+    front = _Table(path, spec, pipe, files, fractions=fractions, options=options, block_rows=block_rows)
     result, summary = preprocess(front, out, overwrite=overwrite, shard_bytes=shard_bytes)
     log.info("table %s: %d rows (%d bad) -> %s%s", path, front.main.bad.total, front.main.bad.bad,
              {k: summary.rows[k] for k in result}, "".join(f"; {n} from {f}" for n, f in files.items()))
@@ -245,9 +253,10 @@ def add_preprocess_table_args(p: argparse.ArgumentParser) -> argparse.ArgumentPa
     p.add_argument("--seed", type=int, default=0, help="seed of the split and the shuffle")
     p.add_argument("--min-freq", type=int, default=None, help="values seen fewer times map to id 1 (rare)")
     p.add_argument("--max-vocab", type=int, default=None, help="cap every vocabulary at this many ids")
-    p.add_argument("--max-vocab-mode", choices=MODES, default="hash", help="hash (default) or cap")
+    p.add_argument("--max-vocab-mode", choices=MODES, default=None,
+                   help="hash or cap (default: the spec's options, else hash)")
     p.add_argument("--embedding-dim", default=None, help="default embedding dim, or 'auto'")
-    p.add_argument("--batch-rows", type=int, default=1 << 16, help="rows per read batch")
+    p.add_argument("--block-rows", type=int, default=1 << 16, help="rows per read block (memory vs speed)")
     p.add_argument("--max-bad-fraction", type=float, default=0.001, help="fail above this fraction of bad rows")
     p.add_argument("--vocab-from", default=None, help="store whose vocabularies to reuse (unseen values -> 1)")
     p.add_argument("--overwrite", action="store_true", help="replace existing output stores")
@@ -259,6 +268,6 @@ def run_preprocess_table(args: argparse.Namespace) -> dict[str, Path]:
     return preprocess_table(
         args.input, args.schema, args.out, split=args.split, valid=args.valid, test=args.test, seed=args.seed,
         min_freq=args.min_freq, max_vocab=args.max_vocab, max_vocab_mode=args.max_vocab_mode,
-        embedding_dim=args.embedding_dim, batch_rows=args.batch_rows, max_bad_fraction=args.max_bad_fraction,
+        embedding_dim=args.embedding_dim, block_rows=args.block_rows, max_bad_fraction=args.max_bad_fraction,
         vocab_from=args.vocab_from, overwrite=args.overwrite,
     )

@@ -18,7 +18,7 @@ from ctrkit.data.pipeline.rows import BadRows
 from ctrkit.errors import DataError
 
 
-def iter_batches(path: Path, columns: list[str], batch_rows: int, bad: BadRows,
+def iter_batches(path: Path, columns: list[str], block_rows: int, bad: BadRows,
                  blank_lines: list[int] | None = None) -> Iterator[tuple[pa.Table, np.ndarray]]:
     """(batch table, 1-based line / row numbers [n]) for CSV (strings, header line 1; plain or compressed,
     by extension: .csv.gz) or Parquet. A blank CSV line is not a row; with ``blank_lines`` (a list the blank
@@ -37,7 +37,7 @@ def iter_batches(path: Path, columns: list[str], batch_rows: int, bad: BadRows,
             raise DataError(f"{path}: columns {missing} named in the schema are not in the file; "
                             f"it has {f.schema_arrow.names}")
         row = 1
-        for b in f.iter_batches(batch_size=batch_rows, columns=columns):
+        for b in f.iter_batches(batch_size=block_rows, columns=columns):
             yield pa.Table.from_batches([b]), np.arange(row, row + b.num_rows)
             row += b.num_rows
         return
@@ -55,7 +55,7 @@ def iter_batches(path: Path, columns: list[str], batch_rows: int, bad: BadRows,
         raise DataError(f"{path}: columns {missing} named in the schema are not in the CSV header {names}")
     reader = pacsv.open_csv(
         path,
-        read_options=pacsv.ReadOptions(use_threads=False, block_size=max(1 << 20, batch_rows * 64)),
+        read_options=pacsv.ReadOptions(use_threads=False, block_size=max(1 << 20, block_rows * 64)),
         parse_options=pacsv.ParseOptions(invalid_row_handler=handler),
         convert_options=pacsv.ConvertOptions(column_types={c: pa.binary() for c in names}, include_columns=columns,
                                              strings_can_be_null=False, quoted_strings_can_be_null=False),
