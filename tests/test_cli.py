@@ -340,3 +340,38 @@ def test_predict_numbers_csv_rows_by_their_line_across_blank_lines(table_run, tm
     assert [int(r["line"]) for r in got] == [2, 4, 5, 6, 9, 10]
     np.testing.assert_array_equal([float(r["score"]) for r in got], _scores(tmp_path / "plain.csv.out", 2))
     assert "skipped 3 blank lines" in caplog.text
+
+
+def test_scoring_batches_default_to_what_the_run_evaluated_with(trained, tmp_path, monkeypatch):
+    """evaluate / predict without --batch-size: data.eval_batch_size of the checkpoint's config, else 4 x
+    data.batch_size (what the run's valid and test evaluations used)."""
+    from ctrkit.jobs import tasks
+    from ctrkit.serving.predictor import Predictor
+
+    ckpt = trained / "runs/r/best.pt"
+    d = Checkpoint.load(ckpt).data_config
+    rows = d["eval_batch_size"] or 4 * d["batch_size"]
+    assert Checkpoint.load(ckpt).scoring_batch_size == rows != 8192  # not the flag's former default
+    seen = []
+    real_evaluate, real_predict = tasks.evaluate_store, Predictor.predict_file
+    monkeypatch.setattr(tasks, "evaluate_store", lambda m, s, p, rows: seen.append(rows) or real_evaluate(m, s, p, rows))
+    monkeypatch.setattr(Predictor, "predict_file", lambda self, *a: seen.append(self.batch_size) or real_predict(self, *a))
+    raw = tmp_path / "rows.tsv"
+    with gzip.open(SAMPLE, "rt") as f:
+        raw.write_text("".join(next(f) for _ in range(10)))
+    assert main(["evaluate", "--checkpoint", str(ckpt), "--data", str(trained / "criteo/test")]) == 0
+    assert main(["evaluate", "--checkpoint", str(ckpt), "--data", str(trained / "criteo/test"), "--batch-size", "77"]) == 0
+    assert main(["predict", "--checkpoint", str(ckpt), "--input", str(raw), "--out", str(tmp_path / "a.csv")]) == 0
+    assert main(["predict", "--checkpoint", str(ckpt), "--input", str(raw), "--out", str(tmp_path / "b.csv"),
+                 "--batch-size", "5"]) == 0
+    assert seen == [rows, 77, rows, 5]
+    assert Predictor.from_checkpoint(ckpt).batch_size == rows
+
+
+def test_scoring_batch_size_rule():
+    from ctrkit.checkpoint import DEFAULT_SCORING_BATCH_SIZE, scoring_batch_size
+
+    assert scoring_batch_size(256, None) == 1024 and scoring_batch_size(256, 1000) == 1000
+    assert scoring_batch_size(None, None) == DEFAULT_SCORING_BATCH_SIZE
+    assert Checkpoint(None, {}, config={"data": {"batch_size": 100, "eval_batch_size": None}}).scoring_batch_size == 400
+    assert Checkpoint(None, {}).scoring_batch_size == DEFAULT_SCORING_BATCH_SIZE  # no config

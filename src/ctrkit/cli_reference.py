@@ -124,7 +124,22 @@ def render(parser: argparse.ArgumentParser | None = None) -> str:
         out += ["```text", child.format_usage().strip(), "```", ""]
         args = _arguments(child)
         out += [*args, ""] if args else []
+    out += _renamed(prog, commands)
     return "\n".join(out).rstrip() + "\n"
+
+
+def _renamed(prog: str, commands: list[tuple[tuple[str, ...], str, argparse.ArgumentParser]]) -> list[str]:
+    """The section on renamed options: the hidden old spellings (``ctrkit.cli.CtrkitParser.rename_option``: an
+    action with a ``new`` one) of every command; nothing when there are none."""
+    rows = [f"| `{prog} {' '.join(path)}` | `{a.option_strings[0]}` | `{a.new.option_strings[0]}` |"
+            for path, _, child in commands for a in child._actions if isinstance(getattr(a, "new", None), argparse.Action)]
+    if not rows:
+        return []
+    return ["## Renamed options", "",
+            ("Every output directory or file is `--out` and every rows-per-read-block option `--block-rows`. The old "
+             "spellings below still work but are hidden from `--help` and log a warning naming the new option; "
+             "scripts should move to the new names, as the old ones will be removed."), "",
+            "| command | old | new |", "| --- | --- | --- |", *rows, ""]
 
 
 def _anchor(prog: str, path: Sequence[str]) -> str:

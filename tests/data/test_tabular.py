@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 from pathlib import Path
 
@@ -195,3 +196,27 @@ def test_vocab_from_reuses_the_pipeline_with_its_dense_statistics(tmp_path: Path
     assert got == want
     assert Store(second).preprocessing["dense_stats"] == Store(first).preprocessing["dense_stats"]
     assert (Path(second) / "pipeline" / "pipeline.json").is_file()
+
+
+@pytest.mark.parametrize("option, flag, spec_value, cli_value", [
+    ("max_vocab_mode", "--max-vocab-mode", "cap", "hash"),
+    ("max_vocab_mode", "--max-vocab-mode", "hash", "cap"),
+    ("min_freq", "--min-freq", 3, "1"),
+    ("max_vocab", "--max-vocab", 4, "6"),
+    ("embedding_dim", "--embedding-dim", 4, "8"),
+])
+def test_a_command_line_option_wins_over_the_spec_options(tmp_path: Path, option, flag, spec_value,
+                                                          cli_value) -> None:
+    """Every table option: the flag when given, else the spec's ``options:``, else the built-in default."""
+    from ctrkit.cli import main
+
+    src = tmp_path / "t.csv"
+    pacsv.write_csv(pa.table({"label": [i % 2 for i in range(40)], "c": [f"v{i % 9}" for i in range(40)]}), src)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(json.dumps({"label": "label", "sparse": ["c"], "options": {"max_vocab": 5, option: spec_value}}))
+    base = ["preprocess", "table", str(src), "--schema", str(spec), "--split", "1"]
+    assert main([*base, "--out", str(tmp_path / "spec")]) == 0
+    assert main([*base, "--out", str(tmp_path / "cli"), flag, cli_value]) == 0
+    from_spec = Store(tmp_path / "spec" / "train").preprocessing["options"][option]
+    from_cli = Store(tmp_path / "cli" / "train").preprocessing["options"][option]
+    assert str(from_spec) == str(spec_value) and str(from_cli) == cli_value

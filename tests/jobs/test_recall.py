@@ -145,3 +145,20 @@ def test_popular_fallback_rows(trained, tmp_path, monkeypatch):
     keys = raw_keys(ckpt.feature_pipeline().vocabs_["item"], np.array(popular))
     assert [r["item"] for r in rows[:4]] == list(keys)
     assert all(r["score"] == "nan" for r in rows[:4])
+
+
+def test_recall_batches_default_to_what_the_run_evaluated_with(trained, tmp_path, monkeypatch):
+    import ctrkit.jobs.recall as job
+
+    _, _out, ckpt_path, _summary = trained
+    sizes = []
+
+    def loader(store, batch_size, **kw):
+        sizes.append(batch_size)
+        return BatchLoader(store, batch_size, **kw)
+
+    monkeypatch.setattr(job, "BatchLoader", loader)
+    assert main(["recall", "--checkpoint", str(ckpt_path), "--k", "3", "--out", str(tmp_path / "a.csv")]) == 0
+    assert main(["recall", "--checkpoint", str(ckpt_path), "--k", "3", "--out", str(tmp_path / "b.csv"),
+                 "--batch-size", "7"]) == 0
+    assert sizes == [4 * 32, 7]  # data.batch_size=32, no data.eval_batch_size

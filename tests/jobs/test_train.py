@@ -180,3 +180,19 @@ def test_a_raising_callback_stops_training_and_frees_the_run(stores):
     # the lock is released: the same run can be resumed at once
     s = train_from_config(_cfg(d, st, "stopped"), resume=str(d / "runs/stopped/last.pt"))
     assert s["epochs"] == EPOCHS
+
+
+def test_a_run_cut_by_max_steps_prints_steps_and_the_fraction_of_an_epoch(stores, capsys):
+    d, st = stores
+    rc = main(["train", "--config", "configs/criteo/deepfm.yaml", "--quiet", f"--data.train={st['train']}",
+               f"--data.valid={st['valid']}", f"--data.test={st['test']}", f"--run.dir={d / 'runs'}",
+               "--run.name=capped", "--train.epochs=2", "--data.batch_size=256", "--train.max_steps=3"])
+    out = capsys.readouterr().out
+    s = json.loads((d / "runs/capped/summary.json").read_text())
+    per_epoch = -(-Store(st["train"]).num_rows // 256)  # batches of the training store (drop_last off)
+    assert rc == 0 and s["steps"] == 3 and s["steps_per_epoch"] == per_epoch > 3
+    assert s["epochs_trained"] == pytest.approx(3 / per_epoch, abs=1e-4)
+    assert s["seconds_per_epoch"] == pytest.approx(s["train_seconds"] / s["epochs_trained"], rel=1e-3)
+    assert f"best valid (step 3 of 3, in epoch 1): auc={s['best']['valid']['auc']:.5f}" in out
+    assert f"3 steps ({3 / per_epoch:.2f} epochs, stopped by train.max_steps), " in out
+    assert " of 0" not in out and "0 epochs" not in out and "0.0 s/epoch" not in out
