@@ -42,6 +42,5 @@ def train(config: Config | str | Path, overrides: Sequence[str] = (), *, resume:
 def evaluate(checkpoint: str | Path, data: str | Path | None = None, *,
              batch_size: int | None = None) -> dict[str, float]:
     """Metrics of the model of ``checkpoint`` on the store ``data`` (default: the checkpoint config's test
-    store), as ``ctrkit evaluate`` prints them."""
-    kwargs = {} if batch_size is None else {"batch_size": batch_size}
-    return evaluate_checkpoint(str(checkpoint), None if data is None else str(data), **kwargs)[1]
+    store), as ``ctrkit evaluate`` prints them; ``batch_size`` defaults to what the run evaluated with."""
+    return evaluate_checkpoint(str(checkpoint), None if data is None else str(data), batch_size)[1]
