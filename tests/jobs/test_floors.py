@@ -1,5 +1,6 @@
-"""The jobs' place in the layout, beyond tests/test_layout.py's floors: only the CLI imports a job, and the task
-kind of a model is read in one place; ``ctrkit.api`` (what ``import ctrkit`` exposes) is the CLI's twin in Python (an AST scan of src/, no imports run)."""
+"""The jobs' place in the layout, beyond tests/test_layout.py's floors: only the CLI and its twin in Python
+(``ctrkit.api``, what ``import ctrkit`` exposes) import a job, and the task kind of a model is read in one
+place (an AST scan of src/, no imports run)."""
 
 from __future__ import annotations
 
