@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_trainer import MemLoader, TinyCTR, _cfg, _loaders, make_data, resume_after_kill
+from trainer_doubles import MemLoader, TinyCTR, make_data, resume_after_kill, tiny_cfg, tiny_loaders
 
 from ctrkit.checkpoint import Checkpoint
 from ctrkit.errors import ConfigError, TrainingError
@@ -45,7 +45,7 @@ def test_average_is_the_debiased_ema_of_every_steps_weights(tmp_path, sparse_opt
     train = MemLoader(make_data(160, 0), 8, shuffle=True, seed=1)  # 8 rows a batch: most table rows idle
     valid = MemLoader(make_data(200, 1), 100)
     rec = Record()
-    tr = Trainer(model, train, _cfg(epochs=2, eval_every=7, ema_decay=decay, sparse_optimizer=sparse_optimizer),
+    tr = Trainer(model, train, tiny_cfg(epochs=2, eval_every=7, ema_decay=decay, sparse_optimizer=sparse_optimizer),
                  valid_loader=valid, run_dir=tmp_path / "run", callbacks=[rec])
     assert set(tr.average.row_index) == {tr.average.names.index("emb.weight")}
     summary = tr.fit()
@@ -78,9 +78,9 @@ def test_average_is_the_debiased_ema_of_every_steps_weights(tmp_path, sparse_opt
 def test_average_differs_from_the_trained_weights():
     """Guard for the test above: the average is not the last weights (the decay does something)."""
     torch.manual_seed(0)
-    train, _ = _loaders(n_train=320, bs=16)
+    train, _ = tiny_loaders(n_train=320, bs=16)
     rec = Record()
-    tr = Trainer(TinyCTR(), train, _cfg(epochs=1, ema_decay=0.9), callbacks=[rec])
+    tr = Trainer(TinyCTR(), train, tiny_cfg(epochs=1, ema_decay=0.9), callbacks=[rec])
     tr.fit()
     diff = (tr.model.lin.weight.double() - rec.weights[-1]["lin.weight"]).abs().max()
     assert diff > 1e-3
@@ -88,7 +88,7 @@ def test_average_differs_from_the_trained_weights():
 
 @pytest.mark.parametrize("kill_at", [7, 25])  # mid-epoch 0, and mid-epoch 1 after an eval
 def test_resume_with_averaging_is_exact(tmp_path, kill_at):
-    cfg = _cfg(epochs=2, eval_every=10, checkpoint_every=1, sparse_optimizer="sparse_adam", ema_decay=0.9)
+    cfg = tiny_cfg(epochs=2, eval_every=10, checkpoint_every=1, sparse_optimizer="sparse_adam", ema_decay=0.9)
     full, full_summary, resumed, summary, _ = resume_after_kill(tmp_path, cfg, kill_at)
     assert summary["steps"] == full_summary["steps"] == 32
     for (name, p), q in zip(full.model.named_parameters(), resumed.model.parameters(), strict=True):
@@ -100,29 +100,29 @@ def test_resume_with_averaging_is_exact(tmp_path, kill_at):
 
 
 def test_resume_refuses_a_changed_decay_or_a_checkpoint_without_averaging(tmp_path):
-    train, valid = _loaders(n_train=256)
-    Trainer(TinyCTR(), train, _cfg(epochs=1, ema_decay=0.9), valid_loader=valid, run_dir=tmp_path / "a").fit()
-    Trainer(TinyCTR(), train, _cfg(epochs=1), valid_loader=valid, run_dir=tmp_path / "b").fit()
+    train, valid = tiny_loaders(n_train=256)
+    Trainer(TinyCTR(), train, tiny_cfg(epochs=1, ema_decay=0.9), valid_loader=valid, run_dir=tmp_path / "a").fit()
+    Trainer(TinyCTR(), train, tiny_cfg(epochs=1), valid_loader=valid, run_dir=tmp_path / "b").fit()
     with pytest.raises(TrainingError, match=r"ema_decay=0.9; resume with that value"):
-        Trainer(TinyCTR(), train, _cfg(epochs=2), valid_loader=valid, resume_from=tmp_path / "a" / "last.pt")
+        Trainer(TinyCTR(), train, tiny_cfg(epochs=2), valid_loader=valid, resume_from=tmp_path / "a" / "last.pt")
     with pytest.raises(TrainingError, match=r"ema_decay=0.9, this run asks for 0.99"):
-        Trainer(TinyCTR(), train, _cfg(epochs=2, ema_decay=0.99), valid_loader=valid,
+        Trainer(TinyCTR(), train, tiny_cfg(epochs=2, ema_decay=0.99), valid_loader=valid,
                 resume_from=tmp_path / "a" / "last.pt")
     with pytest.raises(TrainingError, match=r"without weight averaging; resume with train.ema_decay=null"):
-        Trainer(TinyCTR(), train, _cfg(epochs=2, ema_decay=0.9), valid_loader=valid,
+        Trainer(TinyCTR(), train, tiny_cfg(epochs=2, ema_decay=0.9), valid_loader=valid,
                 resume_from=tmp_path / "b" / "last.pt")
 
 
 @pytest.mark.parametrize("decay", [0.0, 1.0, 1.5, -0.1, True])
 def test_decay_outside_0_1_is_a_config_error(decay):
-    train, _ = _loaders(n_train=64)
+    train, _ = tiny_loaders(n_train=64)
     with pytest.raises(ConfigError, match=r"train.ema_decay=.* must lie strictly between 0 and 1"):
-        Trainer(TinyCTR(), train, _cfg(ema_decay=decay))
+        Trainer(TinyCTR(), train, tiny_cfg(ema_decay=decay))
 
 
 def test_fit_twice_with_averaging_says_to_resume():
-    train, _ = _loaders(n_train=64)
-    tr = Trainer(TinyCTR(), train, _cfg(epochs=1, ema_decay=0.9))
+    train, _ = tiny_loaders(n_train=64)
+    tr = Trainer(TinyCTR(), train, tiny_cfg(epochs=1, ema_decay=0.9))
     tr.fit()
     with pytest.raises(TrainingError, match="resume a new Trainer from the run's last.pt"):
         tr.fit()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_trainer import Crash, TinyCTR, _cfg, _loaders
+from trainer_doubles import Crash, TinyCTR, tiny_cfg, tiny_loaders
 
 from ctrkit.checkpoint import Checkpoint
 from ctrkit.cli import main
@@ -33,18 +33,18 @@ class StartAnother(Callback):
 
     def on_step(self, trainer, step, loss):
         if step == 1:
-            train, _ = _loaders(n_train=128)
+            train, _ = tiny_loaders(n_train=128)
             try:
-                Trainer(TinyCTR(), train, _cfg(epochs=1), run_dir=self.run_dir).fit()
+                Trainer(TinyCTR(), train, tiny_cfg(epochs=1), run_dir=self.run_dir).fit()
             except TrainingError as e:
                 self.error = str(e)
 
 
 def test_a_second_training_in_a_running_directory_is_refused(tmp_path):
     run = tmp_path / "run"
-    train, valid = _loaders(n_train=256)
+    train, valid = tiny_loaders(n_train=256)
     other = StartAnother(run)
-    Trainer(TinyCTR(), train, _cfg(epochs=2, log_every=1), valid_loader=valid, run_dir=run,
+    Trainer(TinyCTR(), train, tiny_cfg(epochs=2, log_every=1), valid_loader=valid, run_dir=run,
             callbacks=[other]).fit()
     assert other.error and "is in use by another training" in other.error
     steps = [r["step"] for r in _records(run) if r["kind"] == "train"]
@@ -54,35 +54,35 @@ def test_a_second_training_in_a_running_directory_is_refused(tmp_path):
 
 
 def test_a_killed_training_leaves_no_lock(tmp_path):
-    train, _ = _loaders(n_train=256)
+    train, _ = tiny_loaders(n_train=256)
     with pytest.raises(KeyboardInterrupt):
-        Trainer(TinyCTR(), train, _cfg(epochs=1), run_dir=tmp_path / "run", callbacks=[Crash(2)]).fit()
+        Trainer(TinyCTR(), train, tiny_cfg(epochs=1), run_dir=tmp_path / "run", callbacks=[Crash(2)]).fit()
     RunLock(tmp_path / "run").acquire().release()
 
 
 def test_a_new_run_refuses_an_old_runs_directory_unless_overwrite(tmp_path):
     run = tmp_path / "run"
-    train, valid = _loaders(n_train=256)
-    Trainer(TinyCTR(), train, _cfg(epochs=1), valid_loader=valid, run_dir=run).fit()
+    train, valid = tiny_loaders(n_train=256)
+    Trainer(TinyCTR(), train, tiny_cfg(epochs=1), valid_loader=valid, run_dir=run).fit()
     before = (run / "metrics.jsonl").read_text()
     with pytest.raises(TrainingError, match=r"already holds a run \(metrics.jsonl, best.pt, last.pt"):
-        Trainer(TinyCTR(), train, _cfg(epochs=1), valid_loader=valid, run_dir=run).fit()
+        Trainer(TinyCTR(), train, tiny_cfg(epochs=1), valid_loader=valid, run_dir=run).fit()
     assert (run / "metrics.jsonl").read_text() == before
-    Trainer(TinyCTR(), train, _cfg(epochs=1), valid_loader=valid, run_dir=run, overwrite=True).fit()
+    Trainer(TinyCTR(), train, tiny_cfg(epochs=1), valid_loader=valid, run_dir=run, overwrite=True).fit()
     assert len(_records(run)) == len(before.splitlines())  # replaced, not appended
     fresh = tmp_path / "stopped_early_on"  # a run that stopped before any record leaves only config.yaml
     fresh.mkdir()
     (fresh / "config.yaml").write_text("train: {}\n")
-    Trainer(TinyCTR(), train, _cfg(epochs=1), valid_loader=valid, run_dir=fresh).fit()
+    Trainer(TinyCTR(), train, tiny_cfg(epochs=1), valid_loader=valid, run_dir=fresh).fit()
     assert (fresh / "best.pt").is_file()
 
 
 def test_a_resumed_run_writes_one_train_record_per_step(tmp_path):
-    cfg = _cfg(epochs=2, eval_every=10, log_every=1)  # last.pt at steps 10, 20, ...; killed at 15
+    cfg = tiny_cfg(epochs=2, eval_every=10, log_every=1)  # last.pt at steps 10, 20, ...; killed at 15
 
     def run(run_dir, **kw):
         torch.manual_seed(0)
-        train, valid = _loaders(n_train=1000)
+        train, valid = tiny_loaders(n_train=1000)
         return Trainer(TinyCTR(), train, cfg, valid_loader=valid, run_dir=run_dir, **kw)
 
     run(tmp_path / "full").fit()

@@ -1,5 +1,6 @@
 """Trainer: learns a planted signal, early stopping, NaN guard, exact resume, run directory; trains
-through a Task, logs every part of the loss by name, keeps the model apart from the module it steps."""
+through a Task, logs every part of the loss by name, keeps the model apart from the module it steps.
+The model, loader and config doubles (shared with test_rundir.py and test_averaging.py) are in trainer_doubles.py."""
 
 from __future__ import annotations
 
@@ -9,101 +10,24 @@ import math
 import pytest
 import torch
 from torch import nn
+from trainer_doubles import MemLoader, TinyCTR, make_data, resume_after_kill, tiny_cfg, tiny_loaders
 
-from ctrkit.batch import Batch, KeyedJagged
+from ctrkit.batch import Batch
 from ctrkit.checkpoint import Checkpoint
 from ctrkit.errors import ConfigError, TrainingError
 from ctrkit.metrics import roc_auc
-from ctrkit.models.base import CTRModel, ModelOutput, ParamGroup, logits_of
+from ctrkit.models.base import ModelOutput, ParamGroup, logits_of
 from ctrkit.training import trainer as trainer_module
 from ctrkit.training.callbacks import Callback
-from ctrkit.training.config import EarlyStoppingConfig, TrainConfig
+from ctrkit.training.config import EarlyStoppingConfig
 from ctrkit.training.tasks import CTRTask
 from ctrkit.training.trainer import Trainer
-
-VOCAB = 50
-KEYS = ["c0", "c1"]
-
-
-class MemLoader:
-    """In-memory loader with the BatchLoader protocol; order depends only on (seed, epoch)."""
-
-    def __init__(self, data: dict[str, torch.Tensor], batch_size: int, shuffle: bool = False, seed: int = 0,
-                 drop_last: bool = False) -> None:
-        self.data, self.batch_size, self.shuffle, self.seed, self.drop_last = data, batch_size, shuffle, seed, drop_last
-        self.n = data["labels"].shape[0]
-        self.epoch, self.pos = 0, 0
-
-    def __len__(self) -> int:
-        return self.n // self.batch_size if self.drop_last else -(-self.n // self.batch_size)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch, self.pos = epoch, 0
-
-    def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "pos": self.pos}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.epoch, self.pos = state["epoch"], state["pos"]
-
-    def __iter__(self):
-        if self.shuffle:
-            order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed * 1000 + self.epoch))
-        else:
-            order = torch.arange(self.n)
-        while self.pos < len(self):
-            idx = order[self.pos * self.batch_size : (self.pos + 1) * self.batch_size]
-            self.pos += 1
-            d = self.data
-            yield Batch(dense=d["dense"][idx], sparse=KeyedJagged.from_dense(KEYS, d["ids"][idx]),
-                        labels=d["labels"][idx], group_ids=d["groups"][idx])
-        self.pos = 0
-
-
-def make_data(n: int, seed: int = 0) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    effect = torch.randn(VOCAB, generator=torch.Generator().manual_seed(123)) * 1.5  # planted, shared
-    ids = torch.randint(0, VOCAB, (n, 2), generator=g)
-    dense = torch.randn(n, 2, generator=g)
-    logit = effect[ids[:, 0]] + dense[:, 0]
-    labels = (torch.rand(n, generator=g) < torch.sigmoid(logit)).float()
-    return {"ids": ids, "dense": dense, "labels": labels, "groups": torch.randint(0, 20, (n,), generator=g)}
-
-
-class TinyCTR(CTRModel):
-    """EmbeddingBag (sparse grads, declared as the embedding table) over both keys + dropout + Linear."""
-
-    def __init__(self, dim: int = 8, dropout: float = 0.2) -> None:
-        super().__init__()
-        self.emb = nn.EmbeddingBag(2 * VOCAB, dim, mode="sum", sparse=True)
-        self.drop = nn.Dropout(dropout)
-        self.lin = nn.Linear(2 * dim + 2, 1)
-
-    def forward(self, batch: Batch) -> torch.Tensor:
-        B = batch.labels.shape[0]
-        ids = batch.sparse.values.view(2, B).t() + torch.tensor([0, VOCAB])  # (B, 2) rows of one table
-        e = self.emb(ids.reshape(-1), torch.arange(0, 2 * B), ).view(B, -1)  # (B, 2D)
-        return self.lin(self.drop(torch.cat([e, batch.dense], 1))).squeeze(1)
-
-    def embedding_parameters(self):
-        yield self.emb.weight
-
-
-def _cfg(**kw) -> TrainConfig:
-    base = {"lr": 0.02, "embedding_lr": 0.1, "progress": False, "log_every": 5, "seed": 7}
-    base.update(kw)
-    return TrainConfig(**base)
-
-
-def _loaders(n_train: int = 1200, n_valid: int = 600, bs: int = 64, shuffle: bool = True):
-    return (MemLoader(make_data(n_train, 0), bs, shuffle=shuffle, seed=3),
-            MemLoader(make_data(n_valid, 1), 256))
 
 
 def test_learns_planted_signal_and_writes_run_dir(tmp_path):
     torch.manual_seed(0)
-    train, valid = _loaders()
-    tr = Trainer(TinyCTR(), train, _cfg(epochs=3, sparse_optimizer="rowwise_adagrad"), valid_loader=valid,
+    train, valid = tiny_loaders()
+    tr = Trainer(TinyCTR(), train, tiny_cfg(epochs=3, sparse_optimizer="rowwise_adagrad"), valid_loader=valid,
                  run_dir=tmp_path / "run", metrics=("auc", "logloss", "gauc"))
     summary = tr.fit()
     assert summary["last_eval"]["auc"] > 0.7 and summary["steps"] == 3 * len(train)
@@ -126,9 +50,9 @@ def test_learns_planted_signal_and_writes_run_dir(tmp_path):
 
 
 def test_early_stopping_triggers():
-    train, valid = _loaders()
+    train, valid = tiny_loaders()
     es = EarlyStoppingConfig(metric="logloss", patience=2, min_delta=1.0)  # nothing improves by 1.0
-    summary = Trainer(TinyCTR(), train, _cfg(epochs=5, eval_every=4, early_stopping=es), valid_loader=valid).fit()
+    summary = Trainer(TinyCTR(), train, tiny_cfg(epochs=5, eval_every=4, early_stopping=es), valid_loader=valid).fit()
     assert summary["stopped_early"] and summary["steps"] == 12 and summary["best_step"] == 4
 
 
@@ -137,7 +61,7 @@ def test_nan_guard_names_step_and_parameter():
     data["dense"][3 * 64 + 5, 1] = float("inf")  # in the 4th batch (no shuffle)
     model = TinyCTR(dropout=0.0)
     with pytest.raises(TrainingError, match=r"step 4 \(epoch 0\).*'(emb|lin)\.weight'"):
-        Trainer(model, MemLoader(data, 64), _cfg(epochs=1)).fit()
+        Trainer(model, MemLoader(data, 64), tiny_cfg(epochs=1)).fit()
     assert all(torch.isfinite(p).all() for p in model.parameters())  # the bad step was not applied
 
 
@@ -148,7 +72,7 @@ class AuxNaN(TinyCTR):
 
 def test_aux_losses_are_added():
     with pytest.raises(TrainingError, match="step 1"):
-        Trainer(AuxNaN(), _loaders()[0], _cfg()).fit()
+        Trainer(AuxNaN(), tiny_loaders()[0], tiny_cfg()).fit()
 
 
 class WithAux(TinyCTR):
@@ -164,14 +88,14 @@ class WithAux(TinyCTR):
 
 def test_every_part_of_the_loss_is_logged_by_name(tmp_path):
     torch.manual_seed(0)
-    train, valid = _loaders(n_train=640)
+    train, valid = tiny_loaders(n_train=640)
     seen = []
 
     class Parts(Callback):
         def on_step(self, trainer, step, loss):
             seen.append(float(loss))
 
-    tr = Trainer(WithAux(dropout=0.0), train, _cfg(epochs=1, log_every=4), valid_loader=valid,
+    tr = Trainer(WithAux(dropout=0.0), train, tiny_cfg(epochs=1, log_every=4), valid_loader=valid,
                  run_dir=tmp_path / "run", callbacks=[Parts()])
     tr.fit()
     records = [json.loads(s) for s in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -202,8 +126,8 @@ class WarmupAux(TinyCTR):
 
 
 def test_a_part_is_averaged_over_the_steps_that_logged_it(tmp_path):
-    train, _ = _loaders(n_train=512)
-    Trainer(WarmupAux(), train, _cfg(epochs=1, log_every=4), run_dir=tmp_path / "run").fit()
+    train, _ = tiny_loaders(n_train=512)
+    Trainer(WarmupAux(), train, tiny_cfg(epochs=1, log_every=4), run_dir=tmp_path / "run").fit()
     records = [json.loads(s) for s in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     parts = [r["aux_odd"] for r in records if r["kind"] == "train"]
     assert parts == [1.0, 1.0]  # logged in 2 of every 4 steps, each time 1.0 (not 2/4)
@@ -211,14 +135,14 @@ def test_a_part_is_averaged_over_the_steps_that_logged_it(tmp_path):
 
 @pytest.mark.parametrize("name", ["loss", "step"])
 def test_a_part_named_like_a_record_field_is_refused(tmp_path, name):
-    train, _ = _loaders(n_train=128)
+    train, _ = tiny_loaders(n_train=128)
     with pytest.raises(TrainingError, match=f"loss part named {name!r}.*rename it"):
-        Trainer(WarmupAux(name), train, _cfg(epochs=1), run_dir=tmp_path / "run").fit()
+        Trainer(WarmupAux(name), train, tiny_cfg(epochs=1), run_dir=tmp_path / "run").fit()
 
 
 def test_plain_logits_log_only_the_loss(tmp_path):
-    train, _ = _loaders(n_train=320)
-    Trainer(TinyCTR(), train, _cfg(epochs=1, log_every=5), run_dir=tmp_path / "run").fit()
+    train, _ = tiny_loaders(n_train=320)
+    Trainer(TinyCTR(), train, tiny_cfg(epochs=1, log_every=5), run_dir=tmp_path / "run").fit()
     records = [json.loads(s) for s in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert {tuple(sorted(r)) for r in records if r["kind"] == "train"} == {("epoch", "kind", "loss", "step")}
 
@@ -237,8 +161,8 @@ class CountingWrapper(nn.Module):
 
 
 def test_module_is_stepped_model_is_checkpointed(tmp_path):
-    train, valid = _loaders(n_train=320)
-    tr = Trainer(TinyCTR(), train, _cfg(epochs=1), valid_loader=valid, run_dir=tmp_path / "run")
+    train, valid = tiny_loaders(n_train=320)
+    tr = Trainer(TinyCTR(), train, tiny_cfg(epochs=1), valid_loader=valid, run_dir=tmp_path / "run")
     assert tr.module is tr.model  # no wrapper today
     tr.module = CountingWrapper(tr.model)
     summary = tr.fit()
@@ -254,28 +178,20 @@ def test_trainer_needs_a_ctr_model():
             return batch.dense[:, 0]
 
     with pytest.raises(ConfigError, match="derive it from ctrkit.models.base.CTRModel"):
-        Trainer(Plain(), _loaders()[0], _cfg())
+        Trainer(Plain(), tiny_loaders()[0], tiny_cfg())
 
 
 def test_given_task_is_used_and_must_have_the_early_stopping_metric():
-    train, valid = _loaders(n_train=320)
-    tr = Trainer(TinyCTR(), train, _cfg(epochs=1), valid_loader=valid, task=CTRTask(["logloss", "accuracy"]))
+    train, valid = tiny_loaders(n_train=320)
+    tr = Trainer(TinyCTR(), train, tiny_cfg(epochs=1), valid_loader=valid, task=CTRTask(["logloss", "accuracy"]))
     assert tr.metric_names == ["logloss", "accuracy"]
     assert set(tr.fit()["last_eval"]) == {"step", "logloss", "accuracy"}
     es = EarlyStoppingConfig(metric="auc", patience=2)
     with pytest.raises(ConfigError, match="early_stopping.metric 'auc' is not one of the task's metrics"):
-        Trainer(TinyCTR(), train, _cfg(early_stopping=es), task=CTRTask(["logloss"]))
+        Trainer(TinyCTR(), train, tiny_cfg(early_stopping=es), task=CTRTask(["logloss"]))
     with pytest.raises(ConfigError, match="metrics= or task="):
-        Trainer(TinyCTR(), train, _cfg(), metrics=["auc"], task=CTRTask(["logloss"]))
+        Trainer(TinyCTR(), train, tiny_cfg(), metrics=["auc"], task=CTRTask(["logloss"]))
 
-
-class Crash(Callback):
-    def __init__(self, at: int) -> None:
-        self.at = at
-
-    def on_step(self, trainer, step, loss):
-        if step == self.at:
-            raise KeyboardInterrupt(f"killed at step {step}")
 
 
 class GradNorm(Callback):
@@ -287,29 +203,11 @@ class GradNorm(Callback):
         self.norms.append(float(g.norm()))
 
 
-def resume_after_kill(tmp_path, cfg: TrainConfig, kill_at: int):
-    """One run straight through (tmp_path/full) and one killed at step ``kill_at`` and resumed from its
-    last.pt (tmp_path/cut, model built from another seed) -> (full trainer, its summary, resumed trainer, its
-    summary, the run() that builds a trainer)."""
-
-    def run(run_dir, callbacks=(), resume=None, init_seed=0):
-        torch.manual_seed(init_seed)
-        train, valid = _loaders(n_train=1000)
-        return Trainer(TinyCTR(), train, cfg, valid_loader=valid, run_dir=run_dir, callbacks=callbacks,
-                       resume_from=resume)
-
-    full = run(tmp_path / "full")
-    full_summary = full.fit()
-    with pytest.raises(KeyboardInterrupt):
-        run(tmp_path / "cut", callbacks=[Crash(kill_at)]).fit()
-    assert Checkpoint.load(tmp_path / "cut" / "last.pt").trainer.progress.step == kill_at
-    resumed = run(tmp_path / "cut", resume=tmp_path / "cut" / "last.pt", init_seed=99)
-    return full, full_summary, resumed, resumed.fit(), run
 
 
 @pytest.mark.parametrize("kill_at", [7, 25])  # mid-epoch 0, and mid-epoch 1 after an eval
 def test_resume_is_exact(tmp_path, kill_at):
-    cfg = _cfg(epochs=2, eval_every=10, checkpoint_every=1, sparse_optimizer="adagrad")
+    cfg = tiny_cfg(epochs=2, eval_every=10, checkpoint_every=1, sparse_optimizer="adagrad")
     full, full_summary, resumed, summary, run = resume_after_kill(tmp_path, cfg, kill_at)
     assert summary["steps"] == full_summary["steps"] == 2 * 16
     for (name, p), q in zip(full.model.named_parameters(), resumed.model.parameters()):
@@ -322,8 +220,8 @@ def test_resume_is_exact(tmp_path, kill_at):
 
 def test_max_steps_and_grad_clip():
     cb = GradNorm()
-    train, valid = _loaders()
-    summary = Trainer(TinyCTR(), train, _cfg(max_steps=9, grad_clip=0.05, lr=0.5), valid_loader=valid,
+    train, valid = tiny_loaders()
+    summary = Trainer(TinyCTR(), train, tiny_cfg(max_steps=9, grad_clip=0.05, lr=0.5), valid_loader=valid,
                       callbacks=[cb]).fit()
     assert summary["steps"] == 9 and len(cb.norms) == 9
     assert max(cb.norms) <= 0.05 + 1e-6
@@ -333,18 +231,18 @@ def test_max_steps_and_grad_clip():
 def test_keep_freed_memory_is_applied_only_when_configured(monkeypatch, enabled):
     calls = []
     monkeypatch.setattr(trainer_module, "keep_freed_memory", lambda: calls.append(1))
-    train, _ = _loaders(n_train=128, bs=64)
-    Trainer(TinyCTR(), train, _cfg(epochs=1, keep_freed_memory=enabled)).fit()
+    train, _ = tiny_loaders(n_train=128, bs=64)
+    Trainer(TinyCTR(), train, tiny_cfg(epochs=1, keep_freed_memory=enabled)).fit()
     assert calls == ([1] if enabled else [])
 
 
 def test_bf16_autocast_trains():
-    train, valid = _loaders(n_train=640)
-    summary = Trainer(TinyCTR(), train, _cfg(precision="bf16"), valid_loader=valid).fit()
+    train, valid = tiny_loaders(n_train=640)
+    summary = Trainer(TinyCTR(), train, tiny_cfg(precision="bf16"), valid_loader=valid).fit()
     assert math.isfinite(summary["last_eval"]["logloss"])
 
 
 def test_empty_training_data_is_a_clear_error():
     empty = MemLoader({k: v[:0] for k, v in make_data(10).items()}, 64)
     with pytest.raises(TrainingError, match="training data is empty"):
-        Trainer(TinyCTR(), empty, _cfg()).fit()
+        Trainer(TinyCTR(), empty, tiny_cfg()).fit()
