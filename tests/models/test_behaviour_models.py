@@ -1,33 +1,17 @@
-"""The user-behaviour models (din, dien, dsin, bst and the dnn baseline): their contract variants and
-schema (driven by test_models_contract.py), and what each reads of a behaviour schema."""
+"""The user-behaviour models (din, dien, dsin, bst and the dnn baseline; their contract variants and schema in
+contract_cases.py): what each reads of a behaviour schema, DIEN's auxiliary loss, clear errors, empty
+histories, DIN's mini-batch-aware L2."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from conftest import behaviour_schema, make_batch, planted_data
+from contract_cases import BEHAVIOUR
 
 from ctrkit.models.base import ModelOutput, logits_of
 from ctrkit.models.registry import ConfigError, create_model
 from ctrkit.schema import Schema, SequenceFeature
-
-SMALL = {"dnn_hidden": (16,), "dnn_activation": "relu"}
-CONTRACT_VARIANTS: dict[str, list[dict]] = {
-    "dnn": [{**SMALL}],
-    "din": [{**SMALL, "att_hidden": (8,)},
-            {"dnn_hidden": (16, 8), "att_hidden": (8, 4), "att_normalize": True, "mba_l2": 1e-3},
-            {**SMALL, "att_activation": "sigmoid"}],
-    "dien": [{**SMALL, "att_hidden": (8,), "aux_hidden": (8,)},
-             {**SMALL, "gru_type": "AGRU", "aux_loss_weight": 0.0},
-             {**SMALL, "gru_type": "AIGRU", "aux_loss_weight": 0.5, "att_normalize": False},
-             {**SMALL, "gru_type": "GRU", "aux_loss_weight": 0.0}],
-    "dsin": [{**SMALL, "num_heads": 2},
-             {**SMALL, "num_heads": 1, "merge_mode": "concat", "lstm_layers": 2, "lstm_res_layers": 1}],
-    "bst": [{**SMALL, "num_heads": 2}, {**SMALL, "num_heads": 1, "num_layers": 2}],
-}
-# every behaviour model reads the builder's schema
-SCHEMAS = dict.fromkeys(CONTRACT_VARIANTS, behaviour_schema)
-UNPOOLED = {"din": "uses", "dnn": "uses", "bst": "uses", "dien": "rejects", "dsin": "rejects"}
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +38,7 @@ def test_reads_what_it_should(name, prefix, reads, data):
     """Changing a role's ids changes the logits exactly when the model reads that role."""
     schema = behaviour_schema()
     torch.manual_seed(0)
-    model = create_model(name, schema, **CONTRACT_VARIANTS[name][0]).eval()
+    model = create_model(name, schema, **BEHAVIOUR[name][0]).eval()
     b = make_batch(data, slice(0, 64), schema)
     other = make_batch(_shuffled(data, prefix), slice(0, 64), schema)
     with torch.no_grad():
@@ -65,7 +49,7 @@ def test_reads_what_it_should(name, prefix, reads, data):
 def test_dien_aux_loss_uses_the_negatives(data):
     schema = behaviour_schema()
     torch.manual_seed(0)
-    model = create_model("dien", schema, **CONTRACT_VARIANTS["dien"][0]).train()
+    model = create_model("dien", schema, **BEHAVIOUR["dien"][0]).train()
     b = make_batch(data, slice(0, 64), schema)
     out = model(b)
     assert isinstance(out, ModelOutput) and set(out.aux_losses) == {"aux"}
@@ -106,7 +90,7 @@ def test_empty_history_scores(data):
             keep = [v for i in range(len(lengths)) for v in data[seq][offsets[i]:offsets[i + 1]] if i != 0]
             lengths[0] = 0
             empty[k], empty[seq] = lengths, torch.tensor(keep, dtype=torch.int64).numpy()
-    for name, variants in CONTRACT_VARIANTS.items():
+    for name, variants in BEHAVIOUR.items():
         torch.manual_seed(0)
         model = create_model(name, schema, **variants[0]).eval()
         with torch.no_grad():
@@ -119,7 +103,7 @@ def test_empty_history_scores(data):
 def test_din_mba_l2_counts_and_penalises_rows_in_the_batch(data):
     schema = behaviour_schema()
     torch.manual_seed(0)
-    model = create_model("din", schema, **CONTRACT_VARIANTS["din"][1])
+    model = create_model("din", schema, **BEHAVIOUR["din"][1])
     batches = [make_batch(data, slice(s, s + 100), schema) for s in (0, 100, 200)]
     model.prefit(batches)
     counts = model.frequency.counts("item")

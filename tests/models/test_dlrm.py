@@ -1,5 +1,5 @@
 """DLRM: the dot-interaction logit equals a hand computation from its arches, with and without dense features
-(each interaction, against loops); its contract variants."""
+(each interaction, against loops). Its contract variants are in contract_cases.py."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import contract_schema, make_batch, planted_data
+from contract_cases import DLRM, DLRM_SMALL
 
 from ctrkit.errors import LayerConfigError
 from ctrkit.models.base import logits_of
@@ -14,26 +15,12 @@ from ctrkit.models.registry import ConfigError, create_model
 from ctrkit.nn.interaction import DotInteraction
 from ctrkit.schema import Schema, SparseFeature
 
-SMALL = {"dense_arch": (16,), "over_arch": (16,)}
-
-# Variants exercised by test_models_contract.py (small sizes keep the suite fast): every interaction arch.
-CONTRACT_VARIANTS: dict[str, list[dict]] = {
-    "dlrm": [
-        dict(SMALL, interaction="dot"),
-        dict(SMALL, interaction="dcn", cross_type="full", cross_layers=2),
-        dict(SMALL, interaction="dcn", cross_type="low_rank", cross_layers=2, cross_rank=4),
-        dict(SMALL, interaction="dcn", cross_type="vector", cross_layers=2),
-        dict(SMALL, interaction="dcn", cross_type="low_rank_mixture", cross_layers=2, cross_rank=4, cross_experts=2),
-        dict(SMALL, interaction="projection", projection_branch1=(16, 3 * 8), projection_branch2=(16, 2 * 8)),
-    ],
-}
-
 
 def test_dot_interaction_logit_by_hand():
     """logit = over_arch([d, (c_i . c_j for i < j)]) with c_0 = dense_arch(x), c_f+1 = pooled feature f."""
     torch.manual_seed(0)
     schema = contract_schema()
-    model = create_model("dlrm", schema, **CONTRACT_VARIANTS["dlrm"][0]).eval()
+    model = create_model("dlrm", schema, **DLRM["dlrm"][0]).eval()
     batch = make_batch(planted_data(16, seed=2), slice(0, 16))
     with torch.no_grad():
         d = model.dense_arch(batch.dense)  # (B, D)
@@ -51,9 +38,9 @@ def test_dot_interaction_logit_by_hand():
 
 # ---- without dense features: no DenseArch, the interaction runs over the F sparse vectors alone ----------
 NO_DENSE = {  # interaction variants checked without dense features
-    "dot": dict(SMALL, interaction="dot"),
-    "dcn": dict(SMALL, interaction="dcn", cross_type="full", cross_layers=2),
-    "projection": dict(SMALL, interaction="projection", projection_branch1=(16, 3 * 8),
+    "dot": dict(DLRM_SMALL, interaction="dot"),
+    "dcn": dict(DLRM_SMALL, interaction="dcn", cross_type="full", cross_layers=2),
+    "projection": dict(DLRM_SMALL, interaction="projection", projection_branch1=(16, 3 * 8),
                        projection_branch2=(16, 2 * 8)),
 }
 

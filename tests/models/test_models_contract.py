@@ -1,8 +1,8 @@
 """The contract every registered model keeps (DESIGN.md §5-6), driven by the registry.
 
-Each model's variants live beside its own tests (``CONTRACT_VARIANTS`` in test_dlrm.py,
-test_models_a.py, test_models_b.py) and are imported here explicitly; a registered model without
-variants runs with its defaults, under the test id ``<name>-defaults``.
+The cases (each family's variants, the schema each model is checked on, what it does with an unpooled history)
+are in contract_cases.py; a registered model without variants runs with its defaults, under the test id
+``<name>-defaults``.
 """
 
 from __future__ import annotations
@@ -13,58 +13,14 @@ import numpy as np
 import pytest
 import torch
 from conftest import contract_schema, make_batch, planted_data
+from contract_cases import UNPOOLED, VARIANTS, build, data_for, schema_for
+from next_item import learns_next_item
 from sklearn.metrics import roc_auc_score
-from test_behaviour_models import CONTRACT_VARIANTS as BEHAVIOUR_VARIANTS
-from test_behaviour_models import SCHEMAS as BEHAVIOUR_SCHEMAS
-from test_behaviour_models import UNPOOLED as BEHAVIOUR_UNPOOLED
-from test_dlrm import CONTRACT_VARIANTS as DLRM_VARIANTS
-from test_models_a import CONTRACT_VARIANTS as A_VARIANTS
-from test_models_b import CONTRACT_VARIANTS as B_VARIANTS
-from test_retrieval_models import CONTRACT_VARIANTS as RETRIEVAL_VARIANTS
-from test_retrieval_models import SCHEMAS as RETRIEVAL_SCHEMAS
-from test_retrieval_models import UNPOOLED as RETRIEVAL_UNPOOLED
-from test_retrieval_models import learns_next_item
 
 from ctrkit.models.base import CTRModel, ModelOutput, logits_of
 from ctrkit.models.registry import ConfigError, create_model, get_model_class, list_models
 from ctrkit.schema import Schema, SequenceFeature
 from ctrkit.training.tasks import CTRTask
-
-
-def merge(*parts: dict[str, list[dict]]) -> dict[str, list[dict]]:
-    out: dict[str, list[dict]] = {}
-    for part in parts:
-        twice = set(out) & set(part)
-        assert not twice, f"contract variants of {sorted(twice)} are defined in two test files"
-        out.update(part)
-    return out
-
-
-VARIANTS = merge(DLRM_VARIANTS, A_VARIANTS, B_VARIANTS, BEHAVIOUR_VARIANTS, RETRIEVAL_VARIANTS)
-SCHEMAS = {**BEHAVIOUR_SCHEMAS, **RETRIEVAL_SCHEMAS}
-
-# What each model does with an unpooled (pooling "none") history: "ignores" it (the default: the zoo's
-# field models read only pooled features, schema.pooled_keys), "uses" it (attention over the
-# sequence) or "rejects" it with a ConfigError naming the feature.
-UNPOOLED: dict[str, str] = {**BEHAVIOUR_UNPOOLED, **RETRIEVAL_UNPOOLED}
-
-
-def schema_for(name: str) -> Schema:
-    """The schema a model is checked on: the contract schema, or the behaviour builder's for the behaviour
-    models (SCHEMAS in their test file)."""
-    return SCHEMAS.get(name, contract_schema)()
-
-
-_DATA: dict[str, dict[str, np.ndarray]] = {}
-
-
-def data_for(name: str) -> dict[str, np.ndarray]:
-    """Planted-signal rows (3000) in the schema ``name`` is checked on, drawn once per schema."""
-    factory = SCHEMAS.get(name, contract_schema)
-    key = factory.__name__
-    if key not in _DATA:
-        _DATA[key] = planted_data(3000, seed=1, schema=factory())
-    return _DATA[key]
 
 
 def cases() -> list:
@@ -76,19 +32,6 @@ def cases() -> list:
         for i, params in enumerate(VARIANTS[name]):
             out.append(pytest.param(name, params, id=f"{name}-{i}"))
     return out
-
-
-def build(name: str, params: dict, seed: int = 0, data: dict | None = None,
-          schema: Schema | None = None) -> CTRModel:
-    """Create the model; a model that declares ``needs_prefit`` (GBDT+LR's trees) gets its prefit on
-    the training rows, as the runner does."""
-    torch.manual_seed(seed)
-    schema = schema or schema_for(name)
-    model = create_model(name, schema, **params)
-    if model.needs_prefit:
-        data = data if data is not None else data_for(name)
-        model.prefit([make_batch(data, slice(s, s + 500), schema) for s in range(0, 2500, 500)])
-    return model
 
 
 def test_variants_name_registered_models():

@@ -17,8 +17,8 @@ import pytest
 import torch
 from conftest import contract_schema, make_batch, planted_data
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))  # the contract test's variants and schemas
-from test_models_contract import VARIANTS, build, schema_for
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))  # contract_cases.py
+from contract_cases import VARIANTS, build, schema_for
 
 from ctrkit.batch import KeyedJagged
 from ctrkit.checkpoint import Checkpoint

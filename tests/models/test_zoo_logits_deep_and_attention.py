@@ -1,5 +1,6 @@
-"""Zoo models of issue 4 (part b): bad options give ConfigErrors naming model and option, and each
-model's logit equals a hand computation (loops) from its own weights on a tiny config."""
+"""The cross, deep-FM and attention models of the zoo (dcn, dcnv2, deepfm, xdeepfm, nfm, afm, fibinet,
+autoint): bad options give ConfigErrors naming model and option, and each model's logit equals a hand
+computation (loops) from its own weights on a tiny config. Their contract variants are in contract_cases.py."""
 
 from __future__ import annotations
 
@@ -13,49 +14,6 @@ from ctrkit.batch import Batch, KeyedJagged
 from ctrkit.models.base import logits_of
 from ctrkit.models.registry import ConfigError, create_model
 from ctrkit.schema import DenseFeature, Schema, SparseFeature
-
-# Variants exercised by test_models_contract.py (small sizes, every option branch).
-DNN = {"dnn_hidden": (16,)}
-
-CONTRACT_VARIANTS: dict[str, list[dict]] = {
-    "dcn": [
-        {**DNN, "cross_layers": 2},
-        {"cross_layers": 1, "dnn_hidden": ()},
-    ],
-    "dcnv2": [
-        {**DNN, "cross_type": "full", "structure": "parallel", "cross_layers": 2},
-        {**DNN, "cross_type": "full", "structure": "stacked", "cross_layers": 2},
-        {**DNN, "cross_type": "low_rank_mixture", "structure": "parallel", "cross_layers": 2, "cross_rank": 4, "cross_experts": 2},
-        {**DNN, "cross_type": "low_rank_mixture", "structure": "stacked", "cross_layers": 2, "cross_rank": 4, "cross_experts": 1},
-    ],
-    "deepfm": [
-        {**DNN},
-        {"dnn_hidden": (), "bias": False},
-    ],
-    "xdeepfm": [
-        {**DNN, "cin_layer_sizes": (8, 6), "split_half": True},
-        {**DNN, "cin_layer_sizes": (5, 3), "split_half": False, "cin_activation": "relu"},
-    ],
-    "nfm": [
-        {**DNN, "bi_dropout": 0.1},
-        {"dnn_hidden": ()},
-        {**DNN, "bi_batch_norm": False},
-    ],
-    "afm": [
-        {"att_dim": 4},
-        {"att_dim": 4, "att_dropout": 0.1},
-    ],
-    "fibinet": [
-        {**DNN, "bilinear_type": "field_all", "senet_pooling": "mean"},
-        {**DNN, "bilinear_type": "field_each", "senet_pooling": "max", "reduction_ratio": 2.0},
-        {**DNN, "bilinear_type": "field_interaction", "senet_pooling": "mean"},
-    ],
-    "autoint": [
-        {"num_layers": 2, "num_heads": 2},
-        {**DNN, "num_layers": 1, "num_heads": 2, "head_dim": 3, "autoint_plus": True},
-        {"num_layers": 1, "num_heads": 2, "dense_as_fields": False},  # dense values reach the head
-    ],
-}
 
 B, D = 4, 4
 KEYS = ["s0", "s1", "s2"]

@@ -1,6 +1,7 @@
-"""Model-specific checks for lr, fm, ffm, mlr, gbdt_lr, ncf, pnn, wide_deep: bad options give a
-ConfigError naming the model and option, and each logit equals a hand computation from its parts
-(loops over fields and pairs)."""
+"""The linear, factorisation, product and wide models of the zoo (lr, fm, ffm, mlr, gbdt_lr, ncf, pnn,
+wide_deep): bad options give a ConfigError naming the model and option, and each logit equals a hand
+computation from its parts (loops over fields and pairs); the zoo's embedding_init_std, MLR's penalty group,
+GBDT+LR's leaves against LightGBM, Wide&Deep's FTRL group. Their contract variants are in contract_cases.py."""
 
 from __future__ import annotations
 
@@ -18,34 +19,6 @@ from ctrkit.models.registry import ConfigError, create_model
 from ctrkit.schema import DenseFeature, Schema, SparseFeature
 from ctrkit.training.ftrl import FTRL
 from ctrkit.training.tasks import CTRTask
-
-# Variants exercised by test_models_contract.py (small sizes, every option branch).
-CONTRACT_VARIANTS: dict[str, list[dict]] = {
-    "lr": [{}],
-    "fm": [{}, {"dense_interaction": False}],
-    "ffm": [{"embedding_dim": 4}, {"dense_interaction": False, "embedding_dim": 2}],
-    "mlr": [{"regions": 4}, {"regions": 2, "l1": 1e-5, "l2": 1e-5, "l21": 1e-5}],
-    "gbdt_lr": [
-        {"num_trees": 10, "num_leaves": 8, "num_threads": 1},
-        {"num_trees": 8, "num_leaves": 6, "sparse_as": "numeric", "with_linear": True, "num_threads": 1},
-    ],
-    # NCF sees only the user and item ids; on the planted data an id-only oracle reaches AUC 0.734,
-    # below the contract's 0.75, so the variants add the dense features to the MLP branch (use_dense).
-    "ncf": [
-        {"dnn_hidden": (16, 8), "use_dense": True},
-        {"user_feature": "user", "item_feature": "item", "gmf_dim": 4, "mlp_dim": 6, "dnn_hidden": (8,),
-         "use_dense": True},
-    ],
-    "pnn": [
-        {"product": "inner", "product_units": 16, "dnn_hidden": (16,)},
-        {"product": "outer", "product_units": 16, "dnn_hidden": (16,)},
-        {"product": "both", "product_units": 8, "dnn_hidden": (8,), "dnn_batch_norm": True},
-    ],
-    "wide_deep": [
-        {"dnn_hidden": (16,)},
-        {"dnn_hidden": (16,), "crosses": (("user", "item"), ("item", "ctx")), "cross_buckets": 500},
-    ],
-}
 
 D = 3
 VOCAB = {"a": 5, "b": 7, "c": 4}
