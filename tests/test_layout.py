@@ -199,3 +199,62 @@ def test_the_registry_knows_every_builtin_model_without_importing_the_models() -
     modules = [p for p in (SRC / "ctrkit" / "models").glob("*.py") if not p.name.startswith("_")
                and p.stem not in ("registry", "base", "scoring")]
     assert int(out) >= len(modules) > 15
+
+
+# ---- tests: a test module is imported by pytest only ----------------------------------------------------------
+TESTS = Path(__file__).resolve().parent
+
+
+def _is_test_module(dotted: str) -> bool:
+    return dotted.rsplit(".", 1)[-1].startswith("test_")
+
+
+def _imports_of_test_modules(source: str, test_stems: set[str]) -> list[str]:
+    """The modules named test_* that ``source`` imports (``import test_x``, ``from test_x import y``,
+    ``from tests.models.test_x import y``, ``from . import test_x``, ``importlib.import_module("test_x")``),
+    inside functions too. ``from m import test_y`` counts when test_y is a test file of tests/ (a function
+    named test_* imported from a library module does not)."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names if _is_test_module(a.name)]
+        elif isinstance(node, ast.ImportFrom):
+            module = "." * node.level + (node.module or "")
+            if _is_test_module(module):
+                found.append(module)
+            found += [f"{module}.{a.name}" if node.module else module + a.name
+                      for a in node.names if a.name in test_stems]
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            name = getattr(node.func, "attr", getattr(node.func, "id", None))
+            arg = node.args[0].value
+            if name == "import_module" and isinstance(arg, str) and _is_test_module(arg):
+                found.append(arg)
+    return found
+
+
+def test_no_module_of_the_tests_imports_a_test_module() -> None:
+    """A test module is collected, not imported: what two test files share lives in a helper module
+    (tests/conftest.py, tests/models/contract_cases.py, tests/training/trainer_doubles.py, ...)."""
+    files = sorted(TESTS.rglob("*.py"))
+    stems = {p.stem for p in files if p.stem.startswith("test_")}
+    bad = {str(p.relative_to(TESTS)): found for p in files
+           if (found := _imports_of_test_modules(p.read_text(), stems))}
+    assert bad == {}, "move what these import into a helper module (a file not named test_*.py)"
+
+
+def test_the_test_import_check_finds_test_modules() -> None:
+    stems = {"test_trainer", "test_models_contract"}
+    source = """
+import os
+from conftest import make_batch
+from ctrkit.training import trainer
+from test_trainer import TinyCTR
+import tests.models.test_models_contract as c
+from . import test_trainer
+from ctrkit.stats import test_split
+def f():
+    import importlib
+    return importlib.import_module("test_dlrm")
+"""
+    assert _imports_of_test_modules(source, stems) == [
+        "test_trainer", "tests.models.test_models_contract", ".test_trainer", "test_dlrm"]
