@@ -40,7 +40,7 @@ KNOWN_CYCLES: list[list[str]] = []
 
 # Files over 400 lines / functions over 60 lines on the way to the limits (issue 25); the lists only shrink.
 LONG_FILES: set[str] = {
-    "ctrkit.data.storage.store", "ctrkit.serving.export",
+    "ctrkit.serving.export",
 }
 LONG_FUNCTIONS: set[str] = {
     "ctrkit.data.pipeline.criteo_parse:parse_block",

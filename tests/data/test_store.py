@@ -9,7 +9,8 @@ from ctrkit.data.pipeline.rows import ColumnSpec
 from ctrkit.data.sources.criteo import preprocess_criteo, resolve_inputs
 from ctrkit.data.sources.table import preprocess_table
 from ctrkit.data.storage.agree import Vocabularies, check_same_vocabulary
-from ctrkit.data.storage.store import Store, StoreWriter, remove_stale_splits, write_store
+from ctrkit.data.storage.splits import remove_stale_splits
+from ctrkit.data.storage.store import Store, StoreWriter, write_store
 from ctrkit.errors import DataError, StoreError
 from ctrkit.schema import DenseFeature, Schema, SparseFeature
 

@@ -33,7 +33,7 @@ Malformed lines (wrong field count, label not 0/1, a dense field that is not an 
 a categorical not 8 hex digits, non-UTF-8 bytes) are skipped and counted once each; the first few are
 logged with their 1-based line numbers and a reason naming the field, and kept in the manifest. If more
 than ``max_bad_fraction`` of a file's rows are bad the run fails with :class:`~ctrkit.errors.DataError`.
-The split stores are staged and published together (:class:`~ctrkit.data.storage.store.SplitOutput`): a failure
+The split stores are staged and published together (:class:`~ctrkit.data.storage.splits.SplitOutput`): a failure
 or Ctrl-C leaves ``out`` as it was.
 """
 

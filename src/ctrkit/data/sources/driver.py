@@ -19,7 +19,7 @@ its split rule (:meth:`Frontend.route`, or one split per :class:`Input`) and wha
    provisional ids mapped to final ones, one store each, all holding the fitted pipeline (``<store>/pipeline``,
    hard links to one copy: the store's vocabularies, stored once).
 5. **publish**: the stores (and the front-end's side files) move into place together
-   (:class:`~ctrkit.data.storage.store.SplitOutput`); a failure or Ctrl-C leaves ``out`` as it was.
+   (:class:`~ctrkit.data.storage.splits.SplitOutput`); a failure or Ctrl-C leaves ``out`` as it was.
 
 The per-chunk step (:meth:`_Run.transform_chunk`: encode, route, spill) depends only on the chunk, the encoder
 and the front-end's keys, never on how the input was cut into chunks, so the same stores come out for any
@@ -45,7 +45,8 @@ from ctrkit.data.pipeline.rows import BadRows, splitmix64
 from ctrkit.data.pipeline.spec import SPLITS
 from ctrkit.data.storage.fitted import reuse_fitted
 from ctrkit.data.storage.spill import ShardSpill, shard_count
-from ctrkit.data.storage.store import SplitOutput, StoreWriter
+from ctrkit.data.storage.splits import SplitOutput
+from ctrkit.data.storage.store import StoreWriter
 from ctrkit.io import link_tree
 
 log = logging.getLogger(__name__)

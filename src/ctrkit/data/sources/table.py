@@ -26,7 +26,7 @@ line numbers (CSV: physical line, assuming no blank lines or quoted newlines; Pa
 CSVs may be compressed (``.csv.gz``, by extension) and start with a UTF-8 byte-order mark. ``options:``
 holds the defaults of ``min_freq``, ``max_vocab``, ``max_vocab_mode`` and ``embedding_dim``; an unknown key
 there or in a feature entry is an error naming the closest valid key. The split stores are published
-together (:class:`~ctrkit.data.storage.store.SplitOutput`): a failure or Ctrl-C leaves ``out`` as it was.
+together (:class:`~ctrkit.data.storage.splits.SplitOutput`): a failure or Ctrl-C leaves ``out`` as it was.
 
 These rules are :class:`~ctrkit.data.pipeline.feature_pipeline.FeaturePipeline`'s (kind ``table``): this module reads,
 splits and shuffles, the pipeline fits and transforms, and every store holds the fitted pipeline in
