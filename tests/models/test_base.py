@@ -10,7 +10,7 @@ from torch import nn
 from ctrkit.batch import Batch
 from ctrkit.errors import ConfigError
 from ctrkit.models.base import CTRModel, ModelOutput, ParamGroup, RetrievalModel, logits_of
-from ctrkit.nn.embedding import make_embeddings
+from ctrkit.nn.embedding_factory import make_embeddings
 from ctrkit.schema import TableSpec
 
 

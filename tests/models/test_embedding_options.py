@@ -17,7 +17,8 @@ from ctrkit.errors import ConfigError
 from ctrkit.jobs.tune_space import load_search_space
 from ctrkit.models.base import logits_of
 from ctrkit.models.registry import create_model, model_params, upgrade_params
-from ctrkit.nn.embedding import EmbeddingCollection, make_embeddings
+from ctrkit.nn.embedding import EmbeddingCollection
+from ctrkit.nn.embedding_factory import make_embeddings
 from ctrkit.training.config import read_config_file
 
 REPO = Path(__file__).resolve().parents[2]

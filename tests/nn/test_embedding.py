@@ -13,7 +13,8 @@ from torch import nn
 
 from ctrkit.batch import KeyedJagged
 from ctrkit.models.registry import create_model
-from ctrkit.nn.embedding import EmbeddingBagCollection, EmbeddingCollection, make_embeddings
+from ctrkit.nn.embedding import EmbeddingBagCollection, EmbeddingCollection
+from ctrkit.nn.embedding_factory import make_embeddings
 from ctrkit.schema import DenseFeature, Schema, SchemaError, SequenceFeature, SparseFeature, TableSpec
 
 

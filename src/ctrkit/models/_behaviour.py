@@ -27,7 +27,7 @@ from torch import nn
 
 from ctrkit.batch import Batch, KeyedJagged
 from ctrkit.models.registry import ConfigError
-from ctrkit.nn.embedding import make_embeddings
+from ctrkit.nn.embedding_factory import make_embeddings
 from ctrkit.nn.inputs import ZOO_INIT_STD
 from ctrkit.nn.sequence import mba_l2
 from ctrkit.schema import Schema, SequenceFeature

@@ -22,7 +22,7 @@ from torch import nn
 
 from ctrkit.batch import Batch, KeyedJagged
 from ctrkit.errors import ConfigError
-from ctrkit.nn.embedding import make_embeddings
+from ctrkit.nn.embedding_factory import make_embeddings
 from ctrkit.nn.sequence import masked_mean
 from ctrkit.retrieval.catalogue import item_feature_names
 from ctrkit.schema import Schema, SequenceFeature, SparseFeature

@@ -29,7 +29,7 @@ from ctrkit.batch import Batch
 from ctrkit.models.base import CTRModel, ModelOutput
 from ctrkit.models.registry import ConfigError, register_model
 from ctrkit.nn.crossnet import CrossNet, LowRankCrossNet, LowRankMixtureCrossNet, VectorCrossNet
-from ctrkit.nn.embedding import make_embeddings
+from ctrkit.nn.embedding_factory import make_embeddings
 from ctrkit.nn.interaction import DCNInteraction, DotInteraction, ProjectionInteraction
 from ctrkit.nn.mlp import MLP
 from ctrkit.schema import Schema

@@ -20,7 +20,7 @@ from torch import nn
 from ctrkit.batch import Batch
 from ctrkit.models.base import CTRModel, ModelOutput
 from ctrkit.models.registry import ConfigError, register_model
-from ctrkit.nn.embedding import make_embeddings
+from ctrkit.nn.embedding_factory import make_embeddings
 from ctrkit.nn.fm import FFMInteraction
 from ctrkit.nn.inputs import ZOO_INIT_STD, LinearTerm
 from ctrkit.schema import Schema

@@ -30,7 +30,7 @@ from ctrkit.batch import Batch, KeyedJagged
 from ctrkit.errors import NotFittedError
 from ctrkit.models.base import CTRModel, ModelOutput
 from ctrkit.models.registry import ConfigError, register_model
-from ctrkit.nn.embedding import make_embeddings
+from ctrkit.nn.embedding_factory import make_embeddings
 from ctrkit.nn.inputs import LinearTerm
 from ctrkit.schema import Schema, TableSpec
 

@@ -37,7 +37,7 @@ from torch import nn
 from ctrkit.batch import Batch
 from ctrkit.models.base import CTRModel, ModelOutput, ParamGroup
 from ctrkit.models.registry import ConfigError, register_model
-from ctrkit.nn.embedding import make_embeddings
+from ctrkit.nn.embedding_factory import make_embeddings
 from ctrkit.schema import Schema
 
 

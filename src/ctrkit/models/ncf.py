@@ -26,7 +26,7 @@ from ctrkit.batch import Batch
 from ctrkit.models._towers import DNNOptions, TowerHead
 from ctrkit.models.base import CTRModel, ModelOutput
 from ctrkit.models.registry import ConfigError, register_model
-from ctrkit.nn.embedding import make_embeddings
+from ctrkit.nn.embedding_factory import make_embeddings
 from ctrkit.schema import Schema, TableSpec
 
 

@@ -17,7 +17,7 @@ resolved values with :func:`resolve_options`.
 Embedding options, taken by every model (:class:`EmbeddingOptions`; applied by :func:`create_model`, so no
 model file handles them): ``embedding_dim`` D of every table and ``embedding_dims`` {table: D} per table (the
 store schema's dims are only the default: the same store trains at D = 8, 16 or 64), and
-``embedding_backend`` (the embedding factory's backend, :func:`ctrkit.nn.embedding.make_embeddings`).
+``embedding_backend`` (the embedding factory's backend, :func:`ctrkit.nn.embedding_factory.make_embeddings`).
 
 Renamed options: a model lists the names (and values) it no longer takes in its ``renamed_options`` /
 ``renamed_values`` class attributes. A config that still uses one is a :class:`ConfigError` naming the new

@@ -28,7 +28,7 @@ from ctrkit.batch import Batch, KeyedJagged
 from ctrkit.models._towers import DNNOptions, TowerHead
 from ctrkit.models.base import CTRModel, ModelOutput, ParamGroup
 from ctrkit.models.registry import ConfigError, register_model
-from ctrkit.nn.embedding import make_embeddings
+from ctrkit.nn.embedding_factory import make_embeddings
 from ctrkit.nn.inputs import ZOO_INIT_STD, FieldEmbedding, LinearTerm
 from ctrkit.schema import Schema, SparseFeature, TableSpec
 

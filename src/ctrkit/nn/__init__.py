@@ -17,8 +17,8 @@ from ctrkit.nn.embedding import (
     EmbeddingBagCollection,
     EmbeddingCollection,
     PooledEmbeddings,
-    make_embeddings,
 )
+from ctrkit.nn.embedding_factory import make_embeddings
 from ctrkit.nn.fm import BiInteractionPooling, FFMInteraction, FMInteraction
 from ctrkit.nn.interaction import DCNInteraction, DotInteraction, ProjectionInteraction
 from ctrkit.nn.mlp import MLP

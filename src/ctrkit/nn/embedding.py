@@ -6,7 +6,7 @@
   Its state dict names tables: ``<prefix>tables.<table>`` -> ``[rows, D]``, whatever the backend.
   (Defined in :mod:`ctrkit.nn.embedding_interface` with :class:`PooledEmbeddings`, re-exported here.)
 - :class:`EmbeddingBagCollection` — the ``fused`` backend (the SparseArch of seed 000 §4-5).
-- :func:`make_embeddings` — the one factory models build their tables with, from what the model asks
+- :func:`~ctrkit.nn.embedding_factory.make_embeddings` — the one factory models build their tables with, from what the model asks
   for (keys, sequences, dims, init). Its ``backend`` defaults to the one chosen for the model being built
   (:func:`embedding_backend`, set by ``create_model`` from ``model.params.embedding_backend``), so a
   sharded backend is a drop-in for every model without a change to any model file.
@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -49,15 +48,13 @@ from ctrkit.nn.embedding_interface import (
     EmbeddingCollection,
     PooledEmbeddings,
     PoolGroup,
-    check_backend,
-    current_backend,
     embedding_backend,
     group_input,
 )
 from ctrkit.nn.table_memory import check_tables_fit
-from ctrkit.schema import Schema, SchemaError, SequenceFeature, SparseFeature, TableSpec
+from ctrkit.schema import TableSpec
 
-__all__ = ["EmbeddingBagCollection", "EmbeddingCollection", "PooledEmbeddings", "embedding_backend", "make_embeddings"]
+__all__ = ["EmbeddingBagCollection", "EmbeddingCollection", "PooledEmbeddings", "embedding_backend"]
 
 POOLINGS = ("sum", "mean")
 INITS = ("uniform", "normal", "zeros")
@@ -93,34 +90,13 @@ class EmbeddingBagCollection(EmbeddingCollection):
         std: float | None = None,
     ) -> None:
         super().__init__()
-        if init not in INITS:
-            raise LayerConfigError(f"embedding init {init!r} is not one of {INITS}")
-        if init == "normal" and (std is None or std <= 0):
-            raise LayerConfigError(f"embedding init 'normal' needs a positive std, got {std}")
-        self.init, self.std = init, std
-        self.tables: dict[str, TableSpec] = {}
-        for t in tables:
-            if t.name in self.tables:
-                raise LayerConfigError(f"table {t.name!r} is given twice")
-            if t.num_embeddings < 1 or t.embedding_dim < 1:
-                raise LayerConfigError(
-                    f"table {t.name!r} needs num_embeddings >= 1 and embedding_dim >= 1, got {t}"
-                )
-            self.tables[t.name] = t
+        self.init, self.std = _checked_init(init, std)
+        self.tables: dict[str, TableSpec] = _table_map(tables)
         if feature_to_table is None:
             feature_to_table = {f: t.name for t in tables for f in t.features}
         feature_pooling = dict(feature_pooling or {})
         sequence_keys = dict(sequence_keys or {})
-        for name, mapping in (("feature_to_table", feature_to_table),
-                              ("sequence_keys", {k: t for k, (t, _) in sequence_keys.items()})):
-            for f, t in mapping.items():
-                if t not in self.tables:
-                    raise LayerConfigError(
-                        f"{name}: feature {f!r} names table {t!r}, not one of {list(self.tables)}"
-                    )
-        unknown = set(feature_pooling) - set(feature_to_table)
-        if unknown:
-            raise LayerConfigError(f"feature_pooling names features {sorted(unknown)} that are not pooled here")
+        _check_features(self.tables, feature_to_table, feature_pooling, sequence_keys)
         self.keys: list[str] = list(feature_to_table)
         self.feature_to_table: dict[str, str] = dict(feature_to_table)
         self.feature_pooling: dict[str, str] = {k: feature_pooling.get(k, "sum") for k in self.keys}
@@ -131,8 +107,12 @@ class EmbeddingBagCollection(EmbeddingCollection):
         self.sparse_grad = bool(sparse_grad)
         self.validate = bool(validate)
         self.dims: list[int] = [self.tables[self.feature_to_table[k]].embedding_dim for k in self.keys]
+        self._allocate(tables)
+        self._group_keys()
+        self.reset_parameters()
 
-        # Fused weights: one per dim ("fused_dim<D>"); tables in the given order, each at its row offset.
+    def _allocate(self, tables: Sequence[TableSpec]) -> None:
+        """Fused weights: one per dim ("fused_dim<D>"); tables in the given order, each at its row offset."""
         self.row_offset: dict[str, int] = {}
         rows_per_dim: dict[int, int] = {}
         for t in tables:
@@ -142,19 +122,20 @@ class EmbeddingBagCollection(EmbeddingCollection):
         for d, n in rows_per_dim.items():
             self.register_parameter(_fused_name(d), nn.Parameter(torch.empty(n, d)))
 
+    def _group_keys(self) -> None:
+        """Keys pooled together: one group per (dim, pooling), with each key's table row offset and table size
+        as buffers (they move with ``.to()``)."""
         groups: dict[tuple[int, str], list[int]] = {}
         for i, k in enumerate(self.keys):
             groups.setdefault((self.dims[i], self.feature_pooling[k]), []).append(i)
         self._groups = [
             PoolGroup(d, p, tuple(self.keys[i] for i in pos), tuple(pos)) for (d, p), pos in groups.items()
         ]
-        # per group: table row offset and table size of each key, as buffers (move with .to()).
         for gi, g in enumerate(self._groups):
             tabs = [self.tables[self.feature_to_table[k]] for k in g.keys]
             self.register_buffer(f"_offs{gi}", torch.tensor([self.row_offset[t.name] for t in tabs]),
                                  persistent=False)
             self.register_buffer(f"_size{gi}", torch.tensor([t.num_embeddings for t in tabs]), persistent=False)
-        self.reset_parameters()
 
     # ---- parameters ----------------------------------------------------------------------------
     def reset_parameters(self) -> None:
@@ -319,68 +300,32 @@ def _fused_name(dim: int) -> str:
     return f"fused_dim{dim}"
 
 
-def make_embeddings(
-    schema: Schema | None = None,
-    keys: Sequence[str] | None = None,
-    *,
-    tables: Sequence[TableSpec] | None = None,
-    sequence_keys: Sequence[str] | None = None,
-    dim: int | None = None,
-    init: str = "uniform",
-    std: float | None = None,
-    backend: str | None = None,
-    sparse_grad: bool = True,
-    validate: bool = True,
-) -> EmbeddingCollection:
-    """The one way a model builds embedding tables.
+def _checked_init(init: str, std: float | None) -> tuple[str, float | None]:
+    if init not in INITS:
+        raise LayerConfigError(f"embedding init {init!r} is not one of {INITS}")
+    if init == "normal" and (std is None or std <= 0):
+        raise LayerConfigError(f"embedding init 'normal' needs a positive std, got {std}")
+    return init, std
 
-    From a ``schema``: pools ``keys`` (default ``schema.pooled_keys``) with the schema's tables and
-    poolings; ``sequence_keys`` (default: the sequences with pooling "none" whose table is used) are
-    embedded unpooled by ``sequence()``. Only the tables these keys use are created, in schema order.
-    From explicit ``tables`` (GBDT+LR's leaves, Wide&Deep's crosses, NCF's role tables): every feature
-    a table lists is pooled with "sum".
 
-    ``dim`` overrides every table's width (1 for first-order weights, 2m for MLR, F·D for FFM);
-    ``init`` is "uniform" (torchrec's default), "normal" (N(0, std^2)) or "zeros"; ``backend`` is
-    "fused" (:class:`EmbeddingBagCollection`); None: the one of the model being built (:func:`embedding_backend`).
-    """
-    check_backend(backend := backend if backend is not None else current_backend())
-    if (schema is None) == (tables is None):
-        raise LayerConfigError("make_embeddings needs exactly one of schema= and tables=")
-    if dim is not None and dim < 1:
-        raise LayerConfigError(f"make_embeddings: dim must be >= 1, got {dim}")
-    f2t: dict[str, str] | None = None
-    pooling: dict[str, str] = {}
-    seq: dict[str, tuple[str, int]] = {}
-    if schema is not None:
-        if keys is None:
-            keys = schema.pooled_keys
-        for k in keys:
-            f = schema.feature(k)
-            if isinstance(f, SequenceFeature) and f.pooling == "none":
-                raise SchemaError(
-                    f"sequence feature {k!r} has pooling 'none', so it cannot be pooled; pass it in "
-                    "sequence_keys and embed it with sequence(kj, key)"
-                )
-            if not isinstance(f, (SparseFeature, SequenceFeature)):
-                raise SchemaError(f"feature {k!r} is dense; embedding tables embed sparse features")
-            pooling[k] = f.pooling
-        f2t = {k: schema.table_of(k) for k in keys}
-        if sequence_keys is None:
-            used = set(f2t.values())
-            sequence_keys = [q.name for q in schema.sequence
-                             if q.pooling == "none" and schema.table_of(q.name) in used]
-        for k in sequence_keys:
-            q = schema.feature(k)
-            if not isinstance(q, SequenceFeature):
-                raise SchemaError(f"sequence_keys: {k!r} is not a sequence feature")
-            seq[k] = (schema.table_of(k), q.max_len)
-        needed = set(f2t.values()) | {t for t, _ in seq.values()}
-        tables = [t for name, t in schema.tables().items() if name in needed]
-    elif keys is not None or sequence_keys is not None:
-        raise LayerConfigError("make_embeddings: keys= and sequence_keys= go with schema=, not tables=")
-    assert tables is not None
-    if dim is not None:
-        tables = [replace(t, embedding_dim=int(dim)) for t in tables]
-    return EmbeddingBagCollection(tables, f2t, pooling, sequence_keys=seq, sparse_grad=sparse_grad,
-                                  validate=validate, init=init, std=std)
+def _table_map(tables: Sequence[TableSpec]) -> dict[str, TableSpec]:
+    out: dict[str, TableSpec] = {}
+    for t in tables:
+        if t.name in out:
+            raise LayerConfigError(f"table {t.name!r} is given twice")
+        if t.num_embeddings < 1 or t.embedding_dim < 1:
+            raise LayerConfigError(f"table {t.name!r} needs num_embeddings >= 1 and embedding_dim >= 1, got {t}")
+        out[t.name] = t
+    return out
+
+
+def _check_features(tables: Mapping[str, TableSpec], feature_to_table: Mapping[str, str],
+                    feature_pooling: Mapping[str, str], sequence_keys: Mapping[str, tuple[str, int]]) -> None:
+    for name, mapping in (("feature_to_table", feature_to_table),
+                          ("sequence_keys", {k: t for k, (t, _) in sequence_keys.items()})):
+        for f, t in mapping.items():
+            if t not in tables:
+                raise LayerConfigError(f"{name}: feature {f!r} names table {t!r}, not one of {list(tables)}")
+    unknown = set(feature_pooling) - set(feature_to_table)
+    if unknown:
+        raise LayerConfigError(f"feature_pooling names features {sorted(unknown)} that are not pooled here")

@@ -14,7 +14,7 @@ from torch import nn
 
 from ctrkit.batch import Batch, KeyedJagged
 from ctrkit.errors import ConfigError
-from ctrkit.nn.embedding import make_embeddings
+from ctrkit.nn.embedding_factory import make_embeddings
 from ctrkit.schema import Schema
 
 
