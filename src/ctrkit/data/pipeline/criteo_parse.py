@@ -98,6 +98,46 @@ class ParsedBlock:
 
 def parse_block(buf: bytes) -> ParsedBlock:
     """Tokenise and validate a block of whole lines (``buf`` ends with b"\\n")."""
+    t = _tokenise(buf)
+    n = len(t.gi)
+    lab = t.body[t.starts[:, 0]]
+    lab_ok = (t.lens[:, 0] == 1) & ((lab == 48) | (lab == 49))  # label: exactly "0" or "1"
+    label = (lab.astype(np.float32) - 48.0)
+    val, dok = _dense_fields(t)
+    key, cok = _categorical_fields(t)
+    dense_ok = dok.reshape(n, NUM_DENSE).all(axis=1)
+    cat_ok = cok.reshape(n, NUM_SPARSE).all(axis=1)
+    row_ok = lab_ok & dense_ok & cat_ok
+    gi = t.gi
+    if not row_ok.all():
+        t.bad.extend(_row_reasons(t, lab_ok, dense_ok, cat_ok, dok, cok))
+        keep = np.flatnonzero(row_ok)
+        gi, label = gi[keep], label[keep]
+        val = val.reshape(n, NUM_DENSE)[keep]
+        key = key.reshape(n, NUM_SPARSE)[keep]
+    else:
+        val, key = val.reshape(n, NUM_DENSE), key.reshape(n, NUM_SPARSE)
+    return ParsedBlock(t.n_lines, gi, label, val, key, t.bad, int(t.empty.sum()))
+
+
+@dataclass
+class _Tokens:
+    """A block cut into lines and fields: ``starts`` / ``lens`` (rows, 40) of the lines with 40 fields
+    (``gi``: their line indices), the bytes (``body``) and an unaligned uint64 view at every byte (``u64``)."""
+
+    body: np.ndarray
+    u64: np.ndarray
+    n_lines: int
+    line_start: np.ndarray
+    line_end: np.ndarray
+    empty: np.ndarray
+    gi: np.ndarray
+    starts: np.ndarray
+    lens: np.ndarray
+    bad: list[tuple[np.ndarray, str]]
+
+
+def _tokenise(buf: bytes) -> _Tokens:
     size = len(buf)
     b = np.empty(size + 8, np.uint8)  # + 8 so an 8-byte read at any field start stays inside
     b[:size] = np.frombuffer(buf, np.uint8)
@@ -121,69 +161,65 @@ def parse_block(buf: bytes) -> ParsedBlock:
         for k in np.unique(nfields[wrong]):  # few distinct counts; one reason each
             bad.append((wrong[nfields[wrong] == k], f"expected {NUM_FIELDS} tab-separated fields, found {k}"))
     gi = np.flatnonzero(good)
-    n = len(gi)
     ends = sep[nl[gi][:, None] + np.arange(-(NUM_FIELDS - 1), 1)]  # (n, 40) end of each field
     starts = np.empty_like(ends)
     starts[:, 0] = line_start[gi]
     starts[:, 1:] = ends[:, :-1] + 1
     ends[:, -1] -= body[np.maximum(ends[:, -1] - 1, 0)] == 13  # tolerate CRLF
-    lens = ends - starts
+    return _Tokens(body, u64, n_lines, line_start, line_end, empty, gi, starts, ends - starts, bad)
 
-    # label: exactly "0" or "1"
-    lab = body[starts[:, 0]]
-    lab_ok = (lens[:, 0] == 1) & ((lab == 48) | (lab == 49))
-    label = (lab.astype(np.float32) - 48.0)
 
-    # dense integers: optional '-', up to 8 digits by SWAR, longer ones (rare) digit by digit
-    ds = starts[:, 1:1 + NUM_DENSE].ravel()
-    dl = lens[:, 1:1 + NUM_DENSE].ravel()
-    x = u64[ds]
+def _dense_fields(t: _Tokens) -> tuple[np.ndarray, np.ndarray]:
+    """(values, ok) of the dense integers, flat (rows * 13): optional '-', up to 8 digits by SWAR, longer ones
+    (rare) digit by digit."""
+    ds = t.starts[:, 1:1 + NUM_DENSE].ravel()
+    dl = t.lens[:, 1:1 + NUM_DENSE].ravel()
+    x = t.u64[ds]
     neg = ((x & _U(0xFF)) == _U(45)) & (dl >= 2)
     ni = np.flatnonzero(neg)
     if len(ni):
         ds[ni] += 1
         dl[ni] -= 1
-        x[ni] = u64[ds[ni]]
+        x[ni] = t.u64[ds[ni]]
     val, dok = _sliced(_swar_decimal, x, np.minimum(dl, 8))
     long_ = np.flatnonzero(dl > 8)
     if len(long_):
-        lv, lok = _parse_long_ints(body, ds[long_], dl[long_])
+        lv, lok = _parse_long_ints(t.body, ds[long_], dl[long_])
         val[long_], dok[long_] = lv, lok
     np.negative(val, out=val, where=neg)
-    dense_ok = dok.reshape(n, NUM_DENSE).all(axis=1)
+    return val, dok
 
-    # categorical: empty or exactly 8 hex digits
-    cs = starts[:, 1 + NUM_DENSE:].ravel()
-    cl = lens[:, 1 + NUM_DENSE:].ravel()
-    key, hok = _sliced(_swar_hex8, u64[cs])
+
+def _categorical_fields(t: _Tokens) -> tuple[np.ndarray, np.ndarray]:
+    """(keys, ok) of the categorical fields, flat (rows * 26): empty (key -1) or exactly 8 hex digits."""
+    cs = t.starts[:, 1 + NUM_DENSE:].ravel()
+    cl = t.lens[:, 1 + NUM_DENSE:].ravel()
+    key, hok = _sliced(_swar_hex8, t.u64[cs])
     present = cl == 8
-    cok = (hok & present) | (cl == 0)
     key[~present] = -1
-    cat_ok = cok.reshape(n, NUM_SPARSE).all(axis=1)
+    return key, (hok & present) | (cl == 0)
 
-    row_ok = lab_ok & dense_ok & cat_ok
-    if not row_ok.all():  # one reason per row: the label, else its first bad dense field, else categorical
-        groups = [(gi[~lab_ok], "label is not 0 or 1")]
-        for mask, ok, names, what in (
-                (lab_ok & ~dense_ok, dok, [f"I{j}" for j in range(1, NUM_DENSE + 1)],
-                 "is not an integer (optional '-', at most 18 digits)"),
-                (lab_ok & dense_ok & ~cat_ok, cok, [f"C{j}" for j in range(1, NUM_SPARSE + 1)],
-                 "is not empty or 8 hex digits")):
-            rows = np.flatnonzero(mask)
-            if len(rows):
-                col = np.argmin(ok.reshape(n, len(names))[rows], axis=1)  # first failing field of each row
-                kind = "dense" if names[0][0] == "I" else "categorical"
-                groups += [(gi[rows[col == j]], f"{kind} field {names[j]} {what}") for j in np.unique(col)]
-        for idx, what in groups:
-            if len(idx):
-                bad.extend(_with_non_ascii(body, line_start, line_end, idx, what))
-        keep = np.flatnonzero(row_ok)
-        gi, label = gi[keep], label[keep]
-        val = val.reshape(n, NUM_DENSE)[keep]
-        key = key.reshape(n, NUM_SPARSE)[keep]
-    else:
-        val, key = val.reshape(n, NUM_DENSE), key.reshape(n, NUM_SPARSE)
-    return ParsedBlock(n_lines, gi, label, val, key, bad, int(empty.sum()))
+
+def _row_reasons(t: _Tokens, lab_ok: np.ndarray, dense_ok: np.ndarray, cat_ok: np.ndarray, dok: np.ndarray,
+                 cok: np.ndarray) -> list[tuple[np.ndarray, str]]:
+    """One reason per bad row: the label, else its first bad dense field, else its first bad categorical one."""
+    n, gi = len(t.gi), t.gi
+    groups = [(gi[~lab_ok], "label is not 0 or 1")]
+    for mask, ok, names, what in (
+            (lab_ok & ~dense_ok, dok, [f"I{j}" for j in range(1, NUM_DENSE + 1)],
+             "is not an integer (optional '-', at most 18 digits)"),
+            (lab_ok & dense_ok & ~cat_ok, cok, [f"C{j}" for j in range(1, NUM_SPARSE + 1)],
+             "is not empty or 8 hex digits")):
+        rows = np.flatnonzero(mask)
+        if len(rows):
+            col = np.argmin(ok.reshape(n, len(names))[rows], axis=1)  # first failing field of each row
+            kind = "dense" if names[0][0] == "I" else "categorical"
+            groups += [(gi[rows[col == j]], f"{kind} field {names[j]} {what}") for j in np.unique(col)]
+    bad: list[tuple[np.ndarray, str]] = []
+    for idx, what in groups:
+        if len(idx):
+            bad.extend(_with_non_ascii(t.body, t.line_start, t.line_end, idx, what))
+    return bad
 
 
 def _parse_long_ints(body: np.ndarray, start: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
