@@ -18,7 +18,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # bottom -> top; each entry a package or module prefix
 FLOORS: list[list[str]] = [
     ["ctrkit.errors", "ctrkit.version"],
-    ["ctrkit.io", "ctrkit.progress"],
+    ["ctrkit.io", "ctrkit.progress", "ctrkit.background"],
     ["ctrkit.typecheck", "ctrkit.batch", "ctrkit.schema"],
     ["ctrkit.metrics", "ctrkit.stats"],
     ["ctrkit.data.pipeline", "ctrkit.data"],  # "ctrkit.data": the package itself (empty)
@@ -256,3 +256,33 @@ def f():
 """
     assert _imports_of_test_modules(source, stems) == [
         "test_trainer", "tests.models.test_models_contract", ".test_trainer", "test_dlrm"]
+
+
+def test_a_background_worker_stops_with_its_consumer() -> None:
+    """ctrkit.background: items in order, the worker's error in the consumer, and no thread left running once
+    the consumer breaks off (the source generator is closed, so its own cleanup runs)."""
+    import threading
+
+    from ctrkit.background import background
+
+    closed = []
+
+    def numbers():
+        try:
+            yield from range(100)
+        finally:
+            closed.append(True)
+
+    assert list(background(range(10), 2)) == list(range(10))
+    it = background(numbers(), 2, name="ctrkit-test-worker")
+    assert [next(it) for _ in range(3)] == [0, 1, 2]
+    it.close()
+    assert closed == [True]
+    assert not [t for t in threading.enumerate() if t.name == "ctrkit-test-worker"]
+
+    def broken():
+        yield 1
+        raise OSError("disk gone")
+
+    with pytest.raises(OSError, match="disk gone"):
+        list(background(broken()))

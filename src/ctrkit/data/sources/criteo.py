@@ -50,6 +50,7 @@ from typing import Any
 
 import numpy as np
 
+from ctrkit.background import background
 from ctrkit.data.pipeline.criteo_parse import (
     NUM_DENSE,
     NUM_FIELDS,
@@ -63,7 +64,6 @@ from ctrkit.data.pipeline.rows import BadRows, assign_split, parse_split, row_un
 from ctrkit.data.pipeline.vocab import MODES, check_vocab_options
 from ctrkit.data.sources.criteo_read import (
     DAY_RE,
-    background,
     block_columns,
     day_number,
     is_gzip,

@@ -5,9 +5,7 @@
 from __future__ import annotations
 
 import gzip
-import queue
 import re
-import threading
 import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -67,41 +65,6 @@ def iter_blocks(path: Path, block_bytes: int) -> Iterator[tuple[bytes, int]]:
     finally:
         stream.close()
         raw.close()
-
-
-def background(gen: Iterator[Any], depth: int = 2) -> Iterator[Any]:
-    """Run a generator in a daemon thread (gunzip and file reads release the GIL); re-raise its errors."""
-    q: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-    done = object()
-
-    def work() -> None:
-        try:
-            for item in gen:
-                while not stop.is_set():
-                    try:
-                        q.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-            q.put(done)
-        except BaseException as e:  # noqa: BLE001  (forwarded to the consumer)
-            q.put(e)
-
-    t = threading.Thread(target=work, daemon=True)
-    t.start()
-    try:
-        while True:
-            item = q.get()
-            if item is done:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
 
 
 def block_columns(blk: ParsedBlock) -> dict[str, np.ndarray]:

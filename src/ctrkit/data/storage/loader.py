@@ -24,8 +24,6 @@ consumed the loader moves to the next epoch by itself (``set_epoch`` overrides).
 
 from __future__ import annotations
 
-import queue
-import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ctrkit.background import background
 from ctrkit.batch import Batch
 from ctrkit.data.pipeline.collate import JaggedRows, collate
 from ctrkit.data.storage.store import Store
@@ -42,16 +41,6 @@ if TYPE_CHECKING:
     from ctrkit.data.pipeline.feature_pipeline import FeaturePipeline
 
 Index = slice | np.ndarray
-
-
-class _Failure:
-    """An exception raised in the prefetch thread, carried to the consumer."""
-
-    def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
-
-
-_END = object()
 
 
 @dataclass
@@ -282,7 +271,7 @@ class BatchLoader:
         self._resume_from = 0
         self.batches_yielded = start
         batches = (self._build(view, sel) for view, sel in self._batches(epoch, start))
-        source = _prefetch(batches, self.prefetch) if self.prefetch > 0 else batches
+        source = background(batches, self.prefetch, "ctrkit-batch-prefetch") if self.prefetch > 0 else batches
         try:
             for batch in source:
                 self.batches_yielded += 1
@@ -327,41 +316,3 @@ class BatchLoader:
     def __repr__(self) -> str:
         return (f"BatchLoader({self.store.path}, rows={self.num_rows}, batch_size={self.batch_size}, "
                 f"shuffle={self.shuffle}, epoch={self.epoch})")
-
-
-def _prefetch(source: Iterator[Batch], depth: int) -> Iterator[Batch]:
-    """Run ``source`` in a daemon thread, ``depth`` items ahead; errors re-raised here."""
-    q: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def put(item: Any) -> bool:
-        while not stop.is_set():
-            try:
-                q.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def work() -> None:
-        try:
-            for item in source:
-                if not put(item):
-                    return
-            put(_END)
-        except BaseException as e:  # noqa: BLE001 - carried to the consumer
-            put(_Failure(e))
-
-    thread = threading.Thread(target=work, name="ctrkit-batch-prefetch", daemon=True)
-    thread.start()
-    try:
-        while True:
-            item = q.get()
-            if item is _END:
-                return
-            if isinstance(item, _Failure):
-                raise item.exc
-            yield item
-    finally:
-        stop.set()
-        thread.join(timeout=10)
