@@ -197,6 +197,55 @@ def test_ids_pipeline_rows_hold_ids():
         assert "[0, 40)" in r.json()["errors"][0]["message"]
 
 
+# ---- each value checked once ------------------------------------------------------------------------------
+ENCODER_CHECKS = ("numeric", "within_f32", "hex_keys", "to_string", "tokens")  # the encoder's column checks
+
+
+def count_checks(monkeypatch) -> dict[str, int]:
+    """Counts of the rule checks from here on: the validator's pass over a request (RowValidator.check) and the
+    encoder's column checks (each call of one of ENCODER_CHECKS on a column)."""
+    from ctrkit.data.pipeline import encode
+    from ctrkit.serving.validation import RowValidator
+
+    calls = {"validator": 0, "encoder": 0}
+
+    def counting(f, who):
+        def wrapped(*args, **kwargs):
+            calls[who] += 1
+            return f(*args, **kwargs)
+        return wrapped
+
+    for name in ENCODER_CHECKS:
+        monkeypatch.setattr(encode, name, counting(getattr(encode, name), "encoder"))
+    monkeypatch.setattr(RowValidator, "check", counting(RowValidator.check, "validator"))
+    return calls
+
+
+@pytest.mark.parametrize("kind", ["criteo", "table"])
+def test_a_request_is_checked_once(kind, criteo_ckpt, table_ckpt, monkeypatch):
+    """One validation pass per request and no second check in the encoder, with the scores the checked path gives
+    (bit for bit): dense numbers, Criteo keys, categories and multi-valued tokens."""
+    from ctrkit.serving.validation import RowValidator, to_arrays
+
+    predictor = Predictor.from_checkpoint(criteo_ckpt if kind == "criteo" else table_ckpt)
+    rows = ROWS if kind == "criteo" else table_rows(30) + [{"x": None, "age": "", "u": None, "item": 3,
+                                                            "tags": ["t1", " ", None]}]
+    checked = RowValidator(predictor.pipeline).check(rows)
+    want = predictor.score(to_arrays(RowValidator(predictor.pipeline).rules, checked.columns)).scores
+    with TestClient(create_app(predictor)) as client:
+        calls = count_checks(monkeypatch)
+        for k in range(3):
+            r = post(client, rows)
+            assert r.status_code == 200, r.text
+            np.testing.assert_array_equal(np.array(r.json()["scores"], np.float32), want)
+            assert calls == {"validator": k + 1, "encoder": 0}
+        r = post(client, [{**rows[0], "I1" if kind == "criteo" else "x": "seven"}])
+        assert r.status_code == 422 and r.json()["errors"][0]["field"] == ("I1" if kind == "criteo" else "x")
+        assert calls == {"validator": 4, "encoder": 0}
+    predictor.predict(rows[:2])  # raw rows, not validated: the encoder checks them (the counter sees its checks)
+    assert calls["encoder"] > 0
+
+
 # ---- refused requests -------------------------------------------------------------------------------------
 def with_value(field: str, value) -> bytes:
     """ROWS[:3] as JSON with row 1's ``field`` set to ``value`` (raw JSON text)."""

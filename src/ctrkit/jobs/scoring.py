@@ -11,7 +11,7 @@ from ctrkit.batch import Batch
 from ctrkit.data.pipeline.feature_pipeline import FeaturePipeline
 from ctrkit.data.storage.loader import BatchLoader
 from ctrkit.data.storage.store import Store
-from ctrkit.models.base import logits_of
+from ctrkit.models.scoring import iter_scores, score_batches
 from ctrkit.training.tasks import CTRTask
 
 EVALUATE_METRICS = ("auc", "logloss", "accuracy", "calibration")
@@ -26,12 +26,7 @@ def predict_store(model: torch.nn.Module, store: Store, batch_size: int = 8192,
                   pipeline: FeaturePipeline | None = None) -> np.ndarray:
     """Click probabilities for every row of ``store``, in order; ``pipeline``: the one the model was trained
     with (its batch-level stage is applied)."""
-    model.eval()
-    out = []
-    with torch.no_grad():
-        for batch in eval_loader(store, batch_size, pipeline):
-            out.append(torch.sigmoid(logits_of(model(batch))).numpy())
-    return np.concatenate(out) if out else np.zeros(0, np.float32)
+    return score_batches(model, eval_loader(store, batch_size, pipeline))
 
 
 def evaluate_store(model: torch.nn.Module, store: Store, pipeline: FeaturePipeline | None,
@@ -44,14 +39,12 @@ def evaluate_store(model: torch.nn.Module, store: Store, pipeline: FeaturePipeli
 
 def score_rows(model: torch.nn.Module, batches: Iterable[Batch]) -> dict[str, np.ndarray]:
     """{label, score[, group]} of every row of ``batches`` (on the model's device): click probabilities."""
-    model.eval()
     labels, scores, groups = [], [], []
-    with torch.no_grad():
-        for batch in batches:
-            scores.append(torch.sigmoid(logits_of(model(batch)).float()).cpu().numpy())
-            labels.append(batch.labels.cpu().numpy())
-            if batch.group_ids is not None:
-                groups.append(batch.group_ids.cpu().numpy())
+    for batch, p in iter_scores(model, batches):
+        scores.append(p)
+        labels.append(batch.labels.cpu().numpy())
+        if batch.group_ids is not None:
+            groups.append(batch.group_ids.cpu().numpy())
     out = {"label": np.concatenate(labels).astype(np.float32), "score": np.concatenate(scores).astype(np.float32)}
     if groups:
         out["group"] = np.concatenate(groups).astype(np.int64)

@@ -20,7 +20,7 @@ How: :class:`ScoringModule` rebuilds the Batch from the three tensors and calls 
 captures it once with B and nnz symbolic, so one program serves every batch size and every bag and history
 length (under export the jagged code of :mod:`ctrkit.batch` and :mod:`ctrkit.nn.embedding` has no host syncs
 and no branches on the data). ONNX is that program converted by ``torch.onnx.export(dynamo=True)``; TorchScript
-is the same program's graph of aten ops, scripted (:func:`to_torchscript`), so both formats compute one graph
+is the same program's graph of aten ops, scripted (:func:`~ctrkit.serving.export_formats.to_torchscript`), so both formats compute one graph
 (for the CPU; torch >= 2.10 deprecates TorchScript, which libtorch and ``torch.jit.load`` still run).
 Before anything is kept, the written file is read back and scored against the eager model on batches of other
 sizes and lengths than the export example (empty bags and histories included); more than 1e-5 apart is an
@@ -36,7 +36,6 @@ Use::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
@@ -44,7 +43,6 @@ import shutil
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,9 +57,11 @@ from ctrkit.data.pipeline.multihot import MultiHot
 from ctrkit.data.pipeline.persist import load_pipeline, save_pipeline
 from ctrkit.errors import ConfigError, ExportError
 from ctrkit.io import file_checksum
-from ctrkit.models.base import TwoTowerModel, logits_of
+from ctrkit.models.base import TwoTowerModel
 from ctrkit.models.registry import get_model_class
+from ctrkit.models.scoring import probabilities, scoring
 from ctrkit.schema import Schema, SequenceFeature, SparseFeature
+from ctrkit.serving.export_formats import OUTPUT_NAME, Runner, program_runner, to_torchscript, write_program
 from ctrkit.version import __version__
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,6 @@ META_FILE = "export.json"
 PIPELINE_DIR = "pipeline"
 MARKER, VERSION = "ctrkit-export", 1
 TOLERANCE = 1e-5  # max |exported - eager| on the check batches
-ONNX_SINGLE_FILE_BYTES = 1 << 30  # weights above this go to model.onnx.data
 EXAMPLE_ROWS, CHECK_ROWS = 4, (7, 1)  # the export example's B; the check batches' (other sizes on purpose)
 INPUTS = [
     {"name": "dense", "dtype": "float32", "shape": ["B", "Nd"],
@@ -83,7 +82,7 @@ INPUTS = [
     {"name": "lengths", "dtype": "int64", "shape": ["F*B"],
      "meaning": "lengths[f*B + b] = the number of ids of sparse_keys[f] in row b (0 for an empty bag)"},
 ]
-OUTPUT = {"name": "probability", "dtype": "float32", "shape": ["B"], "meaning": "click probability, sigmoid(logit)"}
+OUTPUT = {"name": OUTPUT_NAME, "dtype": "float32", "shape": ["B"], "meaning": "click probability, sigmoid(logit)"}
 RETRIEVAL_OUTPUT = {**OUTPUT, "meaning": "sigmoid(<query, item> / temperature) of each row's own (query, item) pair: "
                                          "a relevance score, not a calibrated click probability"}
 
@@ -101,7 +100,7 @@ class ScoringModule(nn.Module):
         B = dense.shape[0]
         kj = KeyedJagged(self.sparse_keys, values, lengths=lengths, stride=B)
         batch = Batch(dense=dense, sparse=kj, labels=dense.new_zeros(B))
-        return torch.sigmoid(logits_of(self.model(batch)))  # (B,)
+        return probabilities(self.model(batch))  # (B,)
 
 
 # ---- what can be exported -------------------------------------------------------------------------
@@ -154,121 +153,12 @@ def capture(module: ScoringModule, example: tuple[torch.Tensor, ...]) -> torch.e
         return torch.export.export(module, example, dynamic_shapes=shapes, strict=False)
 
 
-# ---- the two formats ------------------------------------------------------------------------------------
-_DROPPED = {torch.ops.aten._assert_scalar.default, torch.ops.aten.sym_constrain_range_for_size.default}
-_RENAMED = {torch.ops.aten.sym_size.int: torch.ops.aten.size, torch.ops.aten.sym_numel.default: torch.ops.aten.numel}
-
-
-def to_torchscript(program: torch.export.ExportedProgram) -> torch.jit.ScriptModule:
-    """The program's graph as TorchScript: its aten ops called by packet (``aten.add`` for ``aten.add.Tensor``,
-    TorchScript picks the overload), symbolic sizes read with ``aten.size``, devices as strings; the export's input
-    guards and runtime asserts dropped (TorchScript cannot hold them). The sizes stay symbolic: B and nnz are read
-    from the inputs at every call."""
-    gm = program.module()
-    graph = gm.graph
-    graph._codegen = torch.fx.graph.CodeGen()  # plain positional inputs and outputs, not pytrees
-    for node in list(graph.nodes):
-        input_guards = node.op == "call_module" and node.target == "_guards_fn"
-        runtime_assert = node.op == "call_function" and node.target in _DROPPED and not node.users
-        if input_guards or runtime_assert:
-            graph.erase_node(node)
-        elif node.op == "call_function":
-            if node.target in _RENAMED:
-                node.target = _RENAMED[node.target]
-            elif isinstance(node.target, torch._ops.OpOverload):
-                node.target = node.target.overloadpacket
-            node.args, node.kwargs = torch.fx.node.map_aggregate(
-                (node.args, node.kwargs), lambda a: str(a) if isinstance(a, torch.device) else a)
-    (out,) = [n for n in graph.nodes if n.op == "output"]
-    out.args = (out.args[0][0],)  # the one output tensor, not a 1-tuple
-    graph.lint()
-    plain = torch.fx.GraphModule(gm, graph)  # without the export's hooks
-    for p in plain.parameters():
-        p.requires_grad_(False)
-    with _no_torchscript_deprecation():
-        # a warning about GraphModule's own attributes, which the program does not read
-        warnings.filterwarnings("ignore", message="The TorchScript type system doesn't support instance-level")
-        return torch.jit.script(plain)
-
-
-@contextlib.contextmanager
-def _no_torchscript_deprecation() -> Iterator[None]:
-    """torch >= 2.10 deprecates torch.jit; the format was asked for by name, so the warning is not repeated."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated", category=DeprecationWarning)
-        yield
-
-
-def write_program(program: torch.export.ExportedProgram, fmt: str, path: Path) -> None:
-    """The program as ``fmt`` at ``path`` (model.pt: torch.jit.save; model.onnx: the dynamo exporter's ONNX)."""
-    if fmt == "torchscript":
-        script = to_torchscript(program)
-        with _no_torchscript_deprecation():
-            torch.jit.save(script, str(path))
-        return
-    _onnxruntime()  # the runtime that checks the file, before the conversion
-    names = [spec["name"] for spec in INPUTS]
-    # the converters' per-rewrite INFO lines, warnings about empty attributes and uninstalled torchvision
-    with _quiet("onnx_ir", "onnxscript", "torch.onnx"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        onnx_program = torch.onnx.export(program, (), dynamo=True, input_names=names,
-                                         output_names=[OUTPUT["name"]], verbose=False)
-    # one file, unless the weights pass protobuf's 2 GB limit (then model.onnx.data beside it)
-    size = sum(t.numel() * t.element_size() for t in program.state_dict.values())
-    onnx_program.save(str(path), external_data=size > ONNX_SINGLE_FILE_BYTES)
-
-
-@contextlib.contextmanager
-def _quiet(*loggers: str) -> Iterator[None]:
-    """Only errors from ``loggers`` while inside."""
-    saved = {name: logging.getLogger(name).level for name in loggers}
-    for name in loggers:
-        logging.getLogger(name).setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for name, level in saved.items():
-            logging.getLogger(name).setLevel(level)
-
-
-def _onnxruntime() -> Any:
-    try:
-        import onnxruntime
-    except ImportError:
-        raise ExportError("ONNX export needs onnx, onnxscript and onnxruntime: pip install 'ctrkit[export]'") from None
-    return onnxruntime
-
-
-Runner = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
-
-
-def program_runner(fmt: str, path: Path) -> Runner:
-    """``run(dense, values, lengths)`` -> probabilities (B,) float32 of the program file ``path``."""
-    if fmt == "torchscript":
-        with _no_torchscript_deprecation():
-            program = torch.jit.load(str(path), map_location="cpu").eval()
-
-        def run_script(dense: np.ndarray, values: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-            with torch.inference_mode():
-                return program(torch.from_numpy(dense), torch.from_numpy(values), torch.from_numpy(lengths)).numpy()
-
-        return run_script
-    session = _onnxruntime().InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    used = {i.name for i in session.get_inputs()}  # an input the graph does not read may be pruned
-
-    def run_onnx(dense: np.ndarray, values: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-        feed = {k: v for k, v in zip(("dense", "values", "lengths"), (dense, values, lengths)) if k in used}
-        return session.run(None, feed)[0]
-
-    return run_onnx
-
-
 def check_program(module: ScoringModule, run: Runner, schema: Schema, stage: MultiHot | None) -> float:
     """max |run - module| over the check batches (CHECK_ROWS rows, other lengths than the export example)."""
     worst = 0.0
     for i, rows in enumerate(CHECK_ROWS):
         dense, values, lengths = example_inputs(schema, stage, rows, seed=1 + i)
-        with torch.no_grad():
+        with scoring(module):
             want = module(dense, values, lengths).numpy()
         got = run(dense.numpy(), values.numpy(), lengths.numpy())
         if got.shape != want.shape:

@@ -30,7 +30,8 @@ from ctrkit.data.pipeline.encode import Raw
 from ctrkit.data.pipeline.feature_pipeline import FeaturePipeline
 from ctrkit.data.pipeline.rows import BadRows
 from ctrkit.errors import DataError, JobError, Problem
-from ctrkit.models.base import TwoTowerModel, logits_of
+from ctrkit.models.base import TwoTowerModel
+from ctrkit.models.scoring import probabilities, scoring
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +122,13 @@ class Predictor:
             bad_all += bad.problems
         return Scored(np.concatenate(parts) if parts else np.zeros(0, np.float32), bad_all)
 
+    def score_validated(self, columns: dict[str, Any]) -> np.ndarray:
+        """Click probabilities of rows whose feature columns passed the server's check against the pipeline's rules
+        (:class:`~ctrkit.serving.validation.RowValidator`, in the arrays of
+        :func:`~ctrkit.serving.validation.to_arrays`), in one chunk: encoded without checking a value again, to the
+        ids and values :meth:`score` would give them."""
+        return self.score_columns(self.pipeline.transform(columns, validated=True))
+
     def predict_file(self, path: str | Path, stats: Any = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """(line numbers, click probabilities) of the raw rows of ``path`` (the format the pipeline was fitted on:
         Criteo TSV plain or gzip, CSV, Parquet; label column optional), in input order, about ``batch_size`` rows
@@ -136,8 +144,8 @@ class Predictor:
         batch = self.pipeline.to_batch(columns)
         if self.device.type != "cpu":
             batch = batch.to(self.device)
-        with torch.no_grad():
-            return torch.sigmoid(logits_of(self.model(batch)).float()).cpu().numpy()
+        with scoring(self.model):
+            return probabilities(self.model(batch)).cpu().numpy()
 
     def metadata(self) -> dict[str, Any]:
         """Model, schema, training metrics and checkpoint checksum (``ctrkit serve``'s /metadata)."""

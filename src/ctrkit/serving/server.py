@@ -50,7 +50,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 
-from ctrkit.errors import ConfigError, DataError, Problem, RowErrors
+from ctrkit.errors import ConfigError, Problem, RowErrors
 from ctrkit.serving.batching import MicroBatcher
 from ctrkit.serving.options import (
     MAX_BATCH_ROWS,
@@ -85,55 +85,16 @@ def create_app(predictor: Predictor, *, max_rows: int = MAX_ROWS, max_body_bytes
     """The scoring app of ``predictor`` (see the module docstring). Use it under a server that runs the ASGI
     lifespan (uvicorn; ``with TestClient(app)``) for warm-up and /healthz; without one, micro-batching
     starts with the first request."""
-    for name, value, low in (("max_rows", max_rows, 1), ("max_body_bytes", max_body_bytes, 1),
-                             ("max_batch_rows", max_batch_rows, 1), ("max_batch_wait_ms", max_batch_wait_ms, 0),
-                             ("max_errors", max_errors, 1)):
+    limits = {"max_rows": max_rows, "max_body_bytes": max_body_bytes, "max_batch_rows": max_batch_rows,
+              "max_batch_wait_ms": max_batch_wait_ms, "max_errors": max_errors}
+    for name, value in limits.items():
+        low = 0 if name == "max_batch_wait_ms" else 1
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= low):
             raise ConfigError(f"serve: {name} must be a number >= {low}, got {value!r}")
-    validator = RowValidator(predictor.pipeline)
-    rules = validator.rules
-    model_name = str(predictor.info.get("model") or type(predictor.model).__name__.lower())
-
-    def score_columns(columns: dict[str, Any], n: int) -> tuple[np.ndarray, list[Problem]]:
-        """(worker thread) Canonical columns of n rows -> scores, in chunks the predictor takes."""
-        size = predictor.batch_size
-        parts, bad = [], []
-        for start in range(0, n, size):
-            stop = min(start + size, n)
-            chunk = columns if stop - start == n else {c: v[start:stop] for c, v in columns.items()}
-            scored = predictor.score(to_arrays(rules, chunk), lines=np.arange(start + 1, stop + 1))
-            parts.append(scored.scores)
-            bad += scored.bad
-        return (np.concatenate(parts) if parts else np.zeros(0, np.float32)), bad
-
-    batcher = MicroBatcher(score_columns, max_wait_s=max_batch_wait_ms / 1000, max_rows=max_batch_rows)
-    limits = {"max_rows": int(max_rows), "max_body_bytes": int(max_body_bytes),
-              "max_batch_wait_ms": float(max_batch_wait_ms), "max_batch_rows": int(max_batch_rows),
-              "max_errors": int(max_errors)}
-    metadata = json_safe({**predictor.metadata(), "input_fields": validator.fields(),
-                          "ignored_fields": "fields beyond input_fields (label, weight, ...) are ignored",
-                          "server": {"limits": limits}})
-    state = {"ready": False}
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        batcher.start()
-        warm = {r.column: None for r in rules}  # one row of missing values: loads the code paths and threads
-        try:
-            checked = validator.check([warm])
-        except RowErrors as e:
-            raise RuntimeError(f"warm-up row refused: {render(e.problems[0])}") from None
-        await batcher.score(checked.columns, 1)
-        state["ready"] = True
-        log.info("ready: %s, %d input fields, limits %s", model_name, len(rules), limits)
-        try:
-            yield
-        finally:
-            state["ready"] = False
-            await batcher.stop()
-
-    app = FastAPI(title="ctrkit serve", version=str(predictor.info.get("ctrkit_version") or "0"), lifespan=lifespan)
-    app.state.batcher, app.state.predictor, app.state.validator = batcher, predictor, validator
+    service = _Service(predictor, {k: float(v) if k == "max_batch_wait_ms" else int(v) for k, v in limits.items()})
+    app = FastAPI(title="ctrkit serve", version=str(predictor.info.get("ctrkit_version") or "0"),
+                  lifespan=service.lifespan)
+    app.state.batcher, app.state.predictor, app.state.validator = service.batcher, predictor, service.validator
 
     @app.exception_handler(_Refused)
     async def refused(request: Request, exc: _Refused) -> JSONResponse:
@@ -144,17 +105,67 @@ def create_app(predictor: Predictor, *, max_rows: int = MAX_ROWS, max_body_bytes
         return JSONResponse({"error": "internal", "message": f"the server failed on this request "
                              f"({type(exc).__name__}; see its log); nothing was scored"}, status_code=500)
 
-    @app.get("/healthz")
-    async def healthz() -> JSONResponse:
-        if state["ready"] and batcher.running:
+    app.get("/healthz")(service.healthz)
+    app.get("/metadata")(service.get_metadata)
+    app.post("/predict")(service.predict)
+    return app
+
+
+class _Service:
+    """What the app's endpoints share: the predictor, the request validator, the micro-batcher and the limits.
+
+    A request is validated once (:meth:`check`: the pipeline's column rules, through :class:`RowValidator`);
+    its canonical columns are then encoded without a second check (:meth:`Predictor.score_validated`)."""
+
+    def __init__(self, predictor: Predictor, limits: dict[str, Any]) -> None:
+        self.predictor, self.limits = predictor, limits
+        self.validator = RowValidator(predictor.pipeline)
+        self.rules = self.validator.rules
+        self.model_name = str(predictor.info.get("model") or type(predictor.model).__name__.lower())
+        self.batcher = MicroBatcher(self.score_columns, max_wait_s=limits["max_batch_wait_ms"] / 1000,
+                                    max_rows=limits["max_batch_rows"])
+        self.metadata = json_safe({**predictor.metadata(), "input_fields": self.validator.fields(),
+                                   "ignored_fields": "fields beyond input_fields (label, weight, ...) are ignored",
+                                   "server": {"limits": limits}})
+        self.ready = False
+
+    def score_columns(self, columns: dict[str, Any], n: int) -> tuple[np.ndarray, list[Problem]]:
+        """(worker thread) Validated canonical columns of n rows -> scores, in chunks the predictor takes."""
+        size = self.predictor.batch_size
+        parts = []
+        for start in range(0, n, size):
+            stop = min(start + size, n)
+            chunk = columns if stop - start == n else {c: v[start:stop] for c, v in columns.items()}
+            parts.append(self.predictor.score_validated(to_arrays(self.rules, chunk)))
+        return (np.concatenate(parts) if parts else np.zeros(0, np.float32)), []
+
+    @asynccontextmanager
+    async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
+        self.batcher.start()
+        warm = {r.column: None for r in self.rules}  # one row of missing values: loads the code paths and threads
+        try:
+            checked = self.validator.check([warm])
+        except RowErrors as e:
+            raise RuntimeError(f"warm-up row refused: {render(e.problems[0])}") from None
+        await self.batcher.score(checked.columns, 1)
+        self.ready = True
+        log.info("ready: %s, %d input fields, limits %s", self.model_name, len(self.rules), self.limits)
+        try:
+            yield
+        finally:
+            self.ready = False
+            await self.batcher.stop()
+
+    async def healthz(self) -> JSONResponse:
+        if self.ready and self.batcher.running:
             return JSONResponse({"status": "ok"})
-        return JSONResponse({"status": "starting" if not state["ready"] else "stopping"}, status_code=503)
+        return JSONResponse({"status": "starting" if not self.ready else "stopping"}, status_code=503)
 
-    @app.get("/metadata")
-    async def get_metadata() -> JSONResponse:
-        return JSONResponse({**metadata, "server": {**metadata["server"], "batching": batcher.stats.to_dict()}})
+    async def get_metadata(self) -> JSONResponse:
+        server = {**self.metadata["server"], "batching": self.batcher.stats.to_dict()}
+        return JSONResponse({**self.metadata, "server": server})
 
-    def check(body: bytes) -> Checked:
+    def check(self, body: bytes) -> Checked:
         """Body -> its rows checked, or _Refused."""
         try:
             data = loads(body)
@@ -167,35 +178,24 @@ def create_app(predictor: Predictor, *, max_rows: int = MAX_ROWS, max_body_bytes
             got = "an object without a \"rows\" list" if isinstance(data, dict) else f"a JSON {_json_type(data)}"
             raise _Refused(422, "invalid_body", f"the body must be a list of row objects or {{\"rows\": [...]}}; "
                            f"got {got}")
-        if len(rows) > max_rows:
+        if len(rows) > self.limits["max_rows"]:
             raise _Refused(413, "too_many_rows", f"{len(rows)} rows is more than this server's limit of "
-                           f"{max_rows} per request; split them into several requests")
+                           f"{self.limits['max_rows']} per request; split them into several requests")
         try:
-            return validator.check(rows, max_errors)
+            return self.validator.check(rows, self.limits["max_errors"])
         except RowErrors as e:
             raise _invalid_rows(e.problems, render, len(rows), e.bad_rows, e.total) from None
 
-    @app.post("/predict")
-    async def predict(request: Request) -> JSONResponse:
-        body = await _read_body(request, max_body_bytes)
-        checked = check(body) if len(body) <= _INLINE_BYTES else await anyio.to_thread.run_sync(check, body)
-        n = checked.n
-        if n == 0:
-            return JSONResponse({"scores": [], "model": model_name})
-        try:
-            res = await batcher.score(checked.columns, n)
-        except DataError as e:  # rows the pipeline refused as a whole (the checks above should prevent it)
-            raise _Refused(422, "invalid_rows", f"{e}; fix the rows and send the request again") from None
-        if res.bad:  # the pipeline refused rows the validator passed (it should not): still the row's error
-            bad_rows = len({p.row for p in res.bad})
-            raise _invalid_rows(res.bad[:max_errors], lambda p: f"row {p.row}: {p.reason}", n, bad_rows,
-                                len(res.bad))
+    async def predict(self, request: Request) -> JSONResponse:
+        body = await _read_body(request, self.limits["max_body_bytes"])
+        checked = self.check(body) if len(body) <= _INLINE_BYTES else await anyio.to_thread.run_sync(self.check, body)
+        if checked.n == 0:
+            return JSONResponse({"scores": [], "model": self.model_name})
+        res = await self.batcher.score(checked.columns, checked.n)
         scores = res.scores.tolist()
         if not all(map(math.isfinite, scores)):
             raise RuntimeError(f"the model gave non-finite scores for valid rows: {scores[:5]}...")
-        return JSONResponse({"scores": scores, "model": model_name})
-
-    return app
+        return JSONResponse({"scores": scores, "model": self.model_name})
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

@@ -41,6 +41,7 @@ from ctrkit.batch import Batch
 from ctrkit.errors import ConfigError, TrainingError
 from ctrkit.metrics import MetricSet
 from ctrkit.models.base import CTRModel, ModelOutput, ParamGroup, TwoTowerModel
+from ctrkit.models.scoring import probabilities, scoring
 from ctrkit.retrieval.catalogue import (
     ItemCatalogue,
     SeenItems,
@@ -138,22 +139,15 @@ class CTRTask(Task):
             logs[f"penalty/{group.name}"] = penalty.detach()
         return loss, logs
 
-    @torch.no_grad()
     def evaluate(self, model: nn.Module, loader: Iterable[Batch]) -> dict[str, float]:
         """Metrics on ``loader`` (the model in eval mode, put back as it was afterwards)."""
-        was_training = model.training
-        model.eval()
         ms = MetricSet(self.metric_names)
         groups = "gauc" in self.metric_names
-        try:
+        with scoring(model):
             for batch in loader:
                 with self._autocast(batch.labels.device):
                     out = model(batch)
-                logits = out.logits if isinstance(out, ModelOutput) else out
-                ms.update(torch.sigmoid(logits.float()), batch.labels, batch.weights,
-                          batch.group_ids if groups else None)
-        finally:
-            model.train(was_training)
+                ms.update(probabilities(out), batch.labels, batch.weights, batch.group_ids if groups else None)
         if len(ms) == 0:
             raise TrainingError("evaluation data is empty: the loader yielded no rows")
         return ms.compute()
@@ -253,16 +247,13 @@ class RetrievalTask(Task):
         """(row, catalogue row) pairs to mask: the user's training items and the row's own item history."""
         return exclusion_pairs(self.catalogue, self.seen, batch, self._history)
 
-    @torch.no_grad()
     def ranks(self, model: nn.Module, loader: Iterable[Batch]) -> np.ndarray:
         """0-based full-ranking rank of every row's item (inf: a miss that cannot be ranked)."""
         m = self._model
         if m is None:
             raise TrainingError("RetrievalTask.evaluate: call task.bind(model) first")
-        was_training = m.training
-        m.eval()
         out = []
-        try:
+        with scoring(m):
             vectors = None
             for batch in loader:
                 if vectors is None:
@@ -272,8 +263,6 @@ class RetrievalTask(Task):
                     q = m.encode_query(batch).float()  # (B, D)
                 scores = q @ vectors.t()  # (B, N)
                 out.append(target_ranks(scores, self._targets(m, batch), self.exclusions(batch)).cpu().numpy())
-        finally:
-            m.train(was_training)
         return np.concatenate(out) if out else np.zeros(0)
 
     def evaluate(self, model: nn.Module, loader: Iterable[Batch]) -> dict[str, float]:

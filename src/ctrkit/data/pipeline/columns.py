@@ -134,14 +134,31 @@ def tokens(col: pa.Array | np.ndarray, delimiter: str, lines: np.ndarray, bad_ro
         if scratch.any():  # ... reported per row
             bad.flag(np.unique(parent[scratch]), lines, f"column {name!r} holds nested lists or non-UTF-8 bytes",
                      bad_rows, name)
+    return _kept_tokens(flat, parent, len(col), bad_rows)
+
+
+def list_tokens(col: pa.Array) -> tuple[pa.Array, np.ndarray]:
+    """A list column whose values were already checked against its rule (the server's canonical lists of strings
+    or integers, :mod:`ctrkit.serving.validation`) -> (flat values, lengths [n]) as :func:`tokens` gives them
+    (text trimmed, empty and null tokens dropped), without checking a value again."""
+    lst = col.fill_null(pa.scalar([], col.type))
+    parent = pc.list_parent_indices(lst).to_numpy(zero_copy_only=False).astype(np.int64)
+    return _kept_tokens(pc.list_flatten(lst), parent, len(col), None)
+
+
+def _kept_tokens(flat: pa.Array, parent: np.ndarray, n: int,
+                 bad_rows: np.ndarray | None) -> tuple[pa.Array, np.ndarray]:
+    """(tokens, their rows) -> (the non-empty tokens of the good rows, text trimmed; lengths [n])."""
     keep = flat.is_valid()
     if pa.types.is_string(flat.type):
         flat = pc.utf8_trim_whitespace(flat)
         keep = pc.and_(keep, pc.not_equal(pc.utf8_length(flat), 0))
-    keep = keep.fill_null(False).to_numpy(zero_copy_only=False) & ~bad_rows[parent]
+    keep = keep.fill_null(False).to_numpy(zero_copy_only=False)
+    if bad_rows is not None:
+        keep = keep & ~bad_rows[parent]
     if not keep.all():
         flat, parent = flat.filter(pa.array(keep)), parent[keep]
-    lengths = np.bincount(parent, minlength=len(col)).astype(np.int64)
+    lengths = np.bincount(parent, minlength=n).astype(np.int64)
     return flat, lengths
 
 

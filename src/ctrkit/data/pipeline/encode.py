@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ctrkit.data.pipeline.collate import keep_last
-from ctrkit.data.pipeline.columns import hex_keys, numeric, to_string, tokens, within_f32
+from ctrkit.data.pipeline.columns import hex_keys, list_tokens, numeric, to_string, tokens, within_f32
 from ctrkit.data.pipeline.criteo_parse import dense_transform
 from ctrkit.data.pipeline.raw_columns import Raw, as_columns
 from ctrkit.data.pipeline.rows import BadRows, jagged_take
@@ -173,9 +173,14 @@ class RowEncoder:
         return a
 
     def encode(self, raw: Raw, *, lines: np.ndarray | None = None, bad: BadRows | None = None,
-               unit: str | None = None) -> Encoded:
+               unit: str | None = None, validated: bool = False) -> Encoded:
         """Parse, validate and look up one chunk of raw rows (see the module docstring). Without ``bad``, a
-        malformed row raises :class:`~ctrkit.errors.RowErrors` naming its row, field and reason."""
+        malformed row raises :class:`~ctrkit.errors.RowErrors` naming its row, field and reason.
+
+        ``validated``: the feature columns (``rules.inputs``) were already checked against these rules and hold
+        their canonical values (the server's requests: :func:`ctrkit.serving.validation.to_arrays`), so they are
+        read without checking a value again, to the same ids and values; label / weight / group / split
+        columns, which that check does not cover, are checked as always."""
         cols = as_columns(raw)
         if isinstance(raw, list) and not raw:  # no rows, so no column names to read: zero rows of each column
             cols = {c: pa.array([], pa.string()) for c in self.input_columns(optional=False)}
@@ -188,12 +193,12 @@ class RowEncoder:
         strict = bad is None
         chunk = _Chunk(cols, n, lines, BadRows("rows") if bad is None else bad, np.zeros(n, bool))
         y = self._label(chunk)
-        dense, clamped = self._dense(chunk)
+        dense, clamped = self._dense(chunk, validated)
         w = self._weight(chunk)
         split = self._split(chunk)
         # categorical columns are validated (hex, UTF-8, single values) and multi-valued ones split into tokens
         # before any value enters a vocabulary, so a bad row found there is dropped like any other
-        cat = self._categorical(chunk)
+        cat = self._categorical(chunk, validated)
         if strict and chunk.bad.bad:
             first = "; ".join(f"{where} {k}: {r}" for k, r in chunk.bad.first)
             raise RowErrors(f"{chunk.bad.bad} of {n} rows are malformed: {first}", chunk.bad.problems)
@@ -220,8 +225,10 @@ class RowEncoder:
                    rule.column)
         return y
 
-    def _dense(self, c: _Chunk) -> tuple[np.ndarray, np.ndarray]:
-        """(dense [n, Nd] after the encode-time transform, values clamped by ln(x + 3) per column [Nd])."""
+    def _dense(self, c: _Chunk, validated: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """(dense [n, Nd] after the encode-time transform, values clamped by ln(x + 3) per column [Nd]);
+        ``validated``: the columns are checked numpy numbers already (finite, within the rule's bound, NaN =
+        missing)."""
         rules = self.rules.dense
         dense = np.zeros((c.n, len(rules)), self._dense_dtype, order="F")  # filled column by column
         clamped = np.zeros(len(rules), np.int64)
@@ -230,12 +237,15 @@ class RowEncoder:
             if r.transform == "log" and isinstance(col, np.ndarray) and col.dtype.kind in "iu":
                 dense[:, j], clamped[j] = dense_transform(col)  # integer counts: lookup-table fast path
                 continue
-            x = np.nan_to_num(_numbers(col, c.lines, c.badm, c.bad, f"dense {r.name!r}", r.column), nan=0.0)
+            x = np.nan_to_num(np.asarray(col, np.float64) if validated
+                              else _numbers(col, c.lines, c.badm, c.bad, f"dense {r.name!r}", r.column), nan=0.0)
             if r.transform == "log":
                 x, clamped[j] = log_transform(x)
-            after = " after ln(x + 3)" if r.transform == "log" else ""
-            dense[:, j] = within_f32(x, c.lines, c.badm, c.bad, f"dense {r.name!r} is beyond the float32 range "
-                                     f"(|value| > {F32_MAX:.4g}{after})", r.column, 0.0)
+            if not validated:
+                after = " after ln(x + 3)" if r.transform == "log" else ""
+                x = within_f32(x, c.lines, c.badm, c.bad, f"dense {r.name!r} is beyond the float32 range "
+                               f"(|value| > {F32_MAX:.4g}{after})", r.column, 0.0)
+            dense[:, j] = x
         return dense, clamped
 
     def _weight(self, c: _Chunk) -> np.ndarray | None:
@@ -256,20 +266,28 @@ class RowEncoder:
                    rule.column)
         return split
 
-    def _categorical(self, c: _Chunk) -> dict[Any, Any]:
+    def _categorical(self, c: _Chunk, validated: bool = False) -> dict[Any, Any]:
         """{column: keys or text} of the single-valued columns (and the group column), {(column, delimiter):
-        (flat tokens, lengths [n])} of the multi-valued and sequence ones."""
+        (flat tokens, lengths [n])} of the multi-valued and sequence ones; ``validated``: the feature columns
+        hold checked canonical values (Criteo keys and ids as integers, text as strings, lists of tokens)."""
         cat: dict[Any, Any] = {}
         group = self.rules.group if self.rules.group and self.rules.group.column in c.cols else None
         for r in (*self.rules.single, *([group] if group else [])):
-            if r.column not in cat:
+            if validated and r is not group:
+                cat[r.column] = c.cols[r.column]
+            elif r.column not in cat:
                 cat[r.column] = self._single_keys(c.cols[r.column], c.lines, c.badm, c.bad, r.column,
                                                   hexed=r.kind == HEX)
         for r in self.rules.jagged:
             key = (r.column, r.delimiter)
             if key not in cat:
                 a = c.cols[r.column]
-                cat[key] = a if isinstance(a, tuple) else tokens(a, r.delimiter, c.lines, c.badm, c.bad, r.column)
+                if isinstance(a, tuple):
+                    cat[key] = a
+                elif validated:
+                    cat[key] = list_tokens(a)
+                else:
+                    cat[key] = tokens(a, r.delimiter, c.lines, c.badm, c.bad, r.column)
         return cat
 
     def _lookup(self, kept: dict[Any, Any], n: int) -> tuple[np.ndarray, dict[str, tuple[np.ndarray, np.ndarray]],

@@ -168,12 +168,15 @@ class FeaturePipeline(RowEncoder):
         return self.vocabs_[table].lookup(values, missing, unseen_base=base)
 
     # ---- transform ---------------------------------------------------------------------------------
-    def transform(self, raw: Raw, *, lines: np.ndarray | None = None, unit: str | None = None) -> dict[str, Any]:
+    def transform(self, raw: Raw, *, lines: np.ndarray | None = None, unit: str | None = None,
+                  validated: bool = False) -> dict[str, Any]:
         """Raw rows -> {column: values} as a store holds them (label / weight / group when the rows have
         them; jagged columns as (values, lengths)). A malformed row is an error naming its row / line
-        (``lines``: the numbers to name, counting ``unit``s, default "line"; without them rows 1..n)."""
+        (``lines``: the numbers to name, counting ``unit``s, default "line"; without them rows 1..n).
+        ``validated``: the feature columns hold values already checked against :attr:`rules` in their canonical
+        form (the server's requests), read without a second check (:meth:`RowEncoder.encode`)."""
         self._check_fitted()
-        return self.finalize(self.encode(raw, lines=lines, unit=unit).parts())
+        return self.finalize(self.encode(raw, lines=lines, unit=unit, validated=validated).parts())
 
     def finalize(self, part: dict[str, Any], luts: dict[str, np.ndarray | None] | None = None) -> dict[str, Any]:
         """Encoded rows (:meth:`Encoded.parts`, possibly after a spill) -> columns: ``luts`` map a fitter's
