@@ -347,43 +347,21 @@ def test_a_streamed_body_over_the_limit_is_refused_while_reading(criteo):
     assert_serving(client, predictor)
 
 
-def test_rows_the_pipeline_refuses_are_a_422_too(criteo_ckpt):
-    """Should the pipeline refuse a row the server's checks passed, that row is still named, nothing scored."""
-    from ctrkit.serving.predictor import Scored
-
-    predictor = Predictor.from_checkpoint(criteo_ckpt)
-    score = predictor.score
-
-    def refuse_second_row(rows, **kw):
-        out = score(rows, **kw)
-        if len(out.scores) > 1:
-            out = Scored(np.where(np.arange(len(out.scores)) == 1, np.nan, out.scores),
-                         [Problem(2, "I4", "dense 'I4' is odd")])
-        return out
-
-    predictor.score = refuse_second_row
-    with TestClient(create_app(predictor)) as client:
-        r = post(client, ROWS[:3])
-        assert r.status_code == 422
-        assert r.json()["errors"] == [{"row": 1, "field": "I4", "message": "row 1: dense 'I4' is odd"}]
-        assert post(client, ROWS[:1]).status_code == 200
-
-
 def test_a_failing_model_call_is_a_json_500_and_the_server_keeps_serving(criteo_ckpt):
     from ctrkit.errors import DataError
 
     predictor = Predictor.from_checkpoint(criteo_ckpt)
-    score = predictor.score
+    score = predictor.score_validated
 
-    def flaky(rows, **kw):
+    def flaky(rows):
         n = len(rows["I1"])
         if n == 2:
             raise DataError("rows lack something")
         if n == 3:
             raise RuntimeError("out of memory")
-        return score(rows, **kw)
+        return score(rows)
 
-    predictor.score = flaky
+    predictor.score_validated = flaky
     with TestClient(create_app(predictor), raise_server_exceptions=False) as client:
         r = post(client, ROWS[:2])
         assert r.status_code == 422 and "rows lack something; fix the rows" in r.json()["message"]
@@ -416,13 +394,13 @@ def test_a_bad_content_length_is_a_400(criteo):
 def test_concurrent_requests_share_model_calls_and_get_their_own_scores(criteo_ckpt):
     predictor = Predictor.from_checkpoint(criteo_ckpt)
     calls = []
-    score = predictor.score
+    score, score_validated = predictor.score, predictor.score_validated
 
-    def counted(rows, **kw):
+    def counted(rows):
         calls.append(len(rows[next(iter(rows))]))
-        return score(rows, **kw)
+        return score_validated(rows)
 
-    predictor.score = counted
+    predictor.score_validated = counted
     app = create_app(predictor, max_batch_wait_ms=20)
     bodies = [sample_rows(k + 1, start=40 * k) for k in range(16)]
     bad = [{**bodies[3][0], "C4": "nothex!!"}]

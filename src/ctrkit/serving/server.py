@@ -50,7 +50,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 
-from ctrkit.errors import ConfigError, Problem, RowErrors
+from ctrkit.errors import ConfigError, DataError, Problem, RowErrors
 from ctrkit.serving.batching import MicroBatcher
 from ctrkit.serving.options import (
     MAX_BATCH_ROWS,
@@ -191,7 +191,10 @@ class _Service:
         checked = self.check(body) if len(body) <= _INLINE_BYTES else await anyio.to_thread.run_sync(self.check, body)
         if checked.n == 0:
             return JSONResponse({"scores": [], "model": self.model_name})
-        res = await self.batcher.score(checked.columns, checked.n)
+        try:
+            res = await self.batcher.score(checked.columns, checked.n)
+        except DataError as e:  # rows the pipeline refused as a whole (the checks above should prevent it)
+            raise _Refused(422, "invalid_rows", f"{e}; fix the rows and send the request again") from None
         scores = res.scores.tolist()
         if not all(map(math.isfinite, scores)):
             raise RuntimeError(f"the model gave non-finite scores for valid rows: {scores[:5]}...")
