@@ -3,7 +3,7 @@
 Every reader of scores goes through here: the evaluate / predict / train jobs (:mod:`ctrkit.jobs.scoring`), the
 :class:`~ctrkit.serving.predictor.Predictor` (and so the server), the exporter (:class:`~ctrkit.serving.export.
 ScoringModule`, its eager-vs-exported check, :class:`~ctrkit.serving.export.ExportedModel`) and the tasks'
-evaluation (:mod:`ctrkit.train.tasks`). The numbers::
+evaluation (:mod:`ctrkit.training.tasks`). The numbers::
 
     p = sigmoid(logits)    logits (B,) float32 (cast up first when a model computed them in lower precision)
 
