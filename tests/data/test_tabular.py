@@ -220,3 +220,22 @@ def test_a_command_line_option_wins_over_the_spec_options(tmp_path: Path, option
     from_spec = Store(tmp_path / "spec" / "train").preprocessing["options"][option]
     from_cli = Store(tmp_path / "cli" / "train").preprocessing["options"][option]
     assert str(from_spec) == str(spec_value) and str(from_cli) == cli_value
+
+
+def test_a_table_spec_declares_the_retrieval_item_id(tmp_path):
+    """item_id in the spec names the catalogue's item id (no feature called "item" needed); one that is not a
+    sparse feature is refused with the features there are."""
+    csv = tmp_path / "r.csv"
+    csv.write_text("label,user,movie,genre\n" + "".join(f"{i % 2},u{i % 7},m{i % 11},g{i % 3}\n" for i in range(60)))
+    spec = {"label": "label", "item_id": "movie",
+            "sparse": [{"name": "user", "group": "user"}, {"name": "genre", "group": "item"},
+                       {"name": "movie", "group": "item"}]}
+    stores = preprocess_table(csv, spec, tmp_path / "out", split="0.8,0.1,0.1")
+    schema = Store(stores["train"]).schema
+    assert schema.item_id == "movie" and schema.item_features()[0] == "movie"
+    undeclared = dict(spec)
+    del undeclared["item_id"]
+    again = preprocess_table(csv, undeclared, tmp_path / "out2", split="0.8,0.1,0.1")
+    assert Store(again["train"]).schema.item_id == "genre"  # the compatibility rule: the first item feature
+    with pytest.raises(DataError, match=r"item_id 'film' is not one of the sparse features \['user', 'genre', "):
+        preprocess_table(csv, {**spec, "item_id": "film"}, tmp_path / "out3", split="0.8,0.1,0.1")

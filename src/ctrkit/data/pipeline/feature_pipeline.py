@@ -265,6 +265,7 @@ class FeaturePipeline(RowEncoder):
                                       q.get("group", "user"), role=q.get("role"), of=q.get("of"),
                                       session=q.get("session")) for q in spec.sequence],
             label="label", weight="weight" if spec.weight else None, group_id="group" if spec.group_id else None,
+            item_id=spec.item_id,
         )
         self._schema_cache = (key, schema)
         return schema

@@ -19,7 +19,7 @@ SPLITS = ("train", "valid", "test")
 TRANSFORMS = ("none", "log", "standardize")
 
 
-_TOP_KEYS = {"label", "weight", "group_id", "split_column", "dense", "sparse", "sequence", "options"}
+_TOP_KEYS = {"label", "weight", "group_id", "split_column", "dense", "sparse", "sequence", "options", "item_id"}
 
 
 _DENSE_KEYS = {"name", "column", "transform", "group"}
@@ -61,6 +61,7 @@ class TableSpecYaml:
     sparse: list[dict[str, Any]]
     sequence: list[dict[str, Any]]
     options: dict[str, Any] = field(default_factory=dict)
+    item_id: str | None = None  # the retrieval catalogue's item id: a sparse feature of group "item"
 
     def columns(self) -> list[str]:
         cols = [self.label, self.weight, self.group_id, self.split_column]
@@ -73,7 +74,8 @@ class TableSpecYaml:
                                                                      "threshold": self.label_threshold}
         return {"label": label, "weight": self.weight, "group_id": self.group_id, "split_column": self.split_column,
                 "dense": [dict(e) for e in self.dense], "sparse": [dict(e) for e in self.sparse],
-                "sequence": [dict(e) for e in self.sequence], "options": dict(self.options)}
+                "sequence": [dict(e) for e in self.sequence], "options": dict(self.options),
+                **({"item_id": self.item_id} if self.item_id is not None else {})}
 
 
 def load_spec(path_or_dict: str | Path | dict[str, Any]) -> TableSpecYaml:
@@ -121,5 +123,9 @@ def load_spec(path_or_dict: str | Path | dict[str, Any]) -> TableSpecYaml:
     if not isinstance(opts, dict):
         raise DataError(f"{where}: options must be a mapping with keys {sorted(OPTION_KEYS)}, got {opts!r}")
     _check_keys(where, "options", opts, OPTION_KEYS)
+    item_id = d.get("item_id")
+    if item_id is not None and item_id not in {e["name"] for e in entries["sparse"]}:
+        raise DataError(f"{where}: item_id {item_id!r} is not one of the sparse features "
+                        f"{[e['name'] for e in entries['sparse']]}")
     return TableSpecYaml(str(label), thr, d.get("weight"), d.get("group_id"), d.get("split_column"),
-                         entries["dense"], entries["sparse"], entries["sequence"], opts)
+                         entries["dense"], entries["sparse"], entries["sequence"], opts, item_id)
