@@ -29,7 +29,7 @@ DATASETS = ("criteo", "movielens")
 BEHAVIOUR_DATASETS = ("beauty", "taobao")  # behaviour stores: configs of the behaviour models
 RETRIEVAL_DATASETS = ("beauty_retrieval", "ml100k_retrieval")  # positive-only behaviour stores: retrieval models
 ZOO = {p.stem for p in (REPO / "src" / "ctrkit" / "models").glob("*.py") if not p.stem.startswith("_")} - {
-    "__init__", "registry", "base"}  # base.py: the model contract, not a model
+    "__init__", "registry", "base", "scoring"}  # base.py: the model contract; scoring.py: the scoring helper
 # the user-behaviour models read histories that only behaviour stores (beauty, taobao) have; dsin needs sessions
 BEHAVIOUR = {"dnn", "din", "dien", "bst", "dsin"}
 RETRIEVAL = {"two_tower", "youtube_dnn", "sasrec"}  # trained on positive-only behaviour stores
