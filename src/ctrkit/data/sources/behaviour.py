@@ -59,11 +59,10 @@ from ctrkit.data.pipeline.feature_pipeline import FeaturePipeline
 from ctrkit.data.pipeline.spec import SPLITS
 from ctrkit.data.pipeline.vocab import RARE_ID
 from ctrkit.data.sources.behaviour_log import FORMATS, BehaviourLog, parse_attr_cols, read_behaviour_log
-from ctrkit.data.sources.behaviour_samples import NEGATIVES, Samples, build_samples
+from ctrkit.data.sources.behaviour_samples import NEGATIVES, Samples, build_samples, check_options
 from ctrkit.data.sources.driver import Chunk, Frontend, Input, Summary, preprocess
 from ctrkit.data.storage.store import check_replaceable
 from ctrkit.errors import DataError
-from ctrkit.io import make_dir
 
 log = logging.getLogger(__name__)
 
@@ -174,8 +173,10 @@ def preprocess_behaviour(input: str | Path, out: str | Path, *, format: str | No
                          overwrite: bool = False) -> dict[str, Path]:
     """Behaviour log -> stores ``out/{train,valid,test}`` + ``out/report.json``; returns {split: path}."""
     t0 = _time.perf_counter()
-    _check_options(Path(out), overwrite, negatives=negatives, aux_negatives=aux_negatives,
-                   example_age=example_age, time_col=time_col, format=format)
+    for s in SPLITS:  # fail before the work (SplitOutput checks again before writing)
+        check_replaceable(Path(out) / s, overwrite)
+    check_options(negatives, aux_negatives, max_len, session_len, sessions, min_session_len,
+                  has_time=time_col is not None and format != "s3rec", example_age=example_age)
     blog = read_behaviour_log(input, format=format, user_col=user_col, item_col=item_col, attr_cols=attr_cols,
                               time_col=time_col, type_col=type_col, behaviour_types=behaviour_types,
                               header=header, names=names, delimiter=delimiter, item_attributes=item_attributes,
@@ -206,23 +207,6 @@ def preprocess_behaviour(input: str | Path, out: str | Path, *, format: str | No
              report["behaviours"], report["single_behaviour_users"], report["out_of_order_rows"],
              report["duplicate_user_item_rows"], report["samples"], report["seconds"])
     return result
-
-
-def _check_options(out: Path, overwrite: bool, *, negatives: str, aux_negatives: bool, example_age: bool,
-                   time_col: str | None, format: str | None) -> None:
-    """Refuse contradicting options and an output that cannot be written, before the work."""
-    for s in SPLITS:  # fail before the work (SplitOutput checks again before writing)
-        check_replaceable(out / s, overwrite)
-    if negatives not in NEGATIVES:
-        raise DataError(f"--negatives {negatives!r} is not one of {NEGATIVES}")
-    if negatives == "none" and aux_negatives:
-        raise DataError("--aux-negatives does not go with --negatives none: DIEN's auxiliary negatives are "
-                        "for ranking samples (a positive and a sampled negative); use --negatives uniform or "
-                        "popularity for DIEN, or drop --aux-negatives for positives-only (retrieval) samples")
-    if example_age and (time_col is None or format == "s3rec"):
-        raise DataError("--example-age needs timestamps: give --time-col with a CSV / Parquet log (the s3rec "
-                        "format has none), or drop --example-age")
-    make_dir(out)  # a path that cannot be written fails now, not after the work
 
 
 def _cold_positives(parts: dict[str, Samples], n_items: int) -> dict[str, int]:

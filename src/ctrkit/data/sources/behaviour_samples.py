@@ -145,22 +145,24 @@ def check_sampleable(seen: np.ndarray, n_items: int, user_names: Any = None) -> 
                         "can be sampled for them; drop them from the log")
 
 
-def _check_options(negatives: str, aux_negatives: bool, max_len: int, session_len: int, sessions: int,
-                   min_session_len: int, *, has_time: bool, example_age: bool) -> None:
-    """Refuse options :func:`build_samples` cannot honour, naming the command-line option that fixes them."""
+def check_options(negatives: str, aux_negatives: bool, max_len: int, session_len: int, sessions: int,
+                  min_session_len: int, *, has_time: bool, example_age: bool) -> None:
+    """Refuse sampling options that cannot be honoured, naming the command-line option that fixes them: the one
+    check, made by ``ctrkit preprocess behaviour`` before it reads the log and by :func:`build_samples`."""
     if negatives not in NEGATIVES:
-        raise DataError(f"negatives={negatives!r} is not one of {NEGATIVES}")
+        raise DataError(f"--negatives {negatives!r} is not one of {NEGATIVES}")
     if negatives == "none" and aux_negatives:
-        raise DataError("aux_negatives needs sampled negatives: DIEN's auxiliary negatives are for ranking "
-                        "samples (label 1 + a sampled label 0); use --negatives uniform or popularity with "
-                        "--aux-negatives, or drop --aux-negatives for positives-only (retrieval) samples")
+        raise DataError("--aux-negatives does not go with --negatives none: DIEN's auxiliary negatives are "
+                        "for ranking samples (a positive and a sampled negative); use --negatives uniform or "
+                        "popularity for DIEN, or drop --aux-negatives for positives-only (retrieval) samples")
     if max_len < 1 or session_len < 1 or sessions < 0 or min_session_len < 1:
         raise DataError("max_len, session_len and min_session_len must be >= 1 and sessions >= 0 "
                         f"(got {max_len}, {session_len}, {min_session_len}, {sessions})")
     if sessions and not has_time:
         raise DataError("DSIN sessions need timestamps: give --time-col (the s3rec format has none)")
     if example_age and not has_time:
-        raise DataError("example_age needs timestamps: give --time-col (the s3rec format has none)")
+        raise DataError("--example-age needs timestamps: give --time-col with a CSV / Parquet log (the s3rec "
+                        "format has none), or drop --example-age")
 
 
 def build_samples(user: np.ndarray, item: np.ndarray, time: np.ndarray | None, *, n_items: int,
@@ -170,8 +172,8 @@ def build_samples(user: np.ndarray, item: np.ndarray, time: np.ndarray | None, *
     """Sample rows of a log sorted by (user, time) (:func:`sort_log`): ``user``, ``item`` [n] codes,
     ``time`` [n] seconds or None. See the module docstring for the protocol; ``user_names`` [U] (raw keys by
     code) only name users in errors."""
-    _check_options(negatives, aux_negatives, max_len, session_len, sessions, min_session_len,
-                   has_time=time is not None, example_age=example_age)
+    check_options(negatives, aux_negatives, max_len, session_len, sessions, min_session_len,
+                  has_time=time is not None, example_age=example_age)
     user, item = np.asarray(user, np.int64), np.asarray(item, np.int64)
     n = len(user)
     new = np.ones(n, bool)  # (n,) first row of a user
