@@ -20,10 +20,20 @@ re-raised in the consumer, and the thread stops when the iterator is exhausted, 
 The position is exact: ``state_dict()`` records (epoch, batches consumed) and ``load_state_dict``
 makes the next iteration yield exactly the remaining batches of that epoch. After an epoch is fully
 consumed the loader moves to the next epoch by itself (``set_epoch`` overrides).
+
+Data parallel (``rank`` / ``world_size``, DESIGN §8): the epoch order above is cut into batches of
+``batch_size`` rows and batch i goes to rank i mod ``world_size``, so a round of ``world_size`` batches is one
+global batch of ``world_size x batch_size`` rows, the same rows one process reads with that batch size. Training
+loaders (``even_tail``) make every rank step equally often: the rows of the last, incomplete round are split
+evenly over the ranks (fewer rows than ranks: dropped, with a warning; ``drop_last``: the round is dropped).
+Evaluation loaders keep batch i on rank i mod ``world_size`` to the end (a rank may get one batch fewer), so the
+gathered scores of all ranks, put back in batch order, are those of one process. The position counts rounds, so
+a run resumes exactly at another world size with the same global batch.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +51,7 @@ if TYPE_CHECKING:
     from ctrkit.data.pipeline.feature_pipeline import FeaturePipeline
 
 Index = slice | np.ndarray
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -90,6 +101,7 @@ class BatchLoader:
     ``rows`` restricts the loader to a contiguous row range (e.g. a train / validation split).
     ``dense_features`` / ``sparse_keys`` default to the schema's dense names and sparse keys.
     ``pipeline`` (the feature pipeline the model was trained with) contributes its batch-level stage.
+    ``rank`` / ``world_size`` / ``even_tail``: this process's share of every epoch (module docstring).
     """
 
     def __init__(
@@ -107,6 +119,9 @@ class BatchLoader:
         sparse_keys: Sequence[str] | None = None,
         pipeline: FeaturePipeline | None = None,
         rows: slice | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+        even_tail: bool = True,
     ) -> None:
         self.store = store if isinstance(store, Store) else Store(store)
         self.schema = self.store.schema
@@ -120,6 +135,9 @@ class BatchLoader:
         self.block_size = int(block_size)
         self.blocks_per_window = max(1, int(shuffle_buffer) // self.block_size)
         self.prefetch = int(prefetch)
+        if not 0 <= int(rank) < int(world_size):
+            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+        self.rank, self.world_size, self.even_tail = int(rank), int(world_size), bool(even_tail)
         self.pipeline = pipeline
         self.batch_stage = pipeline.batch_stage if pipeline is not None else None  # built here, not in the thread
         start, stop, step = (rows or slice(None)).indices(self.store.num_rows)
@@ -180,10 +198,26 @@ class BatchLoader:
 
     # ---- epoch plan ----------------------------------------------------------------------------
     def __len__(self) -> int:
-        """Batches per epoch."""
-        if self.drop_last:
-            return self.num_rows // self.batch_size
-        return (self.num_rows + self.batch_size - 1) // self.batch_size
+        """Batches per epoch (of this rank: the rounds with a batch for it)."""
+        return len(self._shares(warn=False))
+
+    def _shares(self, warn: bool = True) -> list[tuple[int, int]]:
+        """This rank's (first, end) positions in the epoch order, one per batch it reads (module docstring)."""
+        B, W, n = self.batch_size, self.world_size, self.num_rows
+        nb = n // B if self.drop_last else -(-n // B)  # one process's batches
+        if W == 1 or not self.even_tail:
+            return [(i * B, min((i + 1) * B, n)) for i in range(self.rank, nb, W)]
+        full, rest = divmod(n, W * B)
+        out = [((i * W + self.rank) * B, (i * W + self.rank + 1) * B) for i in range(full)]
+        if rest and not self.drop_last:
+            if rest < W:
+                if warn and self.rank == 0:
+                    log.warning("%d rows of the last global batch are not read this epoch: fewer rows than the "
+                                "%d ranks", rest, W)
+            else:
+                a = full * W * B
+                out.append((a + rest * self.rank // W, a + rest * (self.rank + 1) // W))
+        return out
 
     def set_epoch(self, epoch: int) -> None:
         """Use the order of ``epoch`` from its start (a resume position loaded earlier is dropped)."""
@@ -222,18 +256,16 @@ class BatchLoader:
         return view
 
     def _batches(self, epoch: int, start_batch: int = 0) -> Iterator[tuple[_View, Index]]:
-        """(view, selection) of the batches of ``epoch`` from ``start_batch`` on: a slice of the
+        """(view, selection) of this rank's batches of ``epoch`` from ``start_batch`` on: a slice of the
         store without shuffling, a slice of a shuffled window with it."""
-        B, n = self.batch_size, self.num_rows
+        shares = self._shares()[start_batch:]
         if not self.shuffle:
-            for i in range(start_batch, len(self)):
-                a = self.row_start + i * B
-                yield self._store_view, slice(a, min(a + B, self.row_stop))
+            for a, b in shares:
+                yield self._store_view, slice(self.row_start + a, self.row_start + b)
             return
         perm, starts, sizes = self._plan(epoch)
-        for i in range(start_batch, len(self)):
-            a, b = i * B, min((i + 1) * B, n)
-            parts = []
+        for first, b in shares:
+            a, parts = first, []
             while a < b:
                 w = int(np.searchsorted(starts, a, side="right")) - 1
                 view = self._window(epoch, w, perm, sizes)
@@ -241,7 +273,7 @@ class BatchLoader:
                 e = min(b - int(starts[w]), view.num_rows)
                 parts.append((view, slice(s, e)))
                 a += e - s
-            yield parts[0] if len(parts) == 1 else (_View.concat(parts), slice(0, b - i * B))
+            yield parts[0] if len(parts) == 1 else (_View.concat(parts), slice(0, b - first))
 
     def batch_rows(self, epoch: int) -> np.ndarray:
         """Global row ids of ``epoch`` in the order the loader yields them (for inspection / tests)."""
@@ -296,11 +328,20 @@ class BatchLoader:
             "blocks_per_window": self.blocks_per_window,
             "row_start": self.row_start,
             "num_rows": self.num_rows,
+            "world_size": self.world_size,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next iteration yields batches ``batches_yielded`` .. ``len - 1`` of ``epoch``."""
         mine = self.state_dict()
+        world = int(state.get("world_size", 1))
+        if world != self.world_size and "batch_size" in state:  # the same global batch resumes at another size
+            if int(state["batch_size"]) * world != self.batch_size * self.world_size or not self.even_tail:
+                raise ValueError(
+                    f"loader state was saved by {world} process(es) with batch_size={state['batch_size']} each; this "
+                    f"loader has {self.world_size} x {self.batch_size}: resume with the same global batch "
+                    f"({int(state['batch_size']) * world} rows) to resume exactly")
+            state = {**state, "batch_size": self.batch_size}
         for key in ("seed", "shuffle", "batch_size", "drop_last", "block_size", "blocks_per_window",
                     "row_start", "num_rows"):
             if key in state and state[key] != mine[key]:
