@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import logging
+import math
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -11,7 +13,11 @@ from torch import nn
 from ctrkit.errors import TrainingError
 
 if TYPE_CHECKING:
+    from ctrkit.checkpoint import TrainProgress
+    from ctrkit.training.config import EarlyStoppingConfig
     from ctrkit.training.trainer import Trainer
+
+log = logging.getLogger(__name__)
 
 RECORD_FIELDS = ("kind", "step", "epoch", "loss")  # of a train record in metrics.jsonl; parts of the loss join them
 
@@ -87,3 +93,23 @@ def non_finite_error(model: nn.Module, loss: torch.Tensor, step: int, epoch: int
         f"before applying it.{where} Lower train.lr, set train.grad_clip, or check the input "
         f"features for inf/NaN; resume from last.pt once fixed."
     )
+
+
+def track_evaluation(p: TrainProgress, es: EarlyStoppingConfig, maximise: bool, metrics: dict[str, float]) -> bool:
+    """Record an evaluation in the progress ``p`` (best metric, early stopping by ``es``); True when it improved.
+    Under several processes every rank holds the same gathered metrics and so decides alike."""
+    p.last_eval = {"step": p.step, **metrics}
+    value = metrics.get(es.metric)
+    improved = value is not None and not math.isnan(value) and (
+        p.best_metric is None or (value > p.best_metric + es.min_delta if maximise
+                                  else value < p.best_metric - es.min_delta))
+    if improved:
+        p.best_metric, p.best_step, p.bad_evals = float(value), p.step, 0
+        p.best_eval = {"step": p.step, "epoch": p.epoch, **metrics}
+    else:
+        p.bad_evals += 1
+    if es.patience > 0 and p.bad_evals >= es.patience:
+        p.stopped_early = True
+        log.info("early stopping at step %d: %s did not improve for %d evaluations (best %.6g at %s)",
+                 p.step, es.metric, p.bad_evals, p.best_metric or float("nan"), p.best_step)
+    return improved

@@ -97,6 +97,25 @@ class RetrievalConfig:
 
 
 @dataclass
+class DistributedConfig:
+    """How a run on several processes (``ctrkit train --nproc-per-node N`` / torchrun) works; one process ignores it.
+
+    ``backend``: the torch.distributed backend (auto: nccl on CUDA, gloo on CPU). ``batch``: whether
+    ``data.batch_size`` is the global batch (split over the ranks, so the run is the same run at any world size)
+    or each rank's batch (the global batch grows with the ranks). ``sharding``: how the torchrec embedding
+    backend places its tables (auto: the planner's choice among what the device supports). ``timeout_s``: how
+    long a collective waits for a rank that stopped answering before the job fails. ``gather_negatives``:
+    retrieval's in-batch negatives come from every rank's batch.
+    """
+
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    batch: Literal["global", "per_rank"] = "global"
+    sharding: Literal["auto", "table_wise", "column_wise", "table_column_wise", "row_wise", "data_parallel"] = "auto"
+    timeout_s: float = 300.0
+    gather_negatives: bool = False
+
+
+@dataclass
 class TrainConfig:
     """Optimisation, evaluation cadence, checkpoints and reproducibility of one training run."""
 
@@ -135,6 +154,7 @@ class TrainConfig:
     progress: bool = True  # tqdm progress bar
     # glibc: reuse freed tensor memory across steps instead of fresh page-faulted mmaps (train/memory.py)
     keep_freed_memory: bool = True
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
 
 @dataclass
@@ -186,6 +206,7 @@ def _check_values(cfg: Config) -> None:
         (t.early_stopping.patience >= 0, "train.early_stopping.patience must be >= 0"),
         (t.retrieval.num_negatives >= 1, "train.retrieval.num_negatives must be >= 1"),
         (t.retrieval.alpha >= 0, "train.retrieval.alpha must be >= 0"),
+        (t.distributed.timeout_s > 0, "train.distributed.timeout_s must be > 0 (seconds)"),
     ]
     for ok, msg in checks:
         if not ok:

@@ -29,7 +29,7 @@ excluded (:mod:`ctrkit.retrieval.catalogue`), HR@K / NDCG@K / MRR.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import nullcontext
 from typing import Any
 
@@ -53,6 +53,7 @@ from ctrkit.retrieval.catalogue import (
 )
 from ctrkit.retrieval.losses import full_softmax_loss, in_batch_softmax_loss, sampled_softmax_loss
 
+Gather = Callable[[list[Any]], list[Any]]  # per-batch results of this process -> of every process, in batch order
 PRECISIONS = ("fp32", "bf16")
 SAMPLE_WEIGHTS = ("all", "positives")
 RETRIEVAL_LOSSES = ("in_batch", "sampled", "full")
@@ -79,8 +80,10 @@ class Task:
         """(scalar loss to minimise, named parts to log: auxiliary losses, penalties, ...)."""
         raise NotImplementedError
 
-    def evaluate(self, model: nn.Module, loader: Iterable[Batch]) -> dict[str, float]:
-        """Metrics of ``model`` over every batch of ``loader``."""
+    def evaluate(self, model: nn.Module, loader: Iterable[Batch], gather: Gather | None = None) -> dict[str, float]:
+        """Metrics of ``model`` over every batch of ``loader``. ``gather`` (a multi-process run's
+        :meth:`~ctrkit.training.distributed.DistContext.gather_batches`) turns this process's per-batch results
+        into every process's, in one process's batch order, before the metrics are computed."""
         raise NotImplementedError
 
 
@@ -139,15 +142,19 @@ class CTRTask(Task):
             logs[f"penalty/{group.name}"] = penalty.detach()
         return loss, logs
 
-    def evaluate(self, model: nn.Module, loader: Iterable[Batch]) -> dict[str, float]:
+    def evaluate(self, model: nn.Module, loader: Iterable[Batch], gather: Gather | None = None) -> dict[str, float]:
         """Metrics on ``loader`` (the model in eval mode, put back as it was afterwards)."""
         ms = MetricSet(self.metric_names)
         groups = "gauc" in self.metric_names
+        parts = []  # per batch: (probabilities, labels, weights, groups) on the host
         with scoring(model):
             for batch in loader:
                 with self._autocast(batch.labels.device):
                     out = model(batch)
-                ms.update(probabilities(out), batch.labels, batch.weights, batch.group_ids if groups else None)
+                parts.append(tuple(None if t is None else t.detach().cpu() for t in (
+                    probabilities(out), batch.labels, batch.weights, batch.group_ids if groups else None)))
+        for p, y, w, g in (gather(parts) if gather is not None else parts):
+            ms.update(p, y, w, g)
         if len(ms) == 0:
             raise TrainingError("evaluation data is empty: the loader yielded no rows")
         return ms.compute()
@@ -247,8 +254,9 @@ class RetrievalTask(Task):
         """(row, catalogue row) pairs to mask: the user's training items and the row's own item history."""
         return exclusion_pairs(self.catalogue, self.seen, batch, self._history)
 
-    def ranks(self, model: nn.Module, loader: Iterable[Batch]) -> np.ndarray:
-        """0-based full-ranking rank of every row's item (inf: a miss that cannot be ranked)."""
+    def ranks(self, model: nn.Module, loader: Iterable[Batch], gather: Gather | None = None) -> np.ndarray:
+        """0-based full-ranking rank of every row's item (inf: a miss that cannot be ranked); ``gather``: as in
+        :meth:`Task.evaluate`."""
         m = self._model
         if m is None:
             raise TrainingError("RetrievalTask.evaluate: call task.bind(model) first")
@@ -263,11 +271,13 @@ class RetrievalTask(Task):
                     q = m.encode_query(batch).float()  # (B, D)
                 scores = q @ vectors.t()  # (B, N)
                 out.append(target_ranks(scores, self._targets(m, batch), self.exclusions(batch)).cpu().numpy())
+        if gather is not None:
+            out = gather(out)
         return np.concatenate(out) if out else np.zeros(0)
 
-    def evaluate(self, model: nn.Module, loader: Iterable[Batch]) -> dict[str, float]:
+    def evaluate(self, model: nn.Module, loader: Iterable[Batch], gather: Gather | None = None) -> dict[str, float]:
         """Full-ranking metrics of the rows of ``loader`` (one query and its true item per row)."""
-        r = self.ranks(model, loader)
+        r = self.ranks(model, loader, gather)
         if len(r) == 0:
             raise TrainingError("evaluation data is empty: the loader yielded no rows")
         return ranking_metrics(r, self.metric_names)

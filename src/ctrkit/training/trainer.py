@@ -9,9 +9,14 @@ One optimizer step reads top to bottom::
 Decisions worth knowing:
 
 - Model and module: ``self.model`` is the unwrapped :class:`~ctrkit.models.base.CTRModel` (checkpoints,
-  parameter groups, embedding tables); ``self.module`` is what the loop calls and steps (a DDP / torchrec
-  wrapper goes there and nothing else changes). The model trains on the device it is on: the job
-  (:mod:`ctrkit.jobs.train`) picks the device, seeds and checks the parameters, the Trainer does not.
+  parameter groups, embedding tables, evaluation); ``self.module`` is what the loop calls and steps: the task's
+  loss of the model as a module (:class:`~ctrkit.training.distributed.TaskStep`), which a multi-process run
+  (``dist``, a :class:`~ctrkit.training.distributed.DistContext`) wraps in DDP or shards with torchrec. The
+  model trains on the device it is on: the job picks the device, seeds and checks the parameters.
+- Several processes (``dist``): every rank trains on its share of each global batch (the loaders deal them),
+  gradients are averaged in backward, the logged loss is the mean over the ranks, an evaluation gathers every
+  rank's scores (exact metrics, the same early-stopping decision on every rank), and only rank 0 writes the
+  run directory (records, checkpoints) unless the writer is collective (sharded checkpoints).
 - Progress lives in one :class:`~ctrkit.checkpoint.TrainProgress` (``self.progress``), which checkpoints store
   and resume restores; checkpoints go through one :class:`~ctrkit.training.writer.CheckpointWriter`, which a
   distributed trainer replaces.
@@ -40,7 +45,6 @@ Decisions worth knowing:
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -58,8 +62,9 @@ from ctrkit.metrics import higher_is_better
 from ctrkit.models.base import CTRModel
 from ctrkit.progress import progress_bar
 from ctrkit.training.averaging import WeightAverage
-from ctrkit.training.callbacks import Callback, Loader, RunningLoss, non_finite_error
+from ctrkit.training.callbacks import Callback, Loader, RunningLoss, non_finite_error, track_evaluation
 from ctrkit.training.config import TrainConfig, config_to_dict
+from ctrkit.training.distributed import DistContext, wrap_for_training
 from ctrkit.training.memory import keep_freed_memory
 from ctrkit.training.optim import OptimizerSet, build_optimizers
 from ctrkit.training.rundir import RunLock, append_record, open_run_dir
@@ -85,14 +90,15 @@ class Trainer:
                  valid_loader: Loader | None = None, run_dir: str | Path | None = None,
                  metrics: Sequence[str] | None = None, task: Task | None = None,
                  callbacks: Iterable[Callback] | None = None, resume_from: str | Path | None = None,
-                 run_config: Any = None, writer: CheckpointWriter | None = None, overwrite: bool = False) -> None:
+                 run_config: Any = None, writer: CheckpointWriter | None = None, overwrite: bool = False,
+                 dist: DistContext | None = None) -> None:
         if not isinstance(model, CTRModel):
             raise ConfigError(f"the Trainer trains a ctrkit CTRModel; got {type(model).__name__} "
                               "(derive it from ctrkit.models.base.CTRModel)")
         self.config = config
         self.model: CTRModel = model  # unwrapped: checkpoints, param groups, tables
         self.device = next((t.device for t in [*model.parameters(), *model.buffers()]), torch.device("cpu"))
-        self.module: nn.Module = self.model  # what the loop calls and steps (a DDP wrapper goes here)
+        self.dist = dist
         self.train_loader, self.valid_loader = train_loader, valid_loader
         self.callbacks = list(callbacks or [])
         self.run_config = run_config
@@ -105,6 +111,7 @@ class Trainer:
         self._continues_run = resume_from is not None  # its run_dir's records are this run's own
         self._lock: RunLock | None = None
         self.task = self._bind_task(task, metrics)
+        self.module: nn.Module = wrap_for_training(self.model, self.task, dist, config)  # the loop's forward
         self.metric_names = list(self.task.metric_names)
         es = config.early_stopping
         self._maximise = higher_is_better(es.metric) if es.mode == "auto" else es.mode == "max"
@@ -148,7 +155,7 @@ class Trainer:
         if self.average is not None and self.average.finalized:
             raise TrainingError("fit() already ran with train.ema_decay and left the averaged weights in the model; "
                                 "to train on, resume a new Trainer from the run's last.pt")
-        if self.run_dir is not None:
+        if self.run_dir is not None and self._writes:
             self._lock = open_run_dir(self.run_dir, continues=self._continues_run, step=self.progress.step,
                                       overwrite=self.overwrite, config=self._config_dict())
             self._continues_run = True  # a second fit() of this trainer goes on in the same run
@@ -167,7 +174,7 @@ class Trainer:
         if cfg.keep_freed_memory:
             keep_freed_memory()
         total = cfg.epochs * n_batches if cfg.max_steps is None else min(cfg.max_steps, cfg.epochs * n_batches)
-        self._pbar = progress_bar(total, initial=min(p.step, total), enabled=cfg.progress, desc="train",
+        self._pbar = progress_bar(total, initial=min(p.step, total), enabled=cfg.progress and self._writes, desc="train",
                                   dynamic_ncols=True, leave=False)
         running = RunningLoss(self.device)  # losses since the last train record
         try:
@@ -248,7 +255,13 @@ class Trainer:
         """The task's metrics of the model on ``loader`` (its train/eval mode restored afterwards); during
         training with ``train.ema_decay``, of the averaged weights."""
         with self._averaged_weights():
-            return self.task.evaluate(self.module, self.on_device(loader))
+            if self.dist is None:
+                return self.task.evaluate(self.model, self.on_device(loader))
+            world = getattr(loader, "world_size", None)
+            if world != self.dist.world_size or getattr(loader, "even_tail", True):
+                raise ConfigError(f"a {self.dist.world_size}-process evaluation needs each rank's round-robin share "
+                                  "of the batches: BatchLoader(..., rank=r, world_size=W, even_tail=False)")
+            return self.task.evaluate(self.model, self.on_device(loader), self.dist.gather_batches)
 
     def _averaged_weights(self) -> AbstractContextManager[None]:
         """The model holds the moving average inside the block while training with train.ema_decay."""
@@ -279,9 +292,11 @@ class Trainer:
     def _train_step(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         if self.device.type != "cpu":
             batch = batch.to(self.device, non_blocking=True)
-        loss, logs = self.task.loss(self.module, batch)
+        loss, logs = self.module(batch)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if self.dist is not None:  # what every rank logs and checks: the mean over the ranks
+            loss = self.dist.mean(loss)
         if not torch.isfinite(loss):
             raise non_finite_error(self.model, loss, self.progress.step + 1, self.progress.epoch)
         if self.config.grad_clip is not None:
@@ -303,7 +318,7 @@ class Trainer:
             self._save("last.pt")
             return
         metrics = self.evaluate(self.valid_loader)
-        improved = self._track(metrics)
+        improved = track_evaluation(self.progress, self.config.early_stopping, self._maximise, metrics)
         p = self.progress
         self._log({"kind": "eval", "step": p.step, "epoch": p.epoch, **metrics,
                    "best": p.best_metric, "stopped_early": p.stopped_early,
@@ -316,25 +331,6 @@ class Trainer:
         self._save("last.pt")
         for cb in self.callbacks:  # after the checkpoints: a callback that stops the run leaves them written
             cb.on_eval(self, metrics)
-
-    def _track(self, metrics: dict[str, float]) -> bool:
-        """Record an evaluation in the progress (best metric, early stopping); True when it improved."""
-        p, es = self.progress, self.config.early_stopping
-        p.last_eval = {"step": p.step, **metrics}
-        value = metrics.get(es.metric)
-        improved = value is not None and not math.isnan(value) and (
-            p.best_metric is None or (value > p.best_metric + es.min_delta if self._maximise
-                                      else value < p.best_metric - es.min_delta))
-        if improved:
-            p.best_metric, p.best_step, p.bad_evals = float(value), p.step, 0
-            p.best_eval = {"step": p.step, "epoch": p.epoch, **metrics}
-        else:
-            p.bad_evals += 1
-        if es.patience > 0 and p.bad_evals >= es.patience:
-            p.stopped_early = True
-            log.info("early stopping at step %d: %s did not improve for %d evaluations (best %.6g at %s)",
-                     p.step, es.metric, p.bad_evals, p.best_metric or float("nan"), p.best_step)
-        return improved
 
     def _done(self) -> bool:
         return (self.progress.stopped_early or self.stop_reason is not None
@@ -356,7 +352,14 @@ class Trainer:
         with self._averaged_weights():
             return self.writer.write_to(path, self.model, self.optimizer, self.trainer_state())
 
+    @property
+    def _writes(self) -> bool:
+        """Whether this process writes the run directory: one process, or rank 0 of several."""
+        return self.dist is None or self.dist.is_main
+
     def _save(self, name: str) -> None:
+        if not (self._writes or getattr(self.writer, "collective", False)):
+            return
         with self._averaged_weights():
             self.writer.write(name, self.model, self.optimizer, self.trainer_state())
 
@@ -391,7 +394,7 @@ class Trainer:
         return {"train": config_to_dict(self.config)}
 
     def _log(self, record: dict[str, Any]) -> None:
-        if self.run_dir is not None:
+        if self.run_dir is not None and self._writes:
             append_record(self.run_dir, record)
         for cb in self.callbacks:
             cb.on_record(self, record)
