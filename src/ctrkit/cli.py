@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -119,6 +120,7 @@ def _run_models(args: argparse.Namespace) -> int:
 def _add_run_commands(sub: argparse._SubParsersAction) -> None:
     from ctrkit.jobs import demo, evaluate, predict, train
     from ctrkit.jobs.common import SCORING_BATCH_HELP
+    from ctrkit.jobs.launch import add_launch_options
 
     p = sub.add_parser("train", help="train a model from a YAML config")
     p.add_argument("--config", required=True, help="YAML config (see configs/)")
@@ -126,6 +128,7 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--log", action="append", choices=["tensorboard"],
                    help="a logger besides metrics.jsonl (run.log): tensorboard writes RUN_DIR/tensorboard")
+    add_launch_options(p)
     p.set_defaults(func=train.run_train)
 
     e = sub.add_parser("evaluate", help="evaluate a checkpoint on a store")
@@ -228,9 +231,10 @@ def subcommand(parser: argparse.ArgumentParser, path: Sequence[str]) -> CtrkitPa
 
 def main(argv: Sequence[str] | None = None) -> int:
     args, extra = build_parser().parse_known_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
-    )
+    rank = os.environ.get("RANK") if "WORLD_SIZE" in os.environ else None  # a torchrun worker: says which
+    logging.basicConfig(  # ... and only rank 0 logs the progress of the run
+        level=logging.DEBUG if args.verbose else logging.INFO if rank in (None, "0") else logging.WARNING,
+        format=("" if rank is None else f"[rank {rank}] ") + "%(levelname)s %(name)s: %(message)s")
     args.overrides = extra
     if extra and args.command not in ("train", "tune"):  # config overrides
         build_parser().error(f"unrecognized arguments: {' '.join(extra)}")

@@ -63,9 +63,12 @@ def training_pipeline(store: Store, cfg: Config) -> FeaturePipeline:
 
 
 def config_loader(path: str | None, cfg: Config, *, train: bool, what: str,
-                  pipeline: FeaturePipeline | None = None) -> BatchLoader | None:
+                  pipeline: FeaturePipeline | None = None, rank: int = 0, world_size: int = 1) -> BatchLoader | None:
     """Loader of the store at ``path`` (``data.<what>``), with the batch-level stage of ``pipeline`` (default: the
-    store's pipeline as :func:`training_pipeline` sets it up; valid / test loaders get the training one)."""
+    store's pipeline as :func:`training_pipeline` sets it up; valid / test loaders get the training one).
+    ``rank`` / ``world_size``: this process's share of a multi-process run; a training loader's batch is then
+    ``data.batch_size`` split over the ranks (``train.distributed.batch: global``) or ``data.batch_size`` each
+    (``per_rank``), an evaluation loader deals whole batches round robin."""
     if not path:
         return None
     if not Path(path).exists():
@@ -75,10 +78,23 @@ def config_loader(path: str | None, cfg: Config, *, train: bool, what: str,
     store = Store(path)
     pipeline = pipeline if pipeline is not None else training_pipeline(store, cfg)
     if train:
-        return BatchLoader(store, d.batch_size, shuffle=d.shuffle, seed=cfg.train.seed, drop_last=d.drop_last,
-                           prefetch=d.prefetch, pipeline=pipeline)
+        return BatchLoader(store, rank_batch_size(cfg, world_size), shuffle=d.shuffle, seed=cfg.train.seed,
+                           drop_last=d.drop_last, prefetch=d.prefetch, pipeline=pipeline, rank=rank,
+                           world_size=world_size)
     return BatchLoader(store, scoring_batch_size(d.batch_size, d.eval_batch_size), shuffle=False,
-                       prefetch=d.prefetch, pipeline=pipeline)
+                       prefetch=d.prefetch, pipeline=pipeline, rank=rank, world_size=world_size, even_tail=False)
+
+
+def rank_batch_size(cfg: Config, world_size: int) -> int:
+    """The training batch of one of ``world_size`` processes (module docstring of :func:`config_loader`)."""
+    b = cfg.data.batch_size
+    if world_size == 1 or cfg.train.distributed.batch == "per_rank":
+        return b
+    if b % world_size:
+        raise ConfigError(f"data.batch_size={b} is the global batch (train.distributed.batch=global) and does not "
+                          f"split evenly over {world_size} processes: use a multiple of {world_size}, or "
+                          "train.distributed.batch=per_rank to make it each process's batch")
+    return b // world_size
 
 
 # ---- checkpoints -------------------------------------------------------------------------------------------

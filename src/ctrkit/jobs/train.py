@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -41,6 +42,7 @@ from ctrkit.jobs.scoring import score_rows
 from ctrkit.jobs.tasks import TaskKind, task_kind
 from ctrkit.models.registry import check_model_params, create_model
 from ctrkit.training.config import Config, config_to_dict, load_config
+from ctrkit.training.distributed import DistContext, init_distributed, shutdown
 from ctrkit.training.trainer import Trainer
 from ctrkit.training.writer import CheckpointWriter
 
@@ -62,44 +64,56 @@ def train_from_config(cfg: Config, *, resume: str | None = None, progress: bool 
     end, with the best validation checkpoint. ``callbacks``: :class:`~ctrkit.training.callbacks.Callback` objects
     (one that raises stops training). The run directory gets, besides metrics.jsonl and the checkpoints,
     summary.json (the returned dict, see :func:`run_summary`), predictions.npz (label, score and group of the
-    test rows, else the valid rows) and report.html. ``train.threads`` sets torch's CPU threads for the run."""
+    test rows, else the valid rows) and report.html. ``train.threads`` sets torch's CPU threads for the run.
+
+    Launched by torchrun (``ctrkit train --nproc-per-node N``), the process joins the run's process group
+    (:mod:`ctrkit.training.distributed`), reads its share of every batch, and rank 0 writes the run directory;
+    every rank returns the summary. After a restart by torchrun (``--max-restarts``) the run resumes from its
+    last.pt."""
     threads = torch.get_num_threads()
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
+    dcfg = cfg.train.distributed
+    ctx = init_distributed(dcfg.backend, cfg.train.device, dcfg.timeout_s)
     try:
-        return _train(cfg, resume, progress, list(callbacks))
+        return _train(cfg, resume, progress, list(callbacks), ctx)
     finally:
         torch.set_num_threads(threads)
+        if ctx is not None:
+            shutdown()
 
 
-def _checked(cfg: Config, progress: bool | None) -> tuple[Config, torch.device]:
+def _checked(cfg: Config, progress: bool | None, ctx: DistContext | None) -> tuple[Config, torch.device]:
     """``cfg`` checked before any data is read (store set, model and parameters known, device present)."""
     if not cfg.data.train:
         raise JobError("data.train is not set: give the path of a training store")
     if not cfg.model.name:
         raise JobError("model.name is not set; see `ctrkit models` for the choices")
     check_model_params(cfg.model.name, cfg.model.params)
-    device = resolve_device(cfg.train.device)
+    device = ctx.device if ctx is not None else resolve_device(cfg.train.device)
     if progress is not None:
         cfg = replace(cfg, train=replace(cfg.train, progress=progress))
     return cfg, device
 
 
-def _train(cfg: Config, resume: str | None, progress: bool | None, callbacks: list[Any]) -> dict[str, Any]:
-    cfg, device = _checked(cfg, progress)
+def _train(cfg: Config, resume: str | None, progress: bool | None, callbacks: list[Any],
+           ctx: DistContext | None) -> dict[str, Any]:
+    cfg, device = _checked(cfg, progress, ctx)
     t0 = time.perf_counter()
-    train = config_loader(cfg.data.train, cfg, train=True, what="train")
+    rank, world = (ctx.rank, ctx.world_size) if ctx is not None else (0, 1)
+    train = config_loader(cfg.data.train, cfg, train=True, what="train", rank=rank, world_size=world)
     store = train.store
     seed_everything(cfg.train.seed)  # the model's initial weights
     model = create_model(cfg.model.name, store.schema, **cfg.model.params)
     kind = task_kind(model)
     cfg = kind.configure(cfg)
     task, extra = kind.training_task(cfg, store)
-    data = _Data(train, *_held_out(cfg, train, resume))
+    data = _Data(train, *_held_out(cfg, train, resume, rank, world))
     if model.needs_prefit:  # e.g. GBDT+LR fits its trees on the training rows first, DIN counts ids
-        model.prefit(train)
-    run_dir = _run_dir(cfg, resume)
-    if "tensorboard" in cfg.run.log:
+        model.prefit(train if ctx is None else config_loader(cfg.data.train, cfg, train=True, what="train"))
+    run_dir = _run_dir(cfg, resume, ctx)
+    resume = _restarted_from(run_dir, ctx) or resume  # a restarted job goes on from its own last.pt
+    if "tensorboard" in cfg.run.log and (ctx is None or ctx.is_main):
         from ctrkit.training.tensorboard import TensorBoardLogger
 
         callbacks.append(TensorBoardLogger(run_dir / "tensorboard"))
@@ -110,21 +124,26 @@ def _train(cfg: Config, resume: str | None, progress: bool | None, callbacks: li
     model.to(device)
     seed_everything(cfg.train.seed)  # the training run: dropout and sampling, whatever building the model drew
     trainer = Trainer(model, train, cfg.train, valid_loader=data.valid, run_dir=run_dir, resume_from=resume,
-                      run_config=cfg, writer=writer, task=task, overwrite=cfg.run.overwrite, callbacks=callbacks)
+                      run_config=cfg, writer=writer, task=task, overwrite=cfg.run.overwrite, callbacks=callbacks,
+                      dist=ctx)
     try:
         fit = trainer.fit()
     finally:
         for cb in callbacks:
             if hasattr(cb, "close"):
                 cb.close()
+    if ctx is not None:
+        ctx.barrier()  # rank 0's checkpoints are complete before every rank reads best.pt
     return _finish(cfg, trainer, kind, data, fit, run_dir, t0)
 
 
-def _held_out(cfg: Config, train: BatchLoader, resume: str | None) -> tuple[BatchLoader | None, BatchLoader | None]:
-    """The valid and test loaders, through the training pipeline, their ids checked against the training store's
-    (and a resumed run's against the ids it started with)."""
-    valid = config_loader(cfg.data.valid, cfg, train=False, what="valid", pipeline=train.pipeline)
-    test = config_loader(cfg.data.test, cfg, train=False, what="test", pipeline=train.pipeline)
+def _held_out(cfg: Config, train: BatchLoader, resume: str | None, rank: int,
+              world: int) -> tuple[BatchLoader | None, BatchLoader | None]:
+    """The valid and test loaders (of this rank), through the training pipeline, their ids checked against the
+    training store's (and a resumed run's against the ids it started with)."""
+    shard = {"rank": rank, "world_size": world}
+    valid = config_loader(cfg.data.valid, cfg, train=False, what="valid", pipeline=train.pipeline, **shard)
+    test = config_loader(cfg.data.test, cfg, train=False, what="test", pipeline=train.pipeline, **shard)
     for what, loader in (("data.valid", valid), ("data.test", test)):  # same ids as the training store
         if loader is not None:
             check_same_vocabulary(train.store, loader.store, what)
@@ -143,9 +162,12 @@ def _finish(cfg: Config, trainer: Trainer, kind: TaskKind, data: _Data, fit: dic
         model.load_state_dict(Checkpoint.load(best).weights)
     test_metrics = trainer.evaluate(data.test) if data.test is not None else None
     rows, split = (data.test, "test") if data.test is not None else (data.valid, "valid")
+    if not trainer.writes:  # rank 0 scores the rows and writes predictions, summary and report
+        return run_summary(cfg, trainer, fit, test_metrics, None, time.perf_counter() - t0)
     predictions = None
     if rows is not None and kind.scores_rows:
-        scores = score_rows(model, trainer.on_device(rows))
+        whole = BatchLoader(rows.store, rows.batch_size, shuffle=False, prefetch=rows.prefetch, pipeline=rows.pipeline)
+        scores = score_rows(model, trainer.on_device(whole))
         with atomic_file(run_dir / "predictions.npz", option="run.name") as tmp, open(tmp, "wb") as f:
             np.savez(f, **scores)
         predictions = {"split": split, "file": "predictions.npz", "rows": len(scores["score"])}
@@ -193,6 +215,8 @@ def run_summary(cfg: Config, trainer: Trainer, fit: dict[str, Any], test: dict[s
         "predictions": predictions,
         "config": config_to_dict(cfg),
         "environment": {"device": str(trainer.device), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                        "processes": trainer.dist.world_size if trainer.dist is not None else 1,
+                        "backend": trainer.dist.backend if trainer.dist is not None else None,
                         "threads": torch.get_num_threads(), "torch": torch.__version__,
                         "ctrkit": _version()},
     }
@@ -224,16 +248,34 @@ def _write_report(run_dir: Path) -> None:
                     type(e).__name__, e, run_dir)
 
 
-def _run_dir(cfg: Config, resume: str | None) -> Path:
+def _run_dir(cfg: Config, resume: str | None, ctx: DistContext | None = None) -> Path:
     """``run.dir/run.name`` (a timestamped name when unset); a resumed run continues in its checkpoint's
-    directory, with that run's best.pt and metrics.jsonl."""
+    directory, with that run's best.pt and metrics.jsonl. Under several processes rank 0's choice holds for all;
+    a torchrun job that may restart (``--max-restarts``) names an unnamed run after its rendezvous id, so that
+    every attempt finds the same directory."""
     if resume:
         run_dir = Path(resume).resolve().parent
         if cfg.run.name and (Path(cfg.run.dir) / cfg.run.name).resolve() != run_dir:
             log.warning("--resume %s: the run continues in %s, not in run.dir/run.name = %s", resume, run_dir,
                         Path(cfg.run.dir) / cfg.run.name)
         return run_dir
-    return Path(cfg.run.dir) / (cfg.run.name or f"{cfg.model.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
+    restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0)
+    stamp = run_id if restarts > 0 and run_id != "none" else time.strftime("%Y%m%d-%H%M%S")
+    run_dir = Path(cfg.run.dir) / (cfg.run.name or f"{cfg.model.name}-{stamp}")
+    return ctx.broadcast_object(run_dir) if ctx is not None else run_dir
+
+
+def _restarted_from(run_dir: Path, ctx: DistContext | None) -> str | None:
+    """last.pt of ``run_dir`` when this process is a restart by torchrun (--max-restarts) of a run that saved one:
+    the restarted job resumes there, exactly."""
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) == 0:
+        return None
+    last = run_dir / "last.pt"
+    if not last.is_file():
+        return None
+    log.warning("restart %s of the job: resuming from %s", os.environ["TORCHELASTIC_RESTART_COUNT"], last)
+    return str(last)
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -242,8 +284,13 @@ def run_train(args: argparse.Namespace) -> int:
     if getattr(args, "log", None):  # --log tensorboard is the override run.log=[tensorboard], after the others
         overrides.append(f"run.log=[{','.join(dict.fromkeys(args.log))}]")
     cfg = load_config(args.config, overrides)
+    if getattr(args, "nproc_per_node", None) is not None:
+        from ctrkit.jobs.launch import launch_train
+
+        return launch_train(args, cfg)
     summary = train_from_config(cfg, resume=args.resume, progress=not args.quiet)
-    sys.stdout.write(summary_text(summary))
+    if int(os.environ.get("RANK", "0") or 0) == 0:  # one process, or rank 0 of a torchrun job
+        sys.stdout.write(summary_text(summary))
     return 0
 
 

@@ -81,11 +81,11 @@ class DistContext:
                                    f"batches is {want}: the evaluation loaders are not dealt alike")
         return [shares[i % self.world_size][i // self.world_size] for i in range(total)]
 
-    def mean(self, value: torch.Tensor) -> torch.Tensor:
-        """The mean of a scalar over the ranks (a detached copy; every rank gets it)."""
-        out = value.detach().clone().float()
+    def step_totals(self, loss: torch.Tensor, rows: int) -> tuple[torch.Tensor, int]:
+        """(the mean of a step's loss over the ranks, the rows all ranks trained on): one all-reduce."""
+        out = torch.stack([loss.detach().float(), torch.tensor(float(rows), device=loss.device)])
         dist.all_reduce(out)
-        return out / self.world_size
+        return out[0] / self.world_size, int(out[1].item())
 
 
 def launched() -> bool:
@@ -144,6 +144,22 @@ class TaskStep(nn.Module):
         self.model = model
         self.task = task
 
+    def declare_sparse_gradients(self) -> None:
+        """Tell DDP which parameters get sparse gradients: the fused tables of every embedding collection with
+        ``sparse_grad``. DDP recognises them only on modules of type nn.Embedding / nn.EmbeddingBag (it would
+        copy a sparse gradient into a dense bucket and fail), so each such table is also registered, first, on
+        an nn.EmbeddingBag that is never called (``sparse_tables``, the same Parameter objects: DDP takes a
+        parameter from the first module that holds it). The model's own parameters and state dict do not change."""
+        holders = nn.ModuleList()
+        for module in self.model.modules():
+            if getattr(module, "sparse_grad", False) and hasattr(module, "embedding_parameters"):
+                for p in module.embedding_parameters():
+                    holder = nn.EmbeddingBag(1, 1, sparse=True)
+                    holder.weight = p
+                    holders.append(holder)
+        modules = self._modules
+        self._modules = {"sparse_tables": holders, **{k: v for k, v in modules.items() if k != "sparse_tables"}}
+
     def forward(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         return self.task.loss(self.model, batch)
 
@@ -159,6 +175,7 @@ def wrap_for_training(model: CTRModel, task: Any, ctx: DistContext | None, confi
         from ctrkit.training.sharding import shard_model
 
         return shard_model(step, ctx, config)
+    step.declare_sparse_gradients()
     return nn.parallel.DistributedDataParallel(
         step, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
         # models whose parts are not all used in every step (an aux loss on some batches, a tower a task skips)

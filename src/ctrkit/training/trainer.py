@@ -13,10 +13,9 @@ Decisions worth knowing:
   loss of the model as a module (:class:`~ctrkit.training.distributed.TaskStep`), which a multi-process run
   (``dist``, a :class:`~ctrkit.training.distributed.DistContext`) wraps in DDP or shards with torchrec. The
   model trains on the device it is on: the job picks the device, seeds and checks the parameters.
-- Several processes (``dist``): every rank trains on its share of each global batch (the loaders deal them),
-  gradients are averaged in backward, the logged loss is the mean over the ranks, an evaluation gathers every
-  rank's scores (exact metrics, the same early-stopping decision on every rank), and only rank 0 writes the
-  run directory (records, checkpoints) unless the writer is collective (sharded checkpoints).
+- Several processes (``dist``): each rank trains on its share of every global batch, gradients are averaged,
+  the logged loss is the ranks' mean, evaluations gather all scores (exact metrics, one early-stopping decision)
+  and only rank 0 writes the run directory, unless the writer is collective (sharded checkpoints).
 - Progress lives in one :class:`~ctrkit.checkpoint.TrainProgress` (``self.progress``), which checkpoints store
   and resume restores; checkpoints go through one :class:`~ctrkit.training.writer.CheckpointWriter`, which a
   distributed trainer replaces.
@@ -155,7 +154,7 @@ class Trainer:
         if self.average is not None and self.average.finalized:
             raise TrainingError("fit() already ran with train.ema_decay and left the averaged weights in the model; "
                                 "to train on, resume a new Trainer from the run's last.pt")
-        if self.run_dir is not None and self._writes:
+        if self.run_dir is not None and self.writes:
             self._lock = open_run_dir(self.run_dir, continues=self._continues_run, step=self.progress.step,
                                       overwrite=self.overwrite, config=self._config_dict())
             self._continues_run = True  # a second fit() of this trainer goes on in the same run
@@ -174,7 +173,7 @@ class Trainer:
         if cfg.keep_freed_memory:
             keep_freed_memory()
         total = cfg.epochs * n_batches if cfg.max_steps is None else min(cfg.max_steps, cfg.epochs * n_batches)
-        self._pbar = progress_bar(total, initial=min(p.step, total), enabled=cfg.progress and self._writes, desc="train",
+        self._pbar = progress_bar(total, initial=min(p.step, total), enabled=cfg.progress and self.writes, desc="train",
                                   dynamic_ncols=True, leave=False)
         running = RunningLoss(self.device)  # losses since the last train record
         try:
@@ -208,9 +207,9 @@ class Trainer:
         tick = time.perf_counter()
         for batch in self.train_loader:
             seen += 1
-            loss, logs = self._train_step(batch)
+            loss, logs, rows = self._train_step(batch)
             p.step += 1
-            p.samples += len(batch)
+            p.samples += rows
             running.add(loss, logs)
             self._pbar.update(1)
             if p.step % self.config.log_every == 0:
@@ -289,14 +288,15 @@ class Trainer:
         }
 
     # ---- one step ----------------------------------------------------------------------------------
-    def _train_step(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def _train_step(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor], int]:
         if self.device.type != "cpu":
             batch = batch.to(self.device, non_blocking=True)
         loss, logs = self.module(batch)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        rows = len(batch)
         if self.dist is not None:  # what every rank logs and checks: the mean over the ranks
-            loss = self.dist.mean(loss)
+            loss, rows = self.dist.step_totals(loss, rows)
         if not torch.isfinite(loss):
             raise non_finite_error(self.model, loss, self.progress.step + 1, self.progress.epoch)
         if self.config.grad_clip is not None:
@@ -306,7 +306,7 @@ class Trainer:
         self.optimizer.step()
         if self.average is not None:
             self.average.after_step()
-        return loss, logs
+        return loss, logs, rows
 
     # ---- evaluation, early stopping, checkpoints ------------------------------------------------------
     def _evaluate_and_checkpoint(self) -> None:
@@ -353,12 +353,12 @@ class Trainer:
             return self.writer.write_to(path, self.model, self.optimizer, self.trainer_state())
 
     @property
-    def _writes(self) -> bool:
+    def writes(self) -> bool:
         """Whether this process writes the run directory: one process, or rank 0 of several."""
         return self.dist is None or self.dist.is_main
 
     def _save(self, name: str) -> None:
-        if not (self._writes or getattr(self.writer, "collective", False)):
+        if not (self.writes or getattr(self.writer, "collective", False)):
             return
         with self._averaged_weights():
             self.writer.write(name, self.model, self.optimizer, self.trainer_state())
@@ -394,7 +394,7 @@ class Trainer:
         return {"train": config_to_dict(self.config)}
 
     def _log(self, record: dict[str, Any]) -> None:
-        if self.run_dir is not None and self._writes:
+        if self.run_dir is not None and self.writes:
             append_record(self.run_dir, record)
         for cb in self.callbacks:
             cb.on_record(self, record)
