@@ -96,3 +96,29 @@ def test_full_softmax_matches_direct():
     got = full_softmax_loss(q, v, t, temperature=0.7)
     want = sum(_ce([_dot(q[b], v[j]) / 0.7 for j in range(9)], int(t[b])) for b in range(4)) / 4
     assert float(got) == pytest.approx(want, rel=1e-5)
+
+
+def test_cross_batch_softmax_is_in_batch_softmax_on_one_batch_and_a_loop_on_a_larger_one():
+    """With the batch as its own candidates it is the in-batch softmax; with candidates from a larger (padded)
+    batch it is the per-row cross entropy over the valid, non-duplicate candidates, as a loop computes it."""
+    from ctrkit.retrieval.losses import cross_batch_softmax_loss, in_batch_softmax_loss
+
+    g = torch.Generator().manual_seed(0)
+    q, v = torch.randn(6, 4, generator=g), torch.randn(6, 4, generator=g)
+    ids = torch.tensor([3, 5, 3, 7, 8, 9])
+    lq = torch.rand(6, generator=g).log()
+    torch.testing.assert_close(cross_batch_softmax_loss(q, ids, torch.arange(6), v, ids, temperature=0.5, log_q=lq),
+                               in_batch_softmax_loss(q, v, ids, temperature=0.5, log_q=lq))
+    cols = torch.randn(10, 4, generator=g)
+    col_ids = torch.tensor([3, 5, -1, 3, 7, 4, 8, 9, 2, -1])  # rank 1's rows start at column 5; -1: padding
+    mine, targets = torch.tensor([4, 8, 9, 2]), torch.tensor([5, 6, 7, 8])
+    w = torch.tensor([1.0, 2.0, 0.5, 1.0])
+    want = []
+    for b in range(4):
+        logits = [float(q[b] @ cols[c]) / 0.5 for c in range(10)]
+        ok = [c == targets[b] or (col_ids[c] >= 0 and col_ids[c] != mine[b]) for c in range(10)]
+        denom = math.log(sum(math.exp(x) for x, k in zip(logits, ok) if k))
+        want.append(denom - logits[int(targets[b])])
+    ref = sum(x * float(wi) for x, wi in zip(want, w)) / float(w.sum())
+    got = cross_batch_softmax_loss(q[:4], mine, targets, cols, col_ids, temperature=0.5, weights=w)
+    assert float(got) == pytest.approx(ref, rel=1e-5)

@@ -177,3 +177,27 @@ def test_a_restart_resumes_exactly(runs, tmp_path):
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=0, msg=k)
     summary = json.loads((d / "runs" / "restarted" / "summary.json").read_text())
     assert summary["steps"] == 52
+
+
+def test_retrieval_towers_train_through_ddp_with_negatives_from_every_rank(tmp_path):
+    """Two-tower retrieval on two processes with train.distributed.gather_negatives: every rank's items are the
+    in-batch negatives of every query, so the run is the one-process run (no dropout: ranks draw their own
+    masks) -- the same losses and the same gathered full-ranking metrics."""
+    from conftest import write_log
+
+    from ctrkit.data.sources.behaviour import preprocess_behaviour
+
+    st = preprocess_behaviour(write_log(tmp_path / "log.csv", n_users=120, n_items=60, per_user=10),
+                              tmp_path / "beh", attr_cols=["cat:cate"], time_col="time", embedding_dim=8)
+    common = ["train", "--config", "configs/ml100k_retrieval/two_tower.yaml", "--quiet", f"data.train={st['train']}",
+              f"data.valid={st['valid']}", f"data.test={st['test']}", "train.epochs=2", "data.batch_size=128",
+              "train.early_stopping.patience=0", "train.log_every=2", "model.params.dnn_dropout=0",
+              f"run.dir={tmp_path / 'runs'}"]
+    _ctrkit([*common, "run.name=one"])
+    _ctrkit([*common, "run.name=two", "--nproc-per-node", "2", "train.distributed.gather_negatives=true"])
+    (t1, e1), (t2, e2) = _records(tmp_path / "runs" / "one"), _records(tmp_path / "runs" / "two")
+    assert len(t1) == len(t2) > 3
+    np.testing.assert_allclose([r["loss"] for r in t2], [r["loss"] for r in t1], rtol=1e-5)
+    for a, b in zip(e1, e2):
+        assert {k: b[k] for k in ("hr@10", "ndcg@10", "mrr")} == pytest.approx(
+            {k: a[k] for k in ("hr@10", "ndcg@10", "mrr")}, abs=1e-6)

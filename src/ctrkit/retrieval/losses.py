@@ -51,6 +51,24 @@ def in_batch_softmax_loss(q: Tensor, v: Tensor, item_ids: Tensor, *, temperature
     return _weighted_mean(F.cross_entropy(logits, target, reduction="none"), weights)
 
 
+def cross_batch_softmax_loss(q: Tensor, item_ids: Tensor, targets: Tensor, v: Tensor, col_ids: Tensor, *,
+                             temperature: float = 1.0, log_q: Tensor | None = None,
+                             weights: Tensor | None = None) -> Tensor:
+    """In-batch softmax whose negatives are the items of a larger batch (e.g. every process's batch of a
+    data-parallel step): ``q`` (B, D) queries with positives ``item_ids`` (B,) at columns ``targets`` (B,) of the
+    candidates ``v`` (C, D) with ids ``col_ids`` (C,) (< 0: padding, never a candidate) and ``log_q`` (C,) their
+    log-Q corrections. With C = B, ``targets`` = 0..B-1 and ``col_ids`` = ``item_ids`` it is
+    :func:`in_batch_softmax_loss`."""
+    logits = (q @ v.t()).float() / temperature  # (B, C)
+    if log_q is not None:
+        logits = logits - log_q.float().unsqueeze(0)
+    rows = torch.arange(q.shape[0], device=q.device)
+    dup = col_ids.unsqueeze(0) == item_ids.unsqueeze(1)  # (B, C): another copy of the row's positive
+    dup[rows, targets] = False
+    logits = logits.masked_fill(dup | (col_ids < 0).unsqueeze(0), float("-inf"))
+    return _weighted_mean(F.cross_entropy(logits, targets, reduction="none"), weights)
+
+
 def sampled_softmax_loss(q: Tensor, v_pos: Tensor, pos_ids: Tensor, v_neg: Tensor, neg_ids: Tensor, *,
                          temperature: float = 1.0, log_q_pos: Tensor | None = None,
                          log_q_neg: Tensor | None = None, remove_accidental_hits: bool = True,

@@ -81,6 +81,24 @@ class DistContext:
                                    f"batches is {want}: the evaluation loaders are not dealt alike")
         return [shares[i % self.world_size][i // self.world_size] for i in range(total)]
 
+    def gather_items(self, v: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Every rank's item vectors ``v`` (B_r, D) and ids (B_r,), concatenated in rank order with gradients
+        flowing back to the rank that computed them (torch.distributed.nn's all_gather); ranks with fewer rows are
+        padded with id -1. -> (vectors (W x max B_r, D), ids, the row where this rank's items start)."""
+        from torch.distributed.nn.functional import all_gather as all_gather_grad
+
+        sizes = torch.tensor([v.shape[0]], device=v.device)
+        every = [torch.zeros_like(sizes) for _ in range(self.world_size)]
+        dist.all_gather(every, sizes)
+        most = int(max(int(s.item()) for s in every))
+        pad = most - v.shape[0]
+        if pad:
+            v = torch.cat([v, v.new_zeros(pad, v.shape[1])])
+            ids = torch.cat([ids, ids.new_full((pad,), -1)])
+        ids_all = [torch.empty_like(ids) for _ in range(self.world_size)]
+        dist.all_gather(ids_all, ids)
+        return torch.cat(all_gather_grad(v)), torch.cat(ids_all), self.rank * most
+
     def step_totals(self, loss: torch.Tensor, rows: int) -> tuple[torch.Tensor, int]:
         """(the mean of a step's loss over the ranks, the rows all ranks trained on): one all-reduce."""
         out = torch.stack([loss.detach().float(), torch.tensor(float(rows), device=loss.device)])
@@ -171,6 +189,8 @@ def wrap_for_training(model: CTRModel, task: Any, ctx: DistContext | None, confi
     step = TaskStep(model, task)
     if ctx is None:
         return step
+    if config.distributed.gather_negatives and hasattr(task, "gather_items"):
+        task.gather_items = ctx.gather_items
     if getattr(model, "embedding_backend", "fused") == "torchrec":
         from ctrkit.training.sharding import shard_model
 

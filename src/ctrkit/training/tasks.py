@@ -51,7 +51,12 @@ from ctrkit.retrieval.catalogue import (
     ranking_metrics,
     target_ranks,
 )
-from ctrkit.retrieval.losses import full_softmax_loss, in_batch_softmax_loss, sampled_softmax_loss
+from ctrkit.retrieval.losses import (
+    cross_batch_softmax_loss,
+    full_softmax_loss,
+    in_batch_softmax_loss,
+    sampled_softmax_loss,
+)
 
 Gather = Callable[[list[Any]], list[Any]]  # per-batch results of this process -> of every process, in batch order
 PRECISIONS = ("fp32", "bf16")
@@ -167,9 +172,10 @@ class RetrievalTask(Task):
     (``num_negatives`` per batch drawn by ``sampling``: "uniform" or "frequency" ∝ count^``alpha``; ``log_q``
     subtracts the proposal's log probability; accidental hits removed) or "full". ``seen``: the training
     items excluded from every user's ranking (None: nothing excluded but each row's own history).
-    ``eval_chunk``: catalogue items scored at a time. The towers are called on the model ``bind`` was given
-    (``encode_query`` / ``encode_item`` are not ``forward``, so a DDP wrapper passed as ``module`` is bypassed:
-    distributed retrieval training needs the towers wrapped, not done yet).
+    ``eval_chunk``: catalogue items scored at a time. The towers are called on the model ``bind`` was given;
+    under several processes the loss runs inside the DDP-wrapped :class:`~ctrkit.training.distributed.TaskStep`.
+    ``gather_items`` (set by :func:`~ctrkit.training.distributed.wrap_for_training` with
+    ``train.distributed.gather_negatives``): the in-batch negatives are every process's batch items.
     """
 
     def __init__(self, catalogue: ItemCatalogue, *, seen: SeenItems | None = None, loss: str = "in_batch",
@@ -195,6 +201,7 @@ class RetrievalTask(Task):
         self._log_proposal = self._proposal.log()
         self._model: TwoTowerModel | None = None
         self._history: str | None = None  # the model's item history (hist_item): excluded from each row's ranking
+        self.gather_items: Callable[..., tuple[torch.Tensor, ...]] | None = None
 
     def bind(self, model: CTRModel) -> RetrievalTask:
         if not isinstance(model, TwoTowerModel):
@@ -222,6 +229,8 @@ class RetrievalTask(Task):
         keep = rows >= 0  # a rare / unseen target (id 1) is no item: left out of the loss
         with self._autocast(batch.labels.device):
             q = m.encode_query(batch)  # (B, D)
+            if self.loss_kind == "in_batch" and self.gather_items is not None:
+                return self._cross_batch_loss(q, m.encode_item(batch), rows, keep, batch.weights), {}
             if self.loss_kind == "in_batch":
                 v = m.encode_item(batch)  # (B, D)
             elif self.loss_kind == "sampled":
@@ -249,6 +258,20 @@ class RetrievalTask(Task):
         else:
             loss = full_softmax_loss(q, v_all, rows, temperature=t, weights=weights)
         return loss, {}
+
+    def _cross_batch_loss(self, q: torch.Tensor, v: torch.Tensor, rows: torch.Tensor, keep: torch.Tensor,
+                          weights: torch.Tensor | None) -> torch.Tensor:
+        """In-batch softmax against the items of every process's batch (``gather_items``)."""
+        assert self.gather_items is not None
+        cols = torch.where(keep, rows, -1)  # an item out of the catalogue is no candidate
+        v_all, col_all, first = self.gather_items(v, cols)  # (C, D), (C,), where this process's rows start
+        mine = keep.nonzero().squeeze(1)
+        log_q = self._log_share.to(q.device)[col_all.clamp(min=0)] if self.log_q else None
+        w = weights[mine] if weights is not None else None
+        if not len(mine):
+            return q.sum() * 0.0 + v_all.sum() * 0.0  # still in the collective, with a zero loss
+        return cross_batch_softmax_loss(q[mine], rows[mine], first + mine, v_all, col_all,
+                                        temperature=self._model.temperature, log_q=log_q, weights=w)
 
     def exclusions(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """(row, catalogue row) pairs to mask: the user's training items and the row's own item history."""
