@@ -28,12 +28,14 @@ import torch
 from ctrkit.checkpoint import Checkpoint
 from ctrkit.data.pipeline.persist import to_payload
 from ctrkit.data.storage.agree import check_same_vocabulary
+from ctrkit.data.storage.days import DayStreamLoader
 from ctrkit.data.storage.loader import BatchLoader
 from ctrkit.errors import JobError
 from ctrkit.io import atomic_file
 from ctrkit.jobs.common import (
     checkpoint_vocabularies,
     config_loader,
+    train_store_paths,
     fmt_metrics,
     resolve_device,
     seed_everything,
@@ -53,7 +55,7 @@ log = logging.getLogger(__name__)
 class _Data:
     """The loaders of one run: train (with its store and pipeline), valid and test (None when not configured)."""
 
-    train: BatchLoader
+    train: BatchLoader | DayStreamLoader
     valid: BatchLoader | None
     test: BatchLoader | None
 
@@ -107,6 +109,9 @@ def _train(cfg: Config, resume: str | None, progress: bool | None, callbacks: li
     model = create_model(cfg.model.name, store.schema, **cfg.model.params)
     kind = task_kind(model)
     cfg = kind.configure(cfg)
+    if isinstance(train, DayStreamLoader) and kind.name != "ranking":
+        raise JobError(f"data.train names {len(train.stores)} day stores, which ranking models read; a "
+                       f"{kind.name} model ({cfg.model.name}) takes its item catalogue from one store: give one")
     task, extra = kind.training_task(cfg, store)
     data = _Data(train, *_held_out(cfg, train, resume, rank, world))
     if model.needs_prefit:  # e.g. GBDT+LR fits its trees on the training rows first, DIN counts ids
@@ -137,7 +142,7 @@ def _train(cfg: Config, resume: str | None, progress: bool | None, callbacks: li
     return _finish(cfg, trainer, kind, data, fit, run_dir, t0)
 
 
-def _held_out(cfg: Config, train: BatchLoader, resume: str | None, rank: int,
+def _held_out(cfg: Config, train: BatchLoader | DayStreamLoader, resume: str | None, rank: int,
               world: int) -> tuple[BatchLoader | None, BatchLoader | None]:
     """The valid and test loaders (of this rank), through the training pipeline, their ids checked against the
     training store's (and a resumed run's against the ids it started with)."""
@@ -187,6 +192,7 @@ def run_summary(cfg: Config, trainer: Trainer, fit: dict[str, Any], test: dict[s
     steps_per_epoch = len(trainer.train_loader)
     epochs_trained = fit["steps"] / steps_per_epoch  # fractional when train.max_steps or early stopping cut an epoch
     train_s, samples = fit["train_seconds"], fit["samples"]
+    train_paths = train_store_paths(cfg.data.train) or [None]  # day stores: the first in "data", all in "train_days"
     return {
         "model": cfg.model.name,
         "task": task_kind(model).name,
@@ -211,7 +217,8 @@ def run_summary(cfg: Config, trainer: Trainer, fit: dict[str, Any], test: dict[s
                        "embedding_parameters": sum(p.numel() for p in model.embedding_parameters()),
                        "bytes": sum(p.numel() * p.element_size() for p in model.parameters())},
         "data": {k: str(Path(v).resolve()) if v else None  # absolute: the report reads the stores' manifests
-                 for k, v in (("train", cfg.data.train), ("valid", cfg.data.valid), ("test", cfg.data.test))},
+                 for k, v in (("train", train_paths[0]), ("valid", cfg.data.valid), ("test", cfg.data.test))},
+        **({"train_days": [str(Path(p).resolve()) for p in train_paths]} if len(train_paths) > 1 else {}),
         "predictions": predictions,
         "config": config_to_dict(cfg),
         "environment": {"device": str(trainer.device), "cpu_capability": torch.backends.cpu.get_cpu_capability(),

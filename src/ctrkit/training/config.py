@@ -46,7 +46,9 @@ SparseOptimizer = Literal["adagrad", "rowwise_adagrad", "sparse_adam", "sgd"]
 class DataConfig:
     """Where the columnar stores are and how batches are cut from them."""
 
-    train: str | None = None
+    # one store, or day stores read in day order (data/storage/days.py): a list in day order or one glob pattern
+    # ('days/day_*/train', natural order)
+    train: list[str] | str | None = None
     valid: str | None = None
     test: str | None = None
     batch_size: int = 2048
@@ -55,7 +57,8 @@ class DataConfig:
     drop_last: bool = False
     prefetch: int = 2  # batches built ahead by the loader's background thread
     # multi-hot expansion of seed 000 (None: off)
-    multi_hot_size: int | None = None
+    # one size for every table, or one per sparse feature in schema order (MLPerf DLRM-DCNv2's sizes; 1 = unchanged)
+    multi_hot_size: int | list[int] | None = None
     multi_hot_min_table_size: int = 200
     multi_hot_distribution: Literal["uniform", "pareto"] = "uniform"
 
