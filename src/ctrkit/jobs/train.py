@@ -35,10 +35,10 @@ from ctrkit.io import atomic_file
 from ctrkit.jobs.common import (
     checkpoint_vocabularies,
     config_loader,
-    train_store_paths,
     fmt_metrics,
     resolve_device,
     seed_everything,
+    train_store_paths,
 )
 from ctrkit.jobs.scoring import score_rows
 from ctrkit.jobs.tasks import TaskKind, task_kind
