@@ -12,9 +12,9 @@ from ctrkit.data.sources.criteo import preprocess_criteo
 from ctrkit.data.sources.synthetic import write_criteo_tsv
 from ctrkit.data.storage.days import DayStreamLoader
 from ctrkit.data.storage.store import Store
-from ctrkit.errors import ConfigError, StoreError
+from ctrkit.errors import ConfigError, JobError, StoreError
 from ctrkit.jobs.common import config_loader
-from ctrkit.jobs.train import train_from_config
+from ctrkit.jobs.train import eval_cadence, train_from_config
 from ctrkit.training.config import load_config
 
 DAYS, ROWS = 4, 1500
@@ -49,7 +49,7 @@ def _cfg(d, full, *extra):
 
 def test_training_reads_the_days_in_order(days):
     d, _, full = days
-    cfg = _cfg(d, full, "run.name=days")
+    cfg = _cfg(d, full, "run.name=days", "train.evals_per_epoch=4")
     loader = config_loader(cfg.data.train, cfg, train=True, what="train")
     assert isinstance(loader, DayStreamLoader) and [s.path.parent.name for s in loader.stores] == [
         f"day_{k}" for k in range(DAYS - 1)]
@@ -59,6 +59,20 @@ def test_training_reads_the_days_in_order(days):
     assert len(summary["train_days"]) == DAYS - 1 and summary["data"]["train"].endswith("day_0/train") and "auc" in summary["test"]
     saved = json.loads((d / "runs" / "days" / "summary.json").read_text())
     assert saved["config"]["data"]["train"] == str(d / "days" / "day_*" / "train")
+    records = [json.loads(line) for line in (d / "runs" / "days" / "metrics.jsonl").read_text().splitlines()]
+    steps = summary["steps"]  # 18: evaluations every 18 // 4 = 4 steps and at the end of the epoch (MLPerf's rule)
+    assert [r["step"] for r in records if r["kind"] == "eval"] == [*range(steps // 4, steps + 1, steps // 4), steps]
+
+
+def test_evals_per_epoch_and_eval_every_exclude_each_other(days):
+    d, _, full = days
+    with pytest.raises(JobError, match="keep one"):
+        train_from_config(_cfg(d, full, "train.evals_per_epoch=4", "train.eval_every=3"))
+    with pytest.raises(ConfigError, match="evals_per_epoch must be >= 1"):
+        _cfg(d, full, "train.evals_per_epoch=0")
+    cfg = _cfg(d, full, "train.evals_per_epoch=20")
+    assert eval_cadence(cfg, 64013).train.eval_every == 3200  # MLPerf: 4195197692 rows / 65536 per step, 20 evals
+    assert eval_cadence(cfg, 7).train.eval_every == 1
 
 
 def test_day_stores_of_another_vocabulary_are_refused(days):

@@ -92,6 +92,9 @@ def _checked(cfg: Config, progress: bool | None, ctx: DistContext | None) -> tup
     if not cfg.model.name:
         raise JobError("model.name is not set; see `ctrkit models` for the choices")
     check_model_params(cfg.model.name, cfg.model.params)
+    if cfg.train.eval_every is not None and cfg.train.evals_per_epoch is not None:
+        raise JobError(f"train.eval_every={cfg.train.eval_every} and train.evals_per_epoch="
+                       f"{cfg.train.evals_per_epoch} both set the evaluation cadence; keep one (set the other to null)")
     device = ctx.device if ctx is not None else resolve_device(cfg.train.device)
     if progress is not None:
         cfg = replace(cfg, train=replace(cfg.train, progress=progress))
@@ -104,6 +107,7 @@ def _train(cfg: Config, resume: str | None, progress: bool | None, callbacks: li
     t0 = time.perf_counter()
     rank, world = (ctx.rank, ctx.world_size) if ctx is not None else (0, 1)
     train = config_loader(cfg.data.train, cfg, train=True, what="train", rank=rank, world_size=world)
+    cfg = eval_cadence(cfg, len(train))
     store = train.store
     seed_everything(cfg.train.seed)  # the model's initial weights
     model = create_model(cfg.model.name, store.schema, **cfg.model.params)
@@ -140,6 +144,18 @@ def _train(cfg: Config, resume: str | None, progress: bool | None, callbacks: li
     if ctx is not None:
         ctx.barrier()  # rank 0's checkpoints are complete before every rank reads best.pt
     return _finish(cfg, trainer, kind, data, fit, run_dir, t0)
+
+
+def eval_cadence(cfg: Config, steps_per_epoch: int) -> Config:
+    """``cfg`` with ``train.evals_per_epoch`` = N turned into ``train.eval_every`` = max(1, steps_per_epoch // N): N
+    evaluations per epoch (the last at the epoch's end, which always evaluates), as MLPerf DLRM-DCNv2's
+    ``validation_freq_within_epoch = samples // (global batch x 20)``; unchanged without it."""
+    n = cfg.train.evals_per_epoch
+    if n is None or cfg.train.eval_every is not None:
+        return cfg
+    every = max(1, steps_per_epoch // n)
+    log.info("train.evals_per_epoch=%d: evaluating every %d of the %d steps of an epoch", n, every, steps_per_epoch)
+    return replace(cfg, train=replace(cfg.train, eval_every=every))
 
 
 def _held_out(cfg: Config, train: BatchLoader | DayStreamLoader, resume: str | None, rank: int,
