@@ -140,7 +140,7 @@ def main() -> None:
     args = p.parse_args()
     cfg = load_config(REPO / "configs" / "criteo1tb" / "dlrm.yaml")
     with tempfile.TemporaryDirectory() as tmp:
-        rates, full, paths = measure_preprocess(Path(tmp), args.days, args.rows_per_day)
+        rates, _, paths = measure_preprocess(Path(tmp), args.days, args.rows_per_day)
         rates["loader_rows_s"] = measure_loader(cfg, paths, 8192)
         rates["train_rows_s"] = measure_training(cfg, paths[0], args.batch_size, args.steps, args.device)
     out = {"bench": "criteo1tb_projection", "device": args.device, "threads": torch.get_num_threads(),
