@@ -96,3 +96,38 @@ def test_passes_extra_keys_and_rejects_multi_valued(tmp_path):
         mh(KeyedJagged.from_dense(["a", "b"], torch.tensor([[10, 0], [1, 1]])))
     with pytest.raises(ValueError, match="distribution"):
         MultiHot([10], 2, 5, "zipf")
+
+
+MLPERF_SIZES = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1]
+
+
+def test_per_feature_sizes_against_loop_reference():
+    """MLPerf DLRM-DCNv2's per-table sizes: feature i becomes m_i ids (size 1: its own id), weights repeated."""
+    rng = np.random.default_rng(1)
+    num = [int(n) for n in rng.integers(2, 300, len(MLPERF_SIZES))]
+    B = 9
+    ids = torch.from_numpy(np.stack([rng.integers(0, n, B) for n in num], 1))
+    keys = [f"C{i + 1}" for i in range(len(num))]
+    mh = MultiHot(num, MLPERF_SIZES, 1, "uniform")
+    weights = torch.arange(B * len(num), dtype=torch.float32)
+    kj = KeyedJagged(keys, ids.T.reshape(-1), lengths=torch.ones(B * len(num), dtype=torch.int64), stride=B,
+                     weights=weights)
+    out = mh(kj)
+    ref_vals, ref_len, ref_w = [], [], []
+    for f, (n, m) in enumerate(zip(num, MLPERF_SIZES)):
+        assert mh.weight[f].shape == (n, m)
+        for r in range(B):
+            x = int(ids[r, f])
+            row = [x] + [int(mh.weight[f][x, j]) for j in range(1, m)]
+            ref_vals += row
+            ref_len.append(m)
+            ref_w += [float(weights[f * B + r])] * m
+    assert out.values.tolist() == ref_vals and out.lengths.tolist() == ref_len
+    assert out.weights.tolist() == ref_w
+    assert out.offsets.tolist() == mh.offsets(B).tolist() == np.concatenate([[0], np.cumsum(ref_len)]).tolist()
+    same = MultiHot(num, [4] * len(num), 1)  # a list of one size == that size
+    assert torch.equal(same(kj).values, MultiHot(num, 4, 1)(kj).values)
+    with pytest.raises(Exception, match="26 sparse features"):
+        MultiHot(num, MLPERF_SIZES[:-1], 1)
+    with pytest.raises(Exception, match=">= 1"):
+        MultiHot(num, [0] + MLPERF_SIZES[1:], 1)

@@ -83,7 +83,8 @@ def stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     ml_r = preprocess_behaviour(_tiny_taobao(tmp / "taobao.csv"), tmp / "ml_r", header=False,
                                 names="user,item,category,type,time", attr_cols=["category:cate"], time_col="time",
                                 negatives="none", example_age=True, embedding_dim=16)
-    return {"criteo": criteo["train"], "movielens": ml["train"], "beauty": beauty["train"], "taobao": taobao["train"],
+    return {"criteo": criteo["train"], "criteo1tb": criteo["train"], "criteo1tb_small": criteo["train"],
+            "movielens": ml["train"], "beauty": beauty["train"], "taobao": taobao["train"],
             "beauty_retrieval": beauty_r["train"], "ml100k_retrieval": ml_r["train"]}
 
 

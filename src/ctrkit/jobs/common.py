@@ -14,6 +14,7 @@ import torch
 from ctrkit.checkpoint import Checkpoint, scoring_batch_size
 from ctrkit.data.pipeline.feature_pipeline import FeaturePipeline
 from ctrkit.data.storage.agree import Vocabularies
+from ctrkit.data.storage.days import DayStreamLoader, is_day_spec, resolve_day_stores
 from ctrkit.data.storage.fitted import pipeline_from_store
 from ctrkit.data.storage.loader import BatchLoader
 from ctrkit.data.storage.store import Store
@@ -62,19 +63,31 @@ def training_pipeline(store: Store, cfg: Config) -> FeaturePipeline:
     return pipeline
 
 
-def config_loader(path: str | None, cfg: Config, *, train: bool, what: str,
-                  pipeline: FeaturePipeline | None = None, rank: int = 0, world_size: int = 1) -> BatchLoader | None:
+def config_loader(path: str | list[str] | None, cfg: Config, *, train: bool, what: str,
+                  pipeline: FeaturePipeline | None = None, rank: int = 0,
+                  world_size: int = 1) -> BatchLoader | DayStreamLoader | None:
     """Loader of the store at ``path`` (``data.<what>``), with the batch-level stage of ``pipeline`` (default: the
     store's pipeline as :func:`training_pipeline` sets it up; valid / test loaders get the training one).
     ``rank`` / ``world_size``: this process's share of a multi-process run; a training loader's batch is then
     ``data.batch_size`` split over the ranks (``train.distributed.batch: global``) or ``data.batch_size`` each
-    (``per_rank``), an evaluation loader deals whole batches round robin."""
+    (``per_rank``), an evaluation loader deals whole batches round robin. A training ``path`` naming day stores (a
+    list, or a glob pattern) gives a :class:`DayStreamLoader` over them, the pipeline that of the first day (every
+    day has its vocabularies: checked)."""
     if not path:
         return None
+    d = cfg.data
+    if is_day_spec(path):
+        if not train:
+            raise ConfigError(f"data.{what}={path!r}: day stores (a list or a pattern) are for data.train; "
+                              f"data.{what} takes one store (e.g. the valid / test halves of the last day)")
+        days = resolve_day_stores(path, f"data.{what}")
+        pipeline = pipeline if pipeline is not None else training_pipeline(Store(days[0]), cfg)
+        return DayStreamLoader(days, rank_batch_size(cfg, world_size), shuffle=d.shuffle, seed=cfg.train.seed,
+                               drop_last=d.drop_last, prefetch=d.prefetch, pipeline=pipeline, rank=rank,
+                               world_size=world_size, what=f"data.{what}")
     if not Path(path).exists():
         raise JobError(missing_path(path, f"data.{what}: store", f"Create it with `ctrkit preprocess ... --out DIR` "
                                     f"and set data.{what}=DIR/{what}"))
-    d = cfg.data
     store = Store(path)
     pipeline = pipeline if pipeline is not None else training_pipeline(store, cfg)
     if train:
@@ -97,6 +110,18 @@ def rank_batch_size(cfg: Config, world_size: int) -> int:
     return b // world_size
 
 
+def train_store_paths(spec: str | list[str] | None) -> list[str]:
+    """The store paths ``data.train`` names (day stores resolved when they still exist; [] when unset)."""
+    if not spec:
+        return []
+    if not is_day_spec(spec):
+        return [str(spec)]
+    try:
+        return [str(p) for p in resolve_day_stores(spec)]
+    except ConfigError:  # gone since training: the names as written
+        return [spec] if isinstance(spec, str) else [str(p) for p in spec]
+
+
 # ---- checkpoints -------------------------------------------------------------------------------------------
 def checkpoint_config(ckpt: Checkpoint) -> Config | None:
     """The run config of ``ckpt`` as a :class:`Config`; None when it has none or this version cannot read it."""
@@ -111,7 +136,8 @@ def checkpoint_config(ckpt: Checkpoint) -> Config | None:
 def checkpoint_vocabularies(ckpt: Checkpoint, path: str | Path) -> Vocabularies:
     """The vocabularies a checkpoint's model was trained with (to check a store against them)."""
     return Vocabularies.of_checkpoint({"arrays": ckpt.vocab_files, "path": ckpt.vocab_path}, ckpt.schema,
-                                      f"checkpoint {path}", ckpt.data_config.get("train"), pipeline=ckpt.pipeline)
+                                      f"checkpoint {path}", next(iter(train_store_paths(ckpt.data_config.get("train"))),
+                                                                 None), pipeline=ckpt.pipeline)
 
 
 def check_same_features(model_schema: Schema, store_schema: Schema, what: str, whose: str) -> None:

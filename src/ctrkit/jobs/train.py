@@ -28,6 +28,7 @@ import torch
 from ctrkit.checkpoint import Checkpoint
 from ctrkit.data.pipeline.persist import to_payload
 from ctrkit.data.storage.agree import check_same_vocabulary
+from ctrkit.data.storage.days import DayStreamLoader
 from ctrkit.data.storage.loader import BatchLoader
 from ctrkit.errors import JobError
 from ctrkit.io import atomic_file
@@ -37,6 +38,7 @@ from ctrkit.jobs.common import (
     fmt_metrics,
     resolve_device,
     seed_everything,
+    train_store_paths,
 )
 from ctrkit.jobs.scoring import score_rows
 from ctrkit.jobs.tasks import TaskKind, task_kind
@@ -53,7 +55,7 @@ log = logging.getLogger(__name__)
 class _Data:
     """The loaders of one run: train (with its store and pipeline), valid and test (None when not configured)."""
 
-    train: BatchLoader
+    train: BatchLoader | DayStreamLoader
     valid: BatchLoader | None
     test: BatchLoader | None
 
@@ -90,6 +92,9 @@ def _checked(cfg: Config, progress: bool | None, ctx: DistContext | None) -> tup
     if not cfg.model.name:
         raise JobError("model.name is not set; see `ctrkit models` for the choices")
     check_model_params(cfg.model.name, cfg.model.params)
+    if cfg.train.eval_every is not None and cfg.train.evals_per_epoch is not None:
+        raise JobError(f"train.eval_every={cfg.train.eval_every} and train.evals_per_epoch="
+                       f"{cfg.train.evals_per_epoch} both set the evaluation cadence; keep one (set the other to null)")
     device = ctx.device if ctx is not None else resolve_device(cfg.train.device)
     if progress is not None:
         cfg = replace(cfg, train=replace(cfg.train, progress=progress))
@@ -102,11 +107,15 @@ def _train(cfg: Config, resume: str | None, progress: bool | None, callbacks: li
     t0 = time.perf_counter()
     rank, world = (ctx.rank, ctx.world_size) if ctx is not None else (0, 1)
     train = config_loader(cfg.data.train, cfg, train=True, what="train", rank=rank, world_size=world)
+    cfg = eval_cadence(cfg, len(train))
     store = train.store
     seed_everything(cfg.train.seed)  # the model's initial weights
     model = create_model(cfg.model.name, store.schema, **cfg.model.params)
     kind = task_kind(model)
     cfg = kind.configure(cfg)
+    if isinstance(train, DayStreamLoader) and kind.name != "ranking":
+        raise JobError(f"data.train names {len(train.stores)} day stores, which ranking models read; a "
+                       f"{kind.name} model ({cfg.model.name}) takes its item catalogue from one store: give one")
     task, extra = kind.training_task(cfg, store)
     data = _Data(train, *_held_out(cfg, train, resume, rank, world))
     if model.needs_prefit:  # e.g. GBDT+LR fits its trees on the training rows first, DIN counts ids
@@ -137,7 +146,19 @@ def _train(cfg: Config, resume: str | None, progress: bool | None, callbacks: li
     return _finish(cfg, trainer, kind, data, fit, run_dir, t0)
 
 
-def _held_out(cfg: Config, train: BatchLoader, resume: str | None, rank: int,
+def eval_cadence(cfg: Config, steps_per_epoch: int) -> Config:
+    """``cfg`` with ``train.evals_per_epoch`` = N turned into ``train.eval_every`` = max(1, steps_per_epoch // N): N
+    evaluations per epoch (the last at the epoch's end, which always evaluates), as MLPerf DLRM-DCNv2's
+    ``validation_freq_within_epoch = samples // (global batch x 20)``; unchanged without it."""
+    n = cfg.train.evals_per_epoch
+    if n is None or cfg.train.eval_every is not None:
+        return cfg
+    every = max(1, steps_per_epoch // n)
+    log.info("train.evals_per_epoch=%d: evaluating every %d of the %d steps of an epoch", n, every, steps_per_epoch)
+    return replace(cfg, train=replace(cfg.train, eval_every=every))
+
+
+def _held_out(cfg: Config, train: BatchLoader | DayStreamLoader, resume: str | None, rank: int,
               world: int) -> tuple[BatchLoader | None, BatchLoader | None]:
     """The valid and test loaders (of this rank), through the training pipeline, their ids checked against the
     training store's (and a resumed run's against the ids it started with)."""
@@ -187,6 +208,7 @@ def run_summary(cfg: Config, trainer: Trainer, fit: dict[str, Any], test: dict[s
     steps_per_epoch = len(trainer.train_loader)
     epochs_trained = fit["steps"] / steps_per_epoch  # fractional when train.max_steps or early stopping cut an epoch
     train_s, samples = fit["train_seconds"], fit["samples"]
+    train_paths = train_store_paths(cfg.data.train) or [None]  # day stores: the first in "data", all in "train_days"
     return {
         "model": cfg.model.name,
         "task": task_kind(model).name,
@@ -211,7 +233,8 @@ def run_summary(cfg: Config, trainer: Trainer, fit: dict[str, Any], test: dict[s
                        "embedding_parameters": sum(p.numel() for p in model.embedding_parameters()),
                        "bytes": sum(p.numel() * p.element_size() for p in model.parameters())},
         "data": {k: str(Path(v).resolve()) if v else None  # absolute: the report reads the stores' manifests
-                 for k, v in (("train", cfg.data.train), ("valid", cfg.data.valid), ("test", cfg.data.test))},
+                 for k, v in (("train", train_paths[0]), ("valid", cfg.data.valid), ("test", cfg.data.test))},
+        **({"train_days": [str(Path(p).resolve()) for p in train_paths]} if len(train_paths) > 1 else {}),
         "predictions": predictions,
         "config": config_to_dict(cfg),
         "environment": {"device": str(trainer.device), "cpu_capability": torch.backends.cpu.get_cpu_capability(),

@@ -46,7 +46,9 @@ SparseOptimizer = Literal["adagrad", "rowwise_adagrad", "sparse_adam", "sgd"]
 class DataConfig:
     """Where the columnar stores are and how batches are cut from them."""
 
-    train: str | None = None
+    # one store, or day stores read in day order (data/storage/days.py): a list in day order or one glob pattern
+    # ('days/day_*/train', natural order)
+    train: list[str] | str | None = None
     valid: str | None = None
     test: str | None = None
     batch_size: int = 2048
@@ -55,7 +57,8 @@ class DataConfig:
     drop_last: bool = False
     prefetch: int = 2  # batches built ahead by the loader's background thread
     # multi-hot expansion of seed 000 (None: off)
-    multi_hot_size: int | None = None
+    # one size for every table, or one per sparse feature in schema order (MLPerf DLRM-DCNv2's sizes; 1 = unchanged)
+    multi_hot_size: int | list[int] | None = None
     multi_hot_min_table_size: int = 200
     multi_hot_distribution: Literal["uniform", "pareto"] = "uniform"
 
@@ -137,6 +140,8 @@ class TrainConfig:
     # evaluate, checkpoint and keep a moving average of the weights (train/averaging.py); ~1/(1-d) steps
     ema_decay: float | None = None
     eval_every: int | None = None  # steps between evaluations; None: at the end of every epoch
+    # or evaluations per epoch: every steps_per_epoch // N steps and at the end (MLPerf DLRM-DCNv2: 20)
+    evals_per_epoch: int | None = None
     checkpoint_every: int | None = None  # steps between last.pt saves (besides every evaluation)
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
     # ranking models: auc, logloss, gauc, accuracy, calibration; retrieval models: hr@K, ndcg@K, mrr (full ranking;
@@ -200,6 +205,7 @@ def _check_values(cfg: Config) -> None:
         (t.weight_decay >= 0 and t.embedding_l2 >= 0, "train.weight_decay / embedding_l2 must be >= 0"),
         (t.grad_clip is None or t.grad_clip > 0, "train.grad_clip must be > 0 (or null for none)"),
         (t.eval_every is None or t.eval_every >= 1, "train.eval_every must be >= 1 (or null: every epoch)"),
+        (t.evals_per_epoch is None or t.evals_per_epoch >= 1, "train.evals_per_epoch must be >= 1 (or null)"),
         (t.checkpoint_every is None or t.checkpoint_every >= 1, "train.checkpoint_every must be >= 1"),
         (t.log_every >= 1, "train.log_every must be >= 1"),
         (t.threads is None or t.threads >= 1, "train.threads must be >= 1 (or null: torch's default)"),

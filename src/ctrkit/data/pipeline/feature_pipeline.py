@@ -306,12 +306,13 @@ class FeaturePipeline(RowEncoder):
         return cols
 
     # ---- the batch-level stage ---------------------------------------------------------------------
-    def with_multi_hot(self, size: int, min_table_size: int = 200, distribution: str = "uniform",
+    def with_multi_hot(self, size: int | list[int], min_table_size: int = 200, distribution: str = "uniform",
                        pareto_a: float = 0.25) -> FeaturePipeline:
         """A copy that expands single-valued features of tables with >= ``min_table_size`` rows into
-        ``size`` ids each (seed 000 §3.3; the tables are a function of the schema and these options)."""
+        ``size`` ids each, or ``size[i]`` for the i-th sparse feature (seed 000 §3.3; the tables are a function of
+        the schema and these options)."""
         p = copy.copy(self)
-        p.multi_hot = {"size": int(size), "min_table_size": int(min_table_size), "distribution": distribution,
+        p.multi_hot = {"size": int(size) if isinstance(size, int) else [int(m) for m in size], "min_table_size": int(min_table_size), "distribution": distribution,
                        "pareto_a": float(pareto_a), "fingerprint": None}
         p._stage = None
         p.multi_hot["fingerprint"] = p.batch_stage.fingerprint()

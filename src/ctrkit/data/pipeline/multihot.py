@@ -1,7 +1,7 @@
 """Multi-hot expansion of single-valued sparse features (seed 000 §3.3, MLPerf DLRM v2 ``multi_hot.py``).
 
 Each feature i with ``num_embeddings[i] >= multi_hot_min_table_size`` gets a fixed, non-trainable
-lookup table ``weight[i]`` of shape [num_embeddings[i], multi_hot_size] with entries in
+lookup table ``weight[i]`` of shape [num_embeddings[i], m_i] with entries in
 [0, num_embeddings[i]), generated with random seed i (``np.random.seed(i)`` semantics, so every
 process builds the same tables):
 
@@ -9,8 +9,11 @@ process builds the same tables):
 * ``pareto`` : ``floor(pareto(a=0.25, size=(n, m))) mod n`` (as the MLPerf reference; draws above
   2^62 are clipped before the modulo so the integer cast is defined).
 
-For a batch, an expanded feature's ids x [B] become ``embedding(x, weight[i])`` [B, m] with column 0
-replaced by x itself, flattened row-major into [B * m]; its lengths become m and the offsets are
+``multi_hot_size`` gives m_i: one size for every feature (seed 000), or one per feature (MLPerf DLRM-DCNv2's
+per-table sizes, e.g. [3, 2, 1, 2, 6, ...] for C1..C26; a feature of size 1 keeps its one id).
+
+For a batch, an expanded feature's ids x [B] become ``embedding(x, weight[i])`` [B, m_i] with column 0
+replaced by x itself, flattened row-major into [B * m_i]; its lengths become m_i and the offsets are
 recomputed, so the KeyedJagged stays key-major. Features below the threshold are passed unchanged.
 Worked example (B = 2, num_embeddings = [6, 7, 5, 9], min_table_size = 8, m = 3): values
 [I00, I10, I01, I11, I02, I12, I03, I03^1, I03^2, I13, I13^1, I13^2], offsets [0, 1, 2, 3, 4, 5, 6, 9, 12].
@@ -51,6 +54,21 @@ def multi_hot_table(num_embeddings: int, multi_hot_size: int, seed: int, distrib
     return torch.from_numpy(t.astype(dtype))
 
 
+def _sizes(multi_hot_size: int | Sequence[int], n_features: int) -> tuple[int | list[int], list[int]]:
+    """(the option as given, normalised; m_i per feature); a DataError names a wrong size or count."""
+    if isinstance(multi_hot_size, (int, np.integer)):
+        if int(multi_hot_size) < 1:
+            raise DataError(f"multi_hot_size must be >= 1, got {multi_hot_size}")
+        return int(multi_hot_size), [int(multi_hot_size)] * n_features
+    sizes = [int(m) for m in multi_hot_size]
+    if len(sizes) != n_features:
+        raise DataError(f"multi_hot_size lists {len(sizes)} sizes but there are {n_features} sparse features; give one "
+                        "size per sparse feature in schema order (or one number for all)")
+    if bad := [m for m in sizes if m < 1]:
+        raise DataError(f"multi_hot_size entries must be >= 1, got {bad} in {sizes}")
+    return sizes, sizes
+
+
 class MultiHot:
     """Expand single-valued sparse features into ``multi_hot_size`` ids each (see module docstring).
 
@@ -62,7 +80,7 @@ class MultiHot:
     def __init__(
         self,
         num_embeddings: Sequence[int],
-        multi_hot_size: int,
+        multi_hot_size: int | Sequence[int],
         multi_hot_min_table_size: int,
         distribution: str = "uniform",
         collect_freqs: bool = False,
@@ -71,12 +89,10 @@ class MultiHot:
     ) -> None:
         if distribution not in DISTRIBUTIONS:
             raise DataError(f"multi-hot distribution {distribution!r} is not one of {DISTRIBUTIONS}")
-        if int(multi_hot_size) < 1:
-            raise DataError(f"multi_hot_size must be >= 1, got {multi_hot_size}")
         self.num_embeddings = [int(n) for n in num_embeddings]
         if any(n < 1 for n in self.num_embeddings):
             raise DataError(f"num_embeddings must all be >= 1, got {self.num_embeddings}")
-        self.multi_hot_size = int(multi_hot_size)
+        self.multi_hot_size, self.sizes = _sizes(multi_hot_size, len(self.num_embeddings))
         self.multi_hot_min_table_size = int(multi_hot_min_table_size)
         self.distribution = distribution
         self.pareto_a = float(pareto_a)
@@ -86,8 +102,8 @@ class MultiHot:
         self.expanded = [n >= self.multi_hot_min_table_size and one for n, one in zip(self.num_embeddings, single)]
         # fixed lookup tables, never trained: weight[i] is None for features left single-valued
         self.weight: list[torch.Tensor | None] = [
-            multi_hot_table(n, self.multi_hot_size, i, distribution, pareto_a) if e else None
-            for i, (n, e) in enumerate(zip(self.num_embeddings, self.expanded))
+            multi_hot_table(n, m, i, distribution, pareto_a) if e else None
+            for i, (n, m, e) in enumerate(zip(self.num_embeddings, self.sizes, self.expanded))
         ]
         self.collect_freqs = collect_freqs
         self.freqs_pre: list[torch.Tensor] = []
@@ -97,7 +113,7 @@ class MultiHot:
             self.freqs_post = [torch.zeros(n, dtype=torch.int64) for n in self.num_embeddings]
 
     @classmethod
-    def from_schema(cls, schema: Schema, multi_hot_size: int, multi_hot_min_table_size: int,
+    def from_schema(cls, schema: Schema, multi_hot_size: int | Sequence[int], multi_hot_min_table_size: int,
                     distribution: str = "uniform", collect_freqs: bool = False, pareto_a: float = 0.25) -> MultiHot:
         """One entry per sparse feature of ``schema`` (in order): the rows of the table it uses; only its
         single-valued features are expanded."""
@@ -116,7 +132,7 @@ class MultiHot:
 
     def __call__(self, kj: KeyedJagged) -> KeyedJagged:
         """Expanded copy of ``kj`` (B = kj.stride). Expanded keys must have exactly one id per row."""
-        B, m = kj.stride, self.multi_hot_size
+        B = kj.stride
         nkeys = len(kj.keys)
         if nkeys < len(self.num_embeddings):
             raise DataError(
@@ -147,6 +163,7 @@ class MultiHot:
                         f"key {kj.keys[i]!r} has ids outside [0, {table.shape[0]}); MultiHot's num_embeddings "
                         "must match the vocabulary the ids were encoded with"
                     )
+                m = table.shape[1]  # m_i
                 mh = table[v].to(torch.int64)  # (B, m) == F.embedding(v, weight[i])
                 mh[:, 0] = v  # keep the original id first
                 out_v = mh.reshape(-1)  # row-major: row b's m ids are contiguous
@@ -169,9 +186,9 @@ class MultiHot:
 
     def offsets(self, batch_size: int) -> torch.Tensor:
         """The seed's ``offset_n`` for an all-single-valued batch of ``batch_size`` rows:
-        [0, cumsum(lso)] with lso = 1 per (key, row), m for expanded keys. Shape [F * B + 1]."""
-        lso = torch.ones(len(self.num_embeddings), batch_size, dtype=torch.int64)
-        lso[torch.tensor(self.expanded, dtype=torch.bool)] = self.multi_hot_size
+        [0, cumsum(lso)] with lso = 1 per (key, row), m_i for expanded keys. Shape [F * B + 1]."""
+        m = torch.tensor([s if e else 1 for s, e in zip(self.sizes, self.expanded)], dtype=torch.int64)
+        lso = m[:, None].expand(len(self.num_embeddings), batch_size)
         return torch.cat([torch.zeros(1, dtype=torch.int64), lso.reshape(-1).cumsum(0)])
 
     def save_freqs(self, path: str | Path) -> Path:
