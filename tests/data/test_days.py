@@ -174,17 +174,3 @@ def test_naming_day_stores(days, tmp_path):
                                           "c1": np.zeros(2, "i4")}, {"label": "label", "x": "dense", "c1": "sparse"})
     with pytest.raises(StoreError, match=r"day store 1 .*another schema"):
         DayStreamLoader([paths[0], tmp_path / "odd"], 8, dense_features=["x"], sparse_keys=["c1"])
-
-
-@pytest.mark.parametrize("n", [0, 1, 5, 130, 257])
-def test_one_sharding_rule_for_both_loaders(days, n):
-    """rank_shares is BatchLoader's rule: the same (first, end) positions for every rank and option."""
-    _, whole = days
-    for world in (1, 2, 3):
-        for rank in range(world):
-            for drop_last in (False, True):
-                for even_tail in (False, True):
-                    b = BatchLoader(whole, 16, shuffle=False, prefetch=0, rows=slice(0, n), rank=rank,
-                                    world_size=world, drop_last=drop_last, even_tail=even_tail)
-                    assert b._shares(warn=False) == rank_shares(n, 16, rank=rank, world_size=world,
-                                                                drop_last=drop_last, even_tail=even_tail, warn=False)

@@ -132,6 +132,23 @@ def test_threads_option_applies_to_the_run_only(stores):
     assert torch.get_num_threads() == before
 
 
+def test_the_callers_random_state_is_put_back(stores):
+    """train.seed seeds the run, not the caller: python, numpy and torch draw after the job as they would have."""
+    import random
+
+    d, st = stores
+    torch.manual_seed(123)
+    np.random.seed(7)
+    random.seed(5)
+    want = (torch.rand(3), np.random.rand(3), random.random())
+    torch.manual_seed(123)
+    np.random.seed(7)
+    random.seed(5)
+    train_from_config(_cfg(d, st, "rng", "train.epochs=1", "train.seed=99"))
+    got = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(got[0], want[0]) and np.array_equal(got[1], want[1]) and got[2] == want[2]
+
+
 def test_callbacks_see_every_record_as_written(stores):
     d, st = stores
 

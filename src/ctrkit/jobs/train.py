@@ -45,8 +45,9 @@ from ctrkit.jobs.tasks import TaskKind, task_kind
 from ctrkit.models.registry import check_model_params, create_model
 from ctrkit.training.config import Config, config_to_dict, load_config
 from ctrkit.training.distributed import DistContext, init_distributed, shutdown
+from ctrkit.training.memory import keep_freed_memory
 from ctrkit.training.trainer import Trainer
-from ctrkit.training.writer import CheckpointWriter
+from ctrkit.training.writer import CheckpointWriter, rng_state, set_rng_state
 
 log = logging.getLogger(__name__)
 
@@ -66,13 +67,15 @@ def train_from_config(cfg: Config, *, resume: str | None = None, progress: bool 
     end, with the best validation checkpoint. ``callbacks``: :class:`~ctrkit.training.callbacks.Callback` objects
     (one that raises stops training). The run directory gets, besides metrics.jsonl and the checkpoints,
     summary.json (the returned dict, see :func:`run_summary`), predictions.npz (label, score and group of the
-    test rows, else the valid rows) and report.html. ``train.threads`` sets torch's CPU threads for the run.
+    test rows, else the valid rows) and report.html. Process-wide settings are the job's explicit options:
+    ``train.threads`` (torch's CPU threads) and ``train.seed`` (the global RNGs) hold for the run and the caller's
+    are put back afterwards; ``train.keep_freed_memory`` (glibc's allocator thresholds) stays set.
 
     Launched by torchrun (``ctrkit train --nproc-per-node N``), the process joins the run's process group
     (:mod:`ctrkit.training.distributed`), reads its share of every batch, and rank 0 writes the run directory;
     every rank returns the summary. After a restart by torchrun (``--max-restarts``) the run resumes from its
     last.pt."""
-    threads = torch.get_num_threads()
+    threads, rng = torch.get_num_threads(), rng_state()  # the caller's, put back afterwards
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     dcfg = cfg.train.distributed
@@ -81,6 +84,7 @@ def train_from_config(cfg: Config, *, resume: str | None = None, progress: bool 
         return _train(cfg, resume, progress, list(callbacks), ctx)
     finally:
         torch.set_num_threads(threads)
+        set_rng_state(rng)
         if ctx is not None:
             shutdown()
 
@@ -105,6 +109,8 @@ def _train(cfg: Config, resume: str | None, progress: bool | None, callbacks: li
            ctx: DistContext | None) -> dict[str, Any]:
     cfg, device = _checked(cfg, progress, ctx)
     t0 = time.perf_counter()
+    if cfg.train.keep_freed_memory:  # process-wide: the job's choice (train.keep_freed_memory), not the Trainer's
+        keep_freed_memory()
     rank, world = (ctx.rank, ctx.world_size) if ctx is not None else (0, 1)
     train = config_loader(cfg.data.train, cfg, train=True, what="train", rank=rank, world_size=world)
     cfg = eval_cadence(cfg, len(train))

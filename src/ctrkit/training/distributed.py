@@ -20,6 +20,7 @@ ordinary one-process run.
 from __future__ import annotations
 
 import datetime
+import inspect
 import logging
 import os
 from collections.abc import Sequence
@@ -196,7 +197,10 @@ def wrap_for_training(model: CTRModel, task: Any, ctx: DistContext | None, confi
 
         return shard_model(step, ctx, config)
     step.declare_sparse_gradients()
-    return nn.parallel.DistributedDataParallel(
-        step, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
-        # models whose parts are not all used in every step (an aux loss on some batches, a tower a task skips)
-        find_unused_parameters=True, broadcast_buffers=False)
+    # buffers (e.g. batch-norm statistics) stay each rank's own between steps: newer torch names the option anew
+    ddp = nn.parallel.DistributedDataParallel
+    buffers = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(ddp).parameters
+               else {"broadcast_buffers": False})
+    return ddp(step, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+               # models whose parts are not all used in every step (an aux loss on some batches, a skipped tower)
+               find_unused_parameters=True, **buffers)

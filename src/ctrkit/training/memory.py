@@ -17,7 +17,9 @@ tuning guide gets by preloading jemalloc or tcmalloc, without the preload. The c
 process keeps its peak heap resident after a step instead of shrinking between steps.
 
 The setting is process-wide and only acts on Linux with glibc; elsewhere it is a logged no-op.
-``TrainConfig.keep_freed_memory`` (default true) turns it on at the start of ``Trainer.fit``.
+``TrainConfig.keep_freed_memory`` (default true) turns it on at the start of a ``ctrkit train`` job
+(:mod:`ctrkit.jobs.train`); the :class:`~ctrkit.training.trainer.Trainer` does not touch it, so a program
+that trains through the Trainer keeps its allocator as it set it (and calls this function if it wants it).
 """
 
 from __future__ import annotations

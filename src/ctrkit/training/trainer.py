@@ -64,7 +64,6 @@ from ctrkit.training.averaging import WeightAverage
 from ctrkit.training.callbacks import Callback, Loader, RunningLoss, non_finite_error, track_evaluation
 from ctrkit.training.config import TrainConfig, config_to_dict
 from ctrkit.training.distributed import DistContext, wrap_for_training
-from ctrkit.training.memory import keep_freed_memory
 from ctrkit.training.optim import OptimizerSet, build_optimizers
 from ctrkit.training.rundir import RunLock, append_record, open_run_dir
 from ctrkit.training.tasks import Task, ranking_task
@@ -170,8 +169,6 @@ class Trainer:
 
     def _fit(self, n_batches: int) -> dict[str, Any]:
         cfg, p = self.config, self.progress
-        if cfg.keep_freed_memory:
-            keep_freed_memory()
         total = cfg.epochs * n_batches if cfg.max_steps is None else min(cfg.max_steps, cfg.epochs * n_batches)
         self._pbar = progress_bar(total, initial=min(p.step, total), enabled=cfg.progress and self.writes, desc="train",
                                   dynamic_ncols=True, leave=False)

@@ -33,7 +33,6 @@ a run resumes exactly at another world size with the same global batch.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +43,7 @@ import numpy as np
 from ctrkit.background import background
 from ctrkit.batch import Batch
 from ctrkit.data.pipeline.collate import JaggedRows, collate
+from ctrkit.data.storage.shares import rank_shares
 from ctrkit.data.storage.store import Store
 from ctrkit.schema import SequenceFeature
 
@@ -51,7 +51,6 @@ if TYPE_CHECKING:
     from ctrkit.data.pipeline.feature_pipeline import FeaturePipeline
 
 Index = slice | np.ndarray
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -135,8 +134,7 @@ class BatchLoader:
         self.block_size = int(block_size)
         self.blocks_per_window = max(1, int(shuffle_buffer) // self.block_size)
         self.prefetch = int(prefetch)
-        if not 0 <= int(rank) < int(world_size):
-            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+        rank_shares(0, 1, rank=int(rank), world_size=int(world_size))  # a rank outside 0 .. world_size - 1 fails
         self.rank, self.world_size, self.even_tail = int(rank), int(world_size), bool(even_tail)
         self.pipeline = pipeline
         self.batch_stage = pipeline.batch_stage if pipeline is not None else None  # built here, not in the thread
@@ -203,21 +201,8 @@ class BatchLoader:
 
     def _shares(self, warn: bool = True) -> list[tuple[int, int]]:
         """This rank's (first, end) positions in the epoch order, one per batch it reads (module docstring)."""
-        B, W, n = self.batch_size, self.world_size, self.num_rows
-        nb = n // B if self.drop_last else -(-n // B)  # one process's batches
-        if W == 1 or not self.even_tail:
-            return [(i * B, min((i + 1) * B, n)) for i in range(self.rank, nb, W)]
-        full, rest = divmod(n, W * B)
-        out = [((i * W + self.rank) * B, (i * W + self.rank + 1) * B) for i in range(full)]
-        if rest and not self.drop_last:
-            if rest < W:
-                if warn and self.rank == 0:
-                    log.warning("%d rows of the last global batch are not read this epoch: fewer rows than the "
-                                "%d ranks", rest, W)
-            else:
-                a = full * W * B
-                out.append((a + rest * self.rank // W, a + rest * (self.rank + 1) // W))
-        return out
+        return rank_shares(self.num_rows, self.batch_size, rank=self.rank, world_size=self.world_size,
+                           drop_last=self.drop_last, even_tail=self.even_tail, warn=warn)
 
     def set_epoch(self, epoch: int) -> None:
         """Use the order of ``epoch`` from its start (a resume position loaded earlier is dropped)."""
