@@ -41,15 +41,17 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from criteo1tb_projection import CARDINALITIES, table_memory  # noqa: E402  (the 40M-capped Criteo 1TB tables)
+import itertools
 
-from ctrkit.data.storage.loader import BatchLoader  # noqa: E402
-from ctrkit.data.storage.store import Store  # noqa: E402
-from ctrkit.models.registry import create_model  # noqa: E402
-from ctrkit.training.config import TrainConfig  # noqa: E402
-from ctrkit.training.distributed import DistContext, wrap_for_training  # noqa: E402
-from ctrkit.training.optim import build_optimizers  # noqa: E402
-from ctrkit.training.tasks import CTRTask  # noqa: E402
+from criteo1tb_projection import CARDINALITIES, table_memory
+
+from ctrkit.data.storage.loader import BatchLoader
+from ctrkit.data.storage.store import Store
+from ctrkit.models.registry import create_model
+from ctrkit.training.config import TrainConfig
+from ctrkit.training.distributed import DistContext, wrap_for_training
+from ctrkit.training.optim import build_optimizers
+from ctrkit.training.tasks import CTRTask
 
 MLPERF = {"ranks": 16, "global_batch": 65536, "dim": 128, "bottom": [512, 256, 128], "top": [1024, 1024, 512, 256, 1],
           "dcn_layers": 3, "dcn_rank": 512, "multi_hot": [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12,
@@ -142,10 +144,10 @@ def mlperf_projection() -> dict:
     feats = len(CARDINALITIES)
     interaction = (feats + 1) * D  # DCN input: the bottom MLP's output and 26 pooled vectors
     dims = [13, *p["bottom"]]
-    bottom = sum(i * o + o for i, o in zip(dims, dims[1:]))
+    bottom = sum(i * o + o for i, o in itertools.pairwise(dims))
     dcn = p["dcn_layers"] * (2 * interaction * p["dcn_rank"] + interaction)
     tdims = [interaction, *p["top"]]
-    top = sum(i * o + o for i, o in zip(tdims, tdims[1:]))
+    top = sum(i * o + o for i, o in itertools.pairwise(tdims))
     dense = bottom + dcn + top
     ids = B * sum(p["multi_hot"]) / W  # ids one rank's tables receive (tables spread evenly), int64
     pooled = b * feats * D * 4  # one rank's share of the global batch, every table's vector: out and grads back
