@@ -190,6 +190,8 @@ def _options(args: dict[str, Any], day_mode: bool) -> dict[str, Any]:
         raise DataError(f"embedding_dim must be a positive integer or 'auto', got {dim!r}")
     if args["block_rows"] < 1:
         raise DataError(f"block_rows must be >= 1, got {args['block_rows']}")
+    if args["task_bytes"] < 1:
+        raise DataError(f"task_bytes must be >= 1, got {args['task_bytes']}")
     split = "days"
     if not day_mode:
         split = ",".join(f"{f:g}" for f in parse_split("0.8,0.1,0.1" if args["split"] is None else args["split"]))
@@ -199,6 +201,15 @@ def _options(args: dict[str, Any], day_mode: bool) -> dict[str, Any]:
             "max_bad_fraction", "embedding_dim", "vocab_from")
     return {**{k: args[k] for k in keys}, "split": split, "embedding_dim": dim if dim == "auto" else int(dim),
             "vocab_from": str(args["vocab_from"]) if args["vocab_from"] else None}
+
+
+def _pipeline(o: dict[str, Any]) -> FeaturePipeline:
+    """The run's unfitted pipeline; fitted already when MLPerf's modulo ids need no fit (hash, min_freq 1)."""
+    pipe = FeaturePipeline.criteo(min_freq=o["min_freq"], max_vocab=o["max_vocab"],
+                                  max_vocab_mode=o["max_vocab_mode"], embedding_dim=o["embedding_dim"])
+    if o["max_vocab"] is not None and o["max_vocab_mode"] == "hash" and o["min_freq"] == 1 and not o["vocab_from"]:
+        pipe.vocabs_ = {c: Vocabulary.modulo(c, o["max_vocab"]) for c in SPARSE_NAMES}
+    return pipe
 
 
 def preprocess_criteo(
@@ -242,35 +253,34 @@ def preprocess_criteo(
     shuffle shard in memory.
     ``shuffle=False`` keeps train in input order too (scoring raw rows in order, e.g. ``predict``).
 
-    ``workers`` (a local process pool) or ``scheduler`` (a Dask cluster's address) run the work as count and
-    encode tasks per day file and per ``task_bytes`` of a plain file (:mod:`ctrkit.data.sources.criteo_parallel`):
-    the same stores for any number of workers, and a stopped run resumes where it stopped. Without them one
-    process reads every row once (no resume).
+    ``workers`` (local processes) or ``scheduler`` (a Dask address): count / encode tasks per day file and
+    ``task_bytes`` of a plain one, resumable, the same stores for any N (:mod:`~.criteo_parallel`).
     """
     if chunk_rows is not None:
-        warnings.warn("preprocess_criteo(chunk_rows=...) is deprecated; use block_rows=", DeprecationWarning,
-                      stacklevel=2)
+        warnings.warn("preprocess_criteo(chunk_rows=...) is deprecated; use block_rows=", DeprecationWarning, 2)
         block_rows = chunk_rows
     files = resolve_inputs(inputs)
     day_mode = split is None and len(files) >= 2 and all(DAY_RE.match(f.name) for f in files)
     files = sorted(files, key=day_number) if day_mode else files
     if day_mode:
         check_day_sequence(files)
-    if task_bytes < 1:
-        raise DataError(f"task_bytes must be >= 1, got {task_bytes}")
     options = _options(locals(), day_mode)  # checked; as the manifests record them
     fractions = None if day_mode else parse_split("0.8,0.1,0.1" if split is None else split)
-    pipe = FeaturePipeline.criteo(min_freq=min_freq, max_vocab=max_vocab, max_vocab_mode=max_vocab_mode,
-                                  embedding_dim=options["embedding_dim"])
-    if max_vocab is not None and max_vocab_mode == "hash" and min_freq == 1 and vocab_from is None:
-        pipe.vocabs_ = {c: Vocabulary.modulo(c, max_vocab) for c in SPARSE_NAMES}  # MLPerf's ids: nothing to fit
+    pipe = _pipeline(options)
     front = _Criteo(files, pipe, options=options, day_mode=day_mode, fractions=fractions, shuffle=shuffle,
                     progress=progress)
+    return _run(front, out, overwrite=overwrite, shard_bytes=shard_bytes, workers=workers, scheduler=scheduler,
+                task_bytes=task_bytes)
+
+
+def _run(front: _Criteo, out: str | Path, *, overwrite: bool, shard_bytes: int, workers: int | None,
+         scheduler: str | None, task_bytes: int) -> dict[str, Path]:
+    """One process through the driver, or count / encode tasks (``workers`` / ``scheduler``); logs a summary."""
     if workers is None and scheduler is None:
         result, summary = preprocess(front, out, overwrite=overwrite, shard_bytes=shard_bytes)
     else:
-        if vocab_from is not None:
-            fit_or_reuse(pipe, vocab_from)
+        if front.vocab_from is not None:
+            fit_or_reuse(front.pipe, front.vocab_from)
         result, summary = preprocess_tasks(front, out, workers=workers or 1, scheduler=scheduler,
                                            task_bytes=task_bytes, overwrite=overwrite, shard_bytes=shard_bytes)
     elapsed = time.perf_counter() - front._t0
