@@ -50,7 +50,7 @@ from ctrkit.data.sources.task_runner import TaskRunner
 from ctrkit.data.storage.spill import read_parts, shard_count
 from ctrkit.data.storage.splits import SplitOutput
 from ctrkit.data.storage.store import StoreWriter
-from ctrkit.errors import DataError
+from ctrkit.errors import DataError, StoreError
 from ctrkit.io import link_tree
 
 log = logging.getLogger(__name__)
@@ -62,13 +62,27 @@ def preprocess_tasks(front: Any, out: str | Path, *, workers: int = 1, scheduler
                      shard_bytes: int = 256 << 20) -> tuple[dict[str, Path], Summary]:
     """The steps of the module docstring for the Criteo front-end ``front`` (its files, pipeline, split rule
     and manifest record) -> ({split: store path}, rows and positives per split)."""
-    pipe, row_bytes = front.pipe, front.row_bytes
+    row_bytes = front.row_bytes
     k_train = shard_count(front.est_rows, row_bytes, shard_bytes) if front.shuffle_train else 1
     roll = max(1, shard_bytes // row_bytes)
     tasks = plan_tasks(front.files, task_bytes)
     stage = Path(out) / (STAGE_PREFIX + _stage_key(front, task_bytes, k_train, roll))
+    try:
+        return _run(front, out, tasks, stage, runner_args=(workers, scheduler), overwrite=overwrite,
+                    k_train=k_train, roll=roll)
+    except StoreError as e:
+        if stage.is_dir() and any((stage / "encode").glob("t*/result.json")):
+            raise StoreError(f"{e}; finished tasks stay in {stage} so that the same command resumes (delete it "
+                             "to free its space)") from e.__cause__
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+
+
+def _run(front: Any, out: str | Path, tasks: list[Task], stage: Path, *, runner_args: tuple[int, str | None],
+         overwrite: bool, k_train: int, roll: int) -> tuple[dict[str, Path], Summary]:
+    pipe = front.pipe
     with SplitOutput(out, SPLITS, overwrite=overwrite, prefix=f".{front.kind}-tmp-") as output, \
-            TaskRunner(workers, scheduler) as runner:
+            TaskRunner(*runner_args) as runner:
         stage.mkdir(parents=True, exist_ok=True)
         done = sum((task_dir(stage, t.index) / "result.json").is_file() for t in tasks)
         if done:

@@ -35,7 +35,7 @@ def _gzip_pieces(path: Path, raw: Any, size: int, damage: list[dict[str, Any]] |
             break
         try:
             while comp:
-                started = True
+                started, before = True, d.copy()
                 out = d.decompress(comp)
                 if out:
                     yield out
@@ -44,6 +44,7 @@ def _gzip_pieces(path: Path, raw: Any, size: int, damage: list[dict[str, Any]] |
                     comp, d = d.unused_data, zlib.decompressobj(wbits=31)
                     started = False
         except zlib.error as e:
+            yield from _salvage(before, comp)
             reason = f"corrupt gzip data ({e})"
             break
     if reason:
@@ -51,6 +52,23 @@ def _gzip_pieces(path: Path, raw: Any, size: int, damage: list[dict[str, Any]] |
             raise DataError(f"{path}: cannot read past compressed byte {raw.tell()} ({reason}); re-download or "
                             "re-compress it")
         damage.append({"file": str(path), "compressed_byte": raw.tell(), "reason": reason})
+
+
+def _salvage(d: Any, comp: bytes) -> Iterator[bytes]:
+    """What decompressor ``d`` still decodes of ``comp`` before the damage in it: 4 KiB steps, then byte by byte
+    (only on a damaged file), so the rows before the damage are kept to the byte."""
+    for step in (4096, 1):
+        for i in range(0, len(comp), step):
+            before = d.copy()
+            try:
+                out = d.decompress(comp[i:i + step])
+            except zlib.error:
+                d, comp = before, comp[i:i + step]
+                break
+            if out:
+                yield out
+        else:
+            return
 
 
 def _plain_pieces(raw: Any, size: int, start: int, stop: int | None) -> Iterator[bytes]:
