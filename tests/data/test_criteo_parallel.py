@@ -236,3 +236,26 @@ def test_disk_full_is_one_line_and_removes_partial_output(tmp_path: Path, monkey
         assert left == []
     else:  # finished tasks stay for a resumed run, and the message says where
         assert len(left) == 1 and left[0].startswith(".criteo-stage-") and left[0] in msg
+
+
+def test_dask_local_cluster_gives_the_same_stores(tmp_path: Path) -> None:
+    pytest.importorskip("distributed")
+    from distributed import LocalCluster
+
+    days = _days(tmp_path / "in", rows=1000)
+    kw: dict[str, Any] = {"min_freq": 2, "task_bytes": 60_000, "shard_bytes": 100_000, "progress": False}
+    want = preprocess_criteo(days, tmp_path / "one", workers=1, **kw)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        got = preprocess_criteo(days, tmp_path / "dask", scheduler=cluster.scheduler_address, **kw)
+    assert_same_stores(want, got)
+
+
+def test_unreachable_scheduler_is_one_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("distributed")
+    from ctrkit.data.sources import task_runner
+    from ctrkit.errors import ConfigError
+
+    monkeypatch.setattr(task_runner, "CONNECT_TIMEOUT", "1s")
+    days = _days(tmp_path / "in", rows=50)
+    with pytest.raises(ConfigError, match=r"--scheduler tcp://127.0.0.1:1: cannot reach the Dask scheduler"):
+        preprocess_criteo(days, tmp_path / "o", scheduler="tcp://127.0.0.1:1", progress=False)

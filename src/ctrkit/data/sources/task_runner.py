@@ -22,6 +22,7 @@ from typing import Any
 from ctrkit.errors import ConfigError
 
 log = logging.getLogger(__name__)
+CONNECT_TIMEOUT = "30s"  # how long to wait for the Dask scheduler
 
 
 class TaskRunner:
@@ -43,7 +44,7 @@ class TaskRunner:
                 raise ConfigError("--scheduler needs Dask distributed: pip install 'ctrkit[cluster]' (dask, "
                                   "distributed) here and on every worker") from None
             try:
-                self._client = Client(self.scheduler, timeout="30s")
+                self._client = Client(self.scheduler, timeout=CONNECT_TIMEOUT)
             except OSError as e:
                 raise ConfigError(f"--scheduler {self.scheduler}: cannot reach the Dask scheduler ({e}); start "
                                   "it with `dask scheduler` and pass its address") from None
