@@ -25,9 +25,9 @@ from ctrkit.data.storage.store import Store, _AppendArray
 from ctrkit.errors import DataError, StoreError
 
 
-def _days(d: Path, rows: int = 2000, gz_day: int | None = 1) -> list[Path]:
+def _days(d: Path, rows: int = 2000, gz_day: int | None = 1, card: int = 400) -> list[Path]:
     d.mkdir(parents=True, exist_ok=True)
-    return [write_criteo_tsv(d / (f"day_{i}.gz" if i == gz_day else f"day_{i}"), rows, seed=i, max_cardinality=400)
+    return [write_criteo_tsv(d / (f"day_{i}.gz" if i == gz_day else f"day_{i}"), rows, seed=i, max_cardinality=card)
             for i in range(3)]
 
 
@@ -66,7 +66,7 @@ def _naive_first_appearance(files: list[Path], col: int, min_freq: int) -> list[
 
 
 def test_any_workers_task_cut_and_block_size_give_the_same_stores(tmp_path: Path) -> None:
-    days = _days(tmp_path / "in")
+    days = _days(tmp_path / "in", card=5000)  # thousands of distinct values per column: vocabularies grow
     opts = {"min_freq": 2, "valid_from_test": True, "shard_bytes": 100_000, "progress": False}
     serial = preprocess_criteo(days, tmp_path / "serial", **opts)
     one = preprocess_criteo(days, tmp_path / "w1", workers=1, task_bytes=80_000, **opts)
@@ -76,6 +76,7 @@ def test_any_workers_task_cut_and_block_size_give_the_same_stores(tmp_path: Path
     assert_same_stores(serial, two)
     assert not list((tmp_path / "w2").glob(".criteo-*"))  # staging removed after publishing
     vocabs = load_pipeline(two["train"]).vocabs_
+    assert max(v.seen for v in vocabs.values()) > 1024  # distinct values counted, past one growth of the counts
     for j in (0, 5, 20):
         want = _naive_first_appearance(days, j, 2)
         assert vocabs[SPARSE_NAMES[j]].keys.tolist() == want

@@ -162,7 +162,8 @@ class VocabBuilder:
     def merge(self, keys: np.ndarray, counts: np.ndarray, missing: int = 0) -> None:
         """Add another builder's distinct ``keys`` [m] (its first-appearance order) with their ``counts`` [m]: merged
         in the order the parts of the input come, the ids are those one builder fed every row would give."""
-        self._counts[self._admit(np.asarray(keys))] += counts
+        pid = self._admit(np.asarray(keys))  # may grow the counts: index them after
+        self._counts[pid] += counts
         self.missing += int(missing)
 
     def _admit(self, uniq: np.ndarray) -> np.ndarray:
