@@ -5,13 +5,18 @@
 1. writes ``--rows`` synthetic raw Criteo rows (``ctrkit.data.sources.synthetic.write_criteo_tsv``) as a plain
    TSV named ``day_0`` (torchrec's utilities expect day-file names);
 2. ctrkit: ``preprocess_criteo(day_0, split="0.8,0.1,0.1")`` in a subprocess — parse, validate, ln(x+3),
-   first-appearance vocabularies, seeded split, disk shuffle of train, three stores;
+   first-appearance vocabularies, seeded split, disk shuffle of train, three stores — on one process, as count /
+   encode tasks on ``--workers`` 1 and 2, and on a local Dask cluster of 2 worker processes (``--scheduler``;
+   the cluster's start is not timed). The task runs read the input twice (count, then encode); on a machine
+   with few cores the pool's speed-up is bounded by them (the JSON line records ``cpus``);
 3. torchrec (peer venv ``~/.cache/ctrkit-peers/venv-torchrec``):
    ``BinaryCriteoUtils.tsv_to_npys`` then ``sparse_to_contiguous(frequency_threshold=1)`` — parse to .npy
    and re-index categoricals (no split, no shuffle, no validation), in a subprocess.
 
-Each subprocess reports its own wall time of the work (imports excluded) and peak RSS
-(``resource.getrusage(RUSAGE_SELF).ru_maxrss``). Prints one JSON line at the end.
+Each subprocess reports its own wall time of the work (imports excluded) and peak RSS: ctrkit's main process as
+VmHWM of /proc/self/status (ru_maxrss survives execve, so a child would report its parent's size), the pool
+workers' largest peak from RUSAGE_CHILDREN (an upper bound: it includes the parent's size at spawn), torchrec's
+``ru_maxrss``. Prints one JSON line at the end.
 """
 
 from __future__ import annotations
@@ -32,13 +37,22 @@ TORCHREC_PY = Path.home() / ".cache" / "ctrkit-peers" / "venv-torchrec" / "bin" 
 TORCHREC_EXTRA = Path.home() / ".cache" / "ctrkit-peers" / "torchrec-datasets-extra"
 
 CTRKIT_CHILD = r"""
-import json, resource, sys, time
+import json, re, resource, sys, time
 from ctrkit.data.sources.criteo import preprocess_criteo
-src, out = sys.argv[1], sys.argv[2]
+src, out, kw = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+cluster = None
+if kw.pop("local_dask", 0):  # a local Dask cluster of that many worker processes (started before the clock)
+    from distributed import LocalCluster
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
+    kw["scheduler"] = cluster.scheduler_address
 t = time.perf_counter()
-res = preprocess_criteo(src, out, split="0.8,0.1,0.1", seed=0, overwrite=True, progress=False)
+res = preprocess_criteo(src, out, split="0.8,0.1,0.1", seed=0, overwrite=True, progress=False, **kw)
 dt = time.perf_counter() - t
-print(json.dumps({"seconds": dt, "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+hwm = int(re.search(r"VmHWM:\s+(\d+) kB", open("/proc/self/status").read()).group(1)) / 1024
+if cluster is not None:
+    cluster.close()
+print(json.dumps({"seconds": dt, "maxrss_mb": hwm,
+                  "children_maxrss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
                   "stores": {k: str(v) for k, v in res.items()}}))
 """
 
@@ -59,6 +73,11 @@ print(json.dumps({"seconds": dt, "tsv_to_npys_seconds": t1 - t,
 """
 
 
+# ctrkit runs: one process (the driver), count / encode tasks on 1 and 2 local processes, a local 2-worker Dask cluster
+RUNS: dict[str, dict] = {"ctrkit": {}, "ctrkit_workers1": {"workers": 1}, "ctrkit_workers2": {"workers": 2},
+                         "ctrkit_dask2": {"local_dask": 2}}
+
+
 def run_child(python: str, code: str, *args: str, env: dict | None = None) -> dict:
     p = subprocess.run([python, "-c", code, *args], check=False, capture_output=True, text=True, env=env)
     if p.returncode != 0:
@@ -71,6 +90,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--workdir", default=None, help="keep files here (default: a temporary directory)")
     ap.add_argument("--skip-torchrec", action="store_true")
+    ap.add_argument("--skip-parallel", action="store_true", help="only the one-process ctrkit run")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -90,10 +110,18 @@ def main() -> None:
             n = sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 24), b""))
         result = {"bench": "preprocess_throughput", "rows": n, "input_mb": round(src.stat().st_size / 1e6, 1),
                   "cpus": os.cpu_count()}
-        ck = run_child(sys.executable, CTRKIT_CHILD, str(src), str(work / "ctrkit_out"))
-        result.update(ctrkit_seconds=round(ck["seconds"], 2), ctrkit_rows_per_s=round(n / ck["seconds"]),
-                      ctrkit_peak_rss_mb=round(ck["maxrss_mb"]))
-        log.info("ctrkit:   %.2fs  %.0f rows/s  peak RSS %.0f MB", ck["seconds"], n / ck["seconds"], ck["maxrss_mb"])
+        ck: dict = {}
+        for name, kw in RUNS.items():
+            if name != "ctrkit" and a.skip_parallel:
+                continue
+            r = run_child(sys.executable, CTRKIT_CHILD, str(src), str(work / f"{name}_out"), json.dumps(kw))
+            ck = ck or r
+            result.update({f"{name}_seconds": round(r["seconds"], 2), f"{name}_rows_per_s": round(n / r["seconds"]),
+                           f"{name}_peak_rss_mb": round(r["maxrss_mb"])})
+            if name != "ctrkit" and "local_dask" not in kw:  # spawned pool workers: their largest peak
+                result[f"{name}_worker_peak_rss_mb"] = round(r["children_maxrss_mb"])
+            log.info("%-16s %.2fs  %.0f rows/s  peak RSS %.0f MB (main process)", name + ":", r["seconds"],
+                     n / r["seconds"], r["maxrss_mb"])
         if a.skip_torchrec or not TORCHREC_PY.exists():
             result["torchrec"] = "skipped" if a.skip_torchrec else f"{TORCHREC_PY} not found"
         else:

@@ -205,7 +205,7 @@ def test_min_freq_and_max_vocab(tmp_path: Path) -> None:
     ids = np.stack([s[c] for c in SPARSE_NAMES], 1)
     assert ids.max() < 50 and s.schema.feature("C3").vocab_size == 50
     assert s.preprocessing["options"]["max_vocab_mode"] == "hash"
-    # hashing is a function of the raw value: equal raw values -> equal ids, missing stays 0
+    # hashing is a function of the raw value: equal raw values -> equal ids
     raw = np.array([ln.split("\t")[14:] for ln in lines])
     vocabs = load_pipeline(hsh["train"]).vocabs_
     for j in (2, 3, 11):
@@ -216,7 +216,8 @@ def test_min_freq_and_max_vocab(tmp_path: Path) -> None:
         pairs = {(v, i) for v, i in zip(col, mapped)}
         assert len({v for v, _ in pairs}) == len(pairs)  # one id per raw value
         assert sorted(got_col[:, 14 + j].astype(int).tolist()) == sorted(mapped.tolist())
-        assert (mapped[col == ""] == 0).all() and (mapped[col != ""] >= 2).all()
+        # MLPerf's / the DLRM reference's ids: int(hex, 16) % max_vocab, missing 0 (written as "0" there)
+        assert mapped.tolist() == [int(v, 16) % 50 if v else 0 for v in col]
 
 
 def test_vocab_from_maps_unseen_to_one(tmp_path: Path) -> None:
@@ -323,9 +324,10 @@ def test_truncated_gzip_empty_and_missing_files(tmp_path: Path) -> None:
     full = gzip.compress(("\n".join(sample_lines(2000)) + "\n").encode())
     trunc = tmp_path / "cut.tsv.gz"
     trunc.write_bytes(full[: len(full) // 2])
-    with pytest.raises(DataError, match=r"cut\.tsv\.gz.*truncated or corrupt"):
-        preprocess_criteo(trunc, tmp_path / "o1", progress=False)
-    assert not (tmp_path / "o1" / "train").exists()
+    # a damaged gzip keeps its rows before the damage (tests/data/test_criteo_parallel.py checks them)
+    res = preprocess_criteo(trunc, tmp_path / "o1", split="1,0,0", progress=False)
+    assert Store(res["train"]).preprocessing is not None
+    assert Store(res["train"]).manifest["stats"]["damaged_files"][0]["file"] == str(trunc)
     empty = tmp_path / "empty.tsv"
     empty.write_bytes(b"")
     with pytest.raises(DataError, match=r"empty\.tsv is empty"):

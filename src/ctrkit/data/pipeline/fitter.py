@@ -58,13 +58,19 @@ class PipelineFitter(RowEncoder):
         self._mean += delta * (m / self._n)
         self._m2 += m2 + delta ** 2 * (n * m / self._n)
 
+    def adopt(self, builders: dict[str, VocabBuilder]) -> None:
+        """Take vocabularies counted elsewhere ({table: builder}, e.g. merged from parallel count tasks) in
+        place of those :meth:`encode` builds; :meth:`finish` then fits them."""
+        self._builders.update(builders)
+
     def finish(self) -> FeaturePipeline:
         """Fit the pipeline (vocabularies, dense statistics) and fill ``luts``; returns the pipeline."""
         p, o = self.pipeline, self.pipeline.options
         vocabs: dict[str, Vocabulary] = {}
         for table, b in self._builders.items():
             vocabs[table], self.luts[table] = b.finish(
-                p.table_min_freq.get(table, 1), None if table == GROUP_TABLE else o["max_vocab"], o["max_vocab_mode"])
+                p.table_min_freq.get(table, 1), None if table == GROUP_TABLE else o["max_vocab"], o["max_vocab_mode"],
+                hash_fn="mod" if self.kind == CRITEO else "splitmix")
         for table in sorted(set(self.table_of.values()) - set(vocabs)):  # a table that saw no values
             vocabs[table] = Vocabulary.build(table, "str", np.array([], str), np.array([], np.int64))
             self.luts[table] = None

@@ -76,7 +76,8 @@ def from_payload(payload: dict[str, Any]) -> FeaturePipeline:
             ids = FIRST_ID + np.arange(len(keys), dtype=np.int64) if ids is None else np.asarray(ids, np.int64)
             p.vocabs_[e["name"]] = Vocabulary(e["name"], e["kind"], keys, ids, np.asarray(arrays[pre + "counts"]),
                                               e["size"], e["min_freq"], e["max_vocab"], e["mode"], e["hash_seed"],
-                                              e["seen"], e["missing"])
+                                              e["seen"], e["missing"], e.get("hash_fn", "splitmix"),
+                                              bool(e.get("open", False)))
     p.mean_ = np.asarray(arrays["dense_mean"], np.float64)
     p.std_ = np.asarray(arrays["dense_std"], np.float64)
     p.multi_hot = meta.get("multi_hot")

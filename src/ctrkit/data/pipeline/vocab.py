@@ -14,7 +14,13 @@ the caller applies to ids it has already written (min_freq and the cap can only 
 ``max_vocab`` bounds the vocabulary size (ids < max_vocab), like torchrec's ``max_ind_range``:
 
 * ``mode="hash"`` (default, as torchrec): each kept value goes to bucket ``2 + h(value) % (max_vocab - 2)``
-  with a fixed 64-bit hash h (SplitMix64 of the integer key, FNV-1a of a string's UTF-8 bytes);
+  with a fixed 64-bit hash h (SplitMix64 of the integer key, FNV-1a of a string's UTF-8 bytes). Criteo's
+  columns (``hash_fn="mod"``) take MLPerf's / the DLRM reference's formula instead, ``id = key % max_vocab`` of
+  the raw 32-bit value (``int(hex, 16) % max_ind_range``), missing -> 0 as there (MLPerf writes an empty
+  field as "0"). That formula has no rare bucket: a present key whose value is 0 or 1 modulo ``max_vocab``
+  shares id 0 with missing values or id 1, exactly as in MLPerf. With ``min_freq`` 1 it needs no fit at all
+  (:meth:`Vocabulary.modulo`, an ``open`` vocabulary that holds no keys: memory independent of the data);
+  with ``min_freq`` > 1 kept keys take the formula's id and the others 1;
 * ``mode="cap"``: the first ``max_vocab - 2`` kept values (first-appearance order) keep their ids and
   later values map to 1.
 
@@ -38,6 +44,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ctrkit.data.pipeline.rows import splitmix64
+from ctrkit.data.pipeline.vocab_index import SortedIndex
 from ctrkit.errors import DataError
 
 MISSING_ID = 0
@@ -109,58 +116,10 @@ def _integer_keys_of_text(values: Any) -> tuple[Any, np.ndarray | None]:
     return ints, (unseen if unseen.any() else None)
 
 
-def _sorted_insert(a: np.ndarray, a_val: np.ndarray, b: np.ndarray, b_val: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Merge sorted ``b`` (with payload b_val) into sorted ``a`` (payload a_val) in O(len(a) + len(b))."""
-    pos = np.searchsorted(a, b) + np.arange(len(b))  # final positions of b
-    n = len(a) + len(b)
-    keys = np.empty(n, dtype=np.result_type(a, b))
-    vals = np.empty(n, dtype=np.result_type(a_val, b_val))
-    is_b = np.zeros(n, bool)
-    is_b[pos] = True
-    keys[pos], vals[pos] = b, b_val
-    keys[~is_b], vals[~is_b] = a, a_val
-    return keys, vals
-
-
-
 def _one_chunk(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
     """``pa.array`` of many strings may come back chunked (over 2 GiB of text, or millions of values in some
     pyarrow versions); dictionary encoding then yields one dictionary per chunk, so make it one array."""
     return arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
-
-class _SortedIndex:
-    """key -> payload map over numpy arrays: a big sorted run plus a small sorted delta, merged when the
-    delta grows past 1/16 of the big run, so inserting n keys costs O(n log n) amortised."""
-
-    def __init__(self, dtype: Any) -> None:
-        self.k = [np.empty(0, dtype), np.empty(0, dtype)]
-        self.v = [np.empty(0, np.int64), np.empty(0, np.int64)]
-
-    def get(self, keys: np.ndarray) -> np.ndarray:
-        """Payload per key, -1 where absent -> int64 [n]."""
-        out = np.full(len(keys), -1, np.int64)
-        if len(self) == 0:
-            return out
-        order = np.argsort(keys)  # sorted needles walk the index in order: ~3x fewer cache misses
-        sk = keys[order]
-        for k, v in zip(self.k, self.v):
-            if len(k) == 0:
-                continue
-            pos = np.searchsorted(k, sk)
-            pos[pos == len(k)] = 0
-            hit = k[pos] == sk
-            out[order[hit]] = v[pos[hit]]
-        return out
-
-    def insert(self, keys: np.ndarray, vals: np.ndarray) -> None:
-        order = np.argsort(keys, kind="stable")
-        self.k[1], self.v[1] = _sorted_insert(self.k[1], self.v[1], keys[order], vals[order])
-        if len(self.k[1]) > max(1 << 16, len(self.k[0]) // 16):
-            self.k[0], self.v[0] = _sorted_insert(self.k[0], self.v[0], self.k[1], self.v[1])
-            self.k[1], self.v[1] = self.k[1][:0], self.v[1][:0]
-
-    def __len__(self) -> int:
-        return len(self.k[0]) + len(self.k[1])
 
 
 class VocabBuilder:
@@ -176,7 +135,7 @@ class VocabBuilder:
         if kind not in KINDS:
             raise DataError(f"vocabulary {name!r}: kind {kind!r} is not one of {KINDS}")
         self.name, self.kind = name, kind
-        self._index = _SortedIndex(np.int64 if kind == "int" else np.dtype("<U1"))
+        self._index = SortedIndex(np.int64 if kind == "int" else np.dtype("<U1"))
         self._keys: list[np.ndarray] = []  # new keys per chunk, first-appearance order
         self._counts = np.zeros(1024, np.int64)  # indexed by provisional id
         self.next_id = FIRST_ID
@@ -193,6 +152,22 @@ class VocabBuilder:
         if self.kind == "str":
             uniq = uniq.astype(str)
         idx = enc.indices.fill_null(-1).to_numpy(zero_copy_only=False) if miss is not None else enc.indices.to_numpy()
+        pid = self._admit(uniq)
+        cnt = np.bincount(idx[idx >= 0] if miss is not None else idx, minlength=len(uniq))
+        self._counts[pid] += cnt
+        if miss is not None:
+            self.missing += int(miss.sum())
+        return np.append(pid, MISSING_ID)[idx]  # idx -1 (missing) picks the appended 0
+
+    def merge(self, keys: np.ndarray, counts: np.ndarray, missing: int = 0) -> None:
+        """Add another builder's distinct ``keys`` [m] (its first-appearance order) with their ``counts`` [m]: merged
+        in the order the parts of the input come, the ids are those one builder fed every row would give."""
+        pid = self._admit(np.asarray(keys))  # may grow the counts: index them after
+        self._counts[pid] += counts
+        self.missing += int(missing)
+
+    def _admit(self, uniq: np.ndarray) -> np.ndarray:
+        """Provisional ids of distinct keys ``uniq`` [m], new ones numbered on in the order given."""
         pid = self._index.get(uniq)  # (m,)
         new = np.flatnonzero(pid < 0)
         if len(new):
@@ -204,11 +179,7 @@ class VocabBuilder:
                 grown = np.zeros(max(self.next_id, 2 * len(self._counts)), np.int64)
                 grown[: len(self._counts)] = self._counts
                 self._counts = grown
-        cnt = np.bincount(idx[idx >= 0] if miss is not None else idx, minlength=len(uniq))
-        self._counts[pid] += cnt
-        if miss is not None:
-            self.missing += int(miss.sum())
-        return np.append(pid, MISSING_ID)[idx]  # idx -1 (missing) picks the appended 0
+        return pid
 
     def keys(self) -> np.ndarray:
         """Every value seen, in first-appearance (provisional id) order."""
@@ -221,6 +192,7 @@ class VocabBuilder:
 
     def finish(
         self, min_freq: int = 1, max_vocab: int | None = None, mode: str = "hash", hash_seed: int = 0,
+        hash_fn: str = "splitmix",
     ) -> tuple[Vocabulary, np.ndarray | None]:
         """Final vocabulary and ``lut`` int64 [next_id] mapping provisional -> final ids (None = identity).
 
@@ -232,7 +204,7 @@ class VocabBuilder:
         kept = counts >= min_freq
         vocab = Vocabulary.build(self.name, self.kind, keys[kept], counts[kept], min_freq=min_freq,
                                  max_vocab=max_vocab, mode=mode, hash_seed=hash_seed, seen=len(keys),
-                                 missing=self.missing)
+                                 missing=self.missing, hash_fn=hash_fn)
         if kept.all() and (max_vocab is None or (mode == "cap" and len(keys) <= max_vocab - FIRST_ID)):
             return vocab, None
         lut = np.full(self.next_id, RARE_ID, np.int64)
@@ -270,12 +242,18 @@ class Vocabulary:
     hash_seed: int = 0
     seen: int = 0
     missing: int = 0
+    hash_fn: str = "splitmix"  # hash mode: "splitmix" (2 + h(key) % (max_vocab - 2)) or "mod" (key % max_vocab)
+    open: bool = False  # "mod" with min_freq 1: every key has its id by the formula; no keys are held
 
     @classmethod
     def build(cls, name: str, kind: str, keys: np.ndarray, counts: np.ndarray, *, min_freq: int = 1,
               max_vocab: int | None = None, mode: str = "hash", hash_seed: int = 0, seen: int | None = None,
-              missing: int = 0) -> Vocabulary:
+              missing: int = 0, hash_fn: str = "splitmix") -> Vocabulary:
         """Assign final ids to kept ``keys`` [k] (first-appearance order)."""
+        if max_vocab is not None and mode == "hash" and hash_fn == "mod":
+            ids = np.asarray(keys, np.int64) % max_vocab
+            return cls(name, kind, keys, ids, np.asarray(counts, np.int64), max_vocab, min_freq, max_vocab, mode,
+                       hash_seed, len(keys) if seen is None else seen, missing, "mod")
         k = len(keys)
         if max_vocab is not None and mode == "cap" and k > max_vocab - FIRST_ID:
             keys, counts, k = keys[: max_vocab - FIRST_ID], counts[: max_vocab - FIRST_ID], max_vocab - FIRST_ID
@@ -292,6 +270,13 @@ class Vocabulary:
     def __post_init__(self) -> None:
         self._sorter: np.ndarray | None = None
 
+    @classmethod
+    def modulo(cls, name: str, max_vocab: int) -> Vocabulary:
+        """MLPerf's ids without a fit: ``key % max_vocab`` for every present key, 0 for missing (see the module
+        docstring); holds no keys, so its memory does not grow with the data."""
+        empty = np.empty(0, np.int64)
+        return cls(name, "int", empty, empty, empty, max_vocab, 1, max_vocab, "hash", 0, 0, 0, "mod", True)
+
     def __len__(self) -> int:
         return self.size
 
@@ -302,6 +287,14 @@ class Vocabulary:
         instead of 1, so distinct unseen keys stay apart (GAUC groups of new users; ``unseen_base`` =
         2^62 keeps them clear of every vocabulary id). Text that cannot be an integer key stays 1."""
         unseen = None
+        if self.open:
+            keys, miss = _as_key_array(values, "int")
+            out = keys % self.max_vocab  # type: ignore[operator]
+            if missing is not None:
+                miss = missing if miss is None else (miss | missing)
+            if miss is not None:
+                out[miss] = MISSING_ID
+            return out
         if self.kind == "int":  # text (a CSV read as strings, dict rows) looked up in integer keys
             values, unseen = _integer_keys_of_text(values)
         keys, miss = _as_key_array(values, self.kind)
@@ -339,7 +332,8 @@ class Vocabulary:
     def meta(self) -> dict[str, Any]:
         return {"kind": self.kind, "size": self.size, "num_keys": len(self.keys), "seen": self.seen,
                 "missing": self.missing, "min_freq": self.min_freq, "max_vocab": self.max_vocab,
-                "mode": self.mode, "hash_seed": self.hash_seed}
+                "mode": self.mode, "hash_seed": self.hash_seed,
+                **({"hash_fn": self.hash_fn, "open": self.open} if self.hash_fn != "splitmix" else {})}
 
 
 def _arrow_keys(v: Vocabulary) -> pa.Array:

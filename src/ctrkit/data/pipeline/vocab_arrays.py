@@ -35,6 +35,12 @@ def key_arrays(v: Vocabulary) -> dict[str, np.ndarray]:
     return {"keys": np.asarray(v.keys, np.int64)}
 
 
+def _formula(v: Vocabulary) -> bytes:
+    """What else decides the ids of a hashed vocabulary: MLPerf's modulo (and an open one's, which holds no
+    keys); nothing for the default hash, so fingerprints of earlier stores stay as they were."""
+    return b"" if v.hash_fn == "splitmix" else repr((v.hash_fn, v.open)).encode()
+
+
 def table_fingerprint(v: Vocabulary) -> str:
     """sha256 of what decides one vocabulary's ids (kind, size, cap / hash options, kept keys, their ids), not of
     its fitting statistics (counts, seen, min_freq): the per-table fingerprint that the store / checkpoint
@@ -46,6 +52,7 @@ def table_fingerprint(v: Vocabulary) -> str:
         return cached
     h = hashlib.sha256()
     h.update(repr((v.kind, v.size, v.max_vocab, v.mode if v.max_vocab else None, v.hash_seed, len(v.keys))).encode())
+    h.update(_formula(v))
     for a in key_arrays(v).values():
         h.update(np.ascontiguousarray(a).tobytes())
     h.update(np.asarray(v.ids, "<i8").tobytes())
@@ -71,6 +78,7 @@ def vocab_fingerprint(vocabs: dict[str, Vocabulary] | None, schema: Schema | Non
         v = vocabs[name]
         h.update(repr((name, v.kind, v.size, v.max_vocab, v.mode if v.max_vocab else None, v.hash_seed,
                        len(v.keys))).encode())
+        h.update(_formula(v))
         for a in key_arrays(v).values():
             h.update(np.ascontiguousarray(a).tobytes())
         h.update(np.asarray(v.ids, "<i8").tobytes())

@@ -60,17 +60,20 @@ from ctrkit.data.pipeline.criteo_parse import (
 )
 from ctrkit.data.pipeline.encode import Encoded
 from ctrkit.data.pipeline.feature_pipeline import DENSE_NAMES, SPARSE_NAMES, FeaturePipeline
-from ctrkit.data.pipeline.rows import BadRows, assign_split, parse_split, row_uniform, stream_key
-from ctrkit.data.pipeline.vocab import MODES, check_vocab_options
+from ctrkit.data.pipeline.rows import BadRows, parse_split, stream_key
+from ctrkit.data.pipeline.vocab import MODES, Vocabulary, check_vocab_options
+from ctrkit.data.sources.criteo_parallel import preprocess_tasks
 from ctrkit.data.sources.criteo_read import (
     DAY_RE,
     block_columns,
+    check_day_sequence,
     day_number,
     is_gzip,
     iter_blocks,
     resolve_inputs,
 )
-from ctrkit.data.sources.driver import Chunk, Frontend, Input, Summary, preprocess
+from ctrkit.data.sources.criteo_tasks import RouteRule
+from ctrkit.data.sources.driver import Chunk, Frontend, Input, Summary, fit_or_reuse, preprocess
 from ctrkit.errors import DataError
 from ctrkit.progress import progress_bar
 
@@ -99,7 +102,9 @@ class _Criteo(Frontend):
         comp = [0.25 if is_gzip(f) else 1.0 for f in files]  # gzip ratio of Criteo text is ~4
         self.est_rows = sum(f.stat().st_size / c for f, c in zip(files, comp)) / _AVG_LINE_BYTES * 1.5
         self.inputs = [Input(str(f), BadRows(str(f)), np.zeros(NUM_DENSE, np.int64), i) for i, f in enumerate(files)]
+        self.rule = RouteRule(self.seed, day_mode, len(files), self.valid_from_test, fractions)
         self.empty_lines, self.t_read, self._stats = 0, 0.0, None
+        self.damage: list[dict[str, Any]] = []
         self._t0 = time.perf_counter()
 
     def read(self, fitting: bool, tmp: Path) -> Iterator[Chunk]:
@@ -108,8 +113,9 @@ class _Criteo(Frontend):
         bar = _progress(sum(f.stat().st_size for f in self.files), self.progress)
         try:
             for path, src in zip(self.files, self.inputs):
-                line0, last_pos = 0, 0
-                parsed = background((parse_block(buf), pos) for buf, pos in background(iter_blocks(path, block_bytes)))
+                line0, last_pos, damage = 0, 0, []  # type: ignore[var-annotated]
+                blocks = iter_blocks(path, block_bytes, damage=damage)
+                parsed = background((parse_block(buf), pos) for buf, pos in background(blocks))
                 for blk, pos in parsed:
                     for idx, reason in blk.bad:
                         src.bad.add(line0 + idx + 1, reason)
@@ -121,6 +127,8 @@ class _Criteo(Frontend):
                         src.bad.check(self.options["max_bad_fraction"])  # stop early on a broken file
                     bar.update(pos - last_pos)
                     last_pos = pos
+                for d in damage:
+                    self.report_damage(d, src.bad.total)
                 if src.bad.total == 0:
                     raise DataError(f"input file {path} contains no rows")
                 src.bad.check(self.options["max_bad_fraction"])
@@ -130,20 +138,19 @@ class _Criteo(Frontend):
 
     def route(self, chunk: Chunk, enc: Encoded) -> np.ndarray:
         """Day files: the last day is test (halved at random into valid / test with ``valid_from_test``), the
-        others train; else a seeded ratio split per line."""
-        lines = enc.lines - 1  # 0-based line numbers: the random streams' row index
-        key = stream_key(self.seed, 1, chunk.source.index)  # type: ignore[union-attr]
-        if not self.day_mode:
-            return assign_split(row_uniform(key, lines), self.fractions)
-        if chunk.source is not self.inputs[-1]:
-            return np.zeros(len(lines), np.int8)
-        if self.valid_from_test:
-            return np.where(row_uniform(key, lines) < 0.5, 1, 2).astype(np.int8)
-        return np.full(len(lines), 2, np.int8)
+        others train; else a seeded ratio split per line (:class:`RouteRule`, which the parallel tasks share)."""
+        return self.rule.codes(chunk.source.index, enc.lines - 1)  # type: ignore[union-attr]
 
     def shard_keys(self, chunk: Chunk, enc: Encoded) -> np.ndarray:
-        key = stream_key(self.seed, 2, chunk.source.index)  # type: ignore[union-attr]
-        return (enc.lines - 1).astype(np.uint64) + np.uint64(key)
+        return self.rule.shard_keys(chunk.source.index, enc.lines - 1)  # type: ignore[union-attr]
+
+    def report_damage(self, d: dict[str, Any], rows_kept: int) -> None:
+        """A damaged (truncated / corrupt) gzip day: its rows before the damage are kept; warn and record it."""
+        d = {**d, "rows_kept": int(rows_kept)}
+        self.damage.append(d)
+        log.warning("%s is damaged at compressed byte %d (%s): its %d rows before the damage are kept, the rest "
+                    "of that day is lost%s; re-download the day to get them", d["file"], d["compressed_byte"],
+                    d["reason"], rows_kept, " (with the line the damage cut)" if d.get("partial_line") else "")
 
     def meta(self, split: str, summary: Summary) -> dict[str, Any]:
         if self._stats is None:
@@ -168,6 +175,7 @@ class _Criteo(Frontend):
             "clamped_dense": dict(zip(DENSE_NAMES, sum(src.clamped for src in self.inputs).tolist())),
             "vocab_sizes": {c: vocabs[c].size for c in SPARSE_NAMES},
             "vocab": {c: vocabs[c].meta() for c in SPARSE_NAMES}, "split_rows": summary.rows,
+            "damaged_files": self.damage,
         }
 
 
@@ -182,6 +190,8 @@ def _options(args: dict[str, Any], day_mode: bool) -> dict[str, Any]:
         raise DataError(f"embedding_dim must be a positive integer or 'auto', got {dim!r}")
     if args["block_rows"] < 1:
         raise DataError(f"block_rows must be >= 1, got {args['block_rows']}")
+    if args["task_bytes"] < 1:
+        raise DataError(f"task_bytes must be >= 1, got {args['task_bytes']}")
     split = "days"
     if not day_mode:
         split = ",".join(f"{f:g}" for f in parse_split("0.8,0.1,0.1" if args["split"] is None else args["split"]))
@@ -191,6 +201,15 @@ def _options(args: dict[str, Any], day_mode: bool) -> dict[str, Any]:
             "max_bad_fraction", "embedding_dim", "vocab_from")
     return {**{k: args[k] for k in keys}, "split": split, "embedding_dim": dim if dim == "auto" else int(dim),
             "vocab_from": str(args["vocab_from"]) if args["vocab_from"] else None}
+
+
+def _pipeline(o: dict[str, Any]) -> FeaturePipeline:
+    """The run's unfitted pipeline; fitted already when MLPerf's modulo ids need no fit (hash, min_freq 1)."""
+    pipe = FeaturePipeline.criteo(min_freq=o["min_freq"], max_vocab=o["max_vocab"],
+                                  max_vocab_mode=o["max_vocab_mode"], embedding_dim=o["embedding_dim"])
+    if o["max_vocab"] is not None and o["max_vocab_mode"] == "hash" and o["min_freq"] == 1 and not o["vocab_from"]:
+        pipe.vocabs_ = {c: Vocabulary.modulo(c, o["max_vocab"]) for c in SPARSE_NAMES}
+    return pipe
 
 
 def preprocess_criteo(
@@ -212,6 +231,9 @@ def preprocess_criteo(
     progress: bool | None = None,
     shuffle: bool = True,
     chunk_rows: int | None = None,
+    workers: int | None = None,
+    scheduler: str | None = None,
+    task_bytes: int = 64 << 20,
 ) -> dict[str, Path]:
     """Preprocess Criteo TSV file(s) into one store per split under ``out`` -> {split: store path}.
 
@@ -230,21 +252,37 @@ def preprocess_criteo(
     (about block_rows * 256 bytes; ``chunk_rows`` is its deprecated old name); ``shard_bytes`` the size of one
     shuffle shard in memory.
     ``shuffle=False`` keeps train in input order too (scoring raw rows in order, e.g. ``predict``).
+
+    ``workers`` (local processes) or ``scheduler`` (a Dask address): count / encode tasks per day file and
+    ``task_bytes`` of a plain one, resumable, the same stores for any N (:mod:`~.criteo_parallel`).
     """
     if chunk_rows is not None:
-        warnings.warn("preprocess_criteo(chunk_rows=...) is deprecated; use block_rows=", DeprecationWarning,
-                      stacklevel=2)
+        warnings.warn("preprocess_criteo(chunk_rows=...) is deprecated; use block_rows=", DeprecationWarning, 2)
         block_rows = chunk_rows
     files = resolve_inputs(inputs)
     day_mode = split is None and len(files) >= 2 and all(DAY_RE.match(f.name) for f in files)
     files = sorted(files, key=day_number) if day_mode else files
+    if day_mode:
+        check_day_sequence(files)
     options = _options(locals(), day_mode)  # checked; as the manifests record them
     fractions = None if day_mode else parse_split("0.8,0.1,0.1" if split is None else split)
-    pipe = FeaturePipeline.criteo(min_freq=min_freq, max_vocab=max_vocab, max_vocab_mode=max_vocab_mode,
-                                  embedding_dim=options["embedding_dim"])
+    pipe = _pipeline(options)
     front = _Criteo(files, pipe, options=options, day_mode=day_mode, fractions=fractions, shuffle=shuffle,
                     progress=progress)
-    result, summary = preprocess(front, out, overwrite=overwrite, shard_bytes=shard_bytes)
+    return _run(front, out, overwrite=overwrite, shard_bytes=shard_bytes, workers=workers, scheduler=scheduler,
+                task_bytes=task_bytes)
+
+
+def _run(front: _Criteo, out: str | Path, *, overwrite: bool, shard_bytes: int, workers: int | None,
+         scheduler: str | None, task_bytes: int) -> dict[str, Path]:
+    """One process through the driver, or count / encode tasks (``workers`` / ``scheduler``); logs a summary."""
+    if workers is None and scheduler is None:
+        result, summary = preprocess(front, out, overwrite=overwrite, shard_bytes=shard_bytes)
+    else:
+        if front.vocab_from is not None:
+            fit_or_reuse(front.pipe, front.vocab_from)
+        result, summary = preprocess_tasks(front, out, workers=workers or 1, scheduler=scheduler,
+                                           task_bytes=task_bytes, overwrite=overwrite, shard_bytes=shard_bytes)
     elapsed = time.perf_counter() - front._t0
     n_in, n_bad = sum(s.bad.total for s in front.inputs), sum(s.bad.bad for s in front.inputs)
     log.info("criteo: %d rows (%d bad) -> %s in %.1fs (read+parse %.1fs, %.0f rows/s)", n_in, n_bad,
@@ -264,7 +302,8 @@ def add_preprocess_criteo_args(p: argparse.ArgumentParser) -> argparse.ArgumentP
     p.add_argument("--min-freq", type=int, default=1, help="values seen fewer times map to id 1 (rare)")
     p.add_argument("--max-vocab", type=int, default=None, help="cap every vocabulary at this many ids")
     p.add_argument("--max-vocab-mode", choices=MODES, default="hash",
-                   help="hash: kept values hashed into [2, max_vocab) (torchrec max_ind_range); cap: first values keep ids")
+                   help="hash: id = raw 32-bit value %% max_vocab, missing 0 (MLPerf / torchrec max_ind_range); "
+                        "cap: the first values keep their ids")
     p.add_argument("--split", default=None,
                    help="train,valid,test fractions (default: last day file = test, else 0.8,0.1,0.1)")
     p.add_argument("--valid-from-test", action="store_true", help="day files: halve the last day into valid/test")
@@ -277,6 +316,13 @@ def add_preprocess_criteo_args(p: argparse.ArgumentParser) -> argparse.ArgumentP
                    help="embedding dim of every feature (one dim: what every model of the zoo takes), or 'auto' "
                         "(per feature, by vocabulary size: dlrm, FM-style and attention models refuse mixed dims)")
     p.add_argument("--overwrite", action="store_true", help="replace existing output stores")
+    p.add_argument("--workers", type=int, default=None,
+                   help="run as count / encode tasks on this many local processes (same output for any number; "
+                        "a stopped run resumes)")
+    p.add_argument("--scheduler", default=None,
+                   help="run the tasks on the Dask cluster at this address (tcp://host:8786); inputs and --out "
+                        "on a path every worker sees (pip install 'ctrkit[cluster]')")
+    p.add_argument("--task-mb", type=int, default=64, help="MiB of a plain input file per task (gzip: one per file)")
     return p
 
 
@@ -287,6 +333,7 @@ def run_preprocess_criteo(args: argparse.Namespace) -> dict[str, Path]:
         max_vocab_mode=args.max_vocab_mode, split=args.split, valid_from_test=args.valid_from_test,
         seed=args.seed, block_rows=args.block_rows, max_bad_fraction=args.max_bad_fraction,
         vocab_from=args.vocab_from, embedding_dim=args.embedding_dim, overwrite=args.overwrite,
+        workers=args.workers, scheduler=args.scheduler, task_bytes=args.task_mb << 20,
     )
     for name, path in result.items():
         m = json.loads((path / "manifest.json").read_text())

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-import gzip
+import itertools
 import re
 import zlib
 from collections.abc import Iterator, Sequence
@@ -21,33 +21,85 @@ from ctrkit.io import missing_path
 DAY_RE = re.compile(r"^day_(\d+)(\.[A-Za-z0-9]+)*$")
 _BOM = b"\xef\xbb\xbf"  # UTF-8 byte-order mark (files saved by some Windows editors)
 
-def _open(path: Path) -> tuple[Any, Any]:
-    """(stream to read, raw file for the progress position); gzip is detected by its magic bytes."""
-    raw = open(path, "rb")  # noqa: SIM115  (closed by iter_blocks)
-    magic = raw.read(2)
-    raw.seek(0)
-    if magic == b"\x1f\x8b":
-        return gzip.GzipFile(fileobj=raw, mode="rb"), raw
-    return raw, raw
+def _gzip_pieces(path: Path, raw: Any, size: int, damage: list[dict[str, Any]] | None) -> Iterator[bytes]:
+    """Decompressed pieces of a gzip file (members one after another). Damage (a truncated file, a corrupt
+    stream or checksum) ends the pieces after the last good byte when ``damage`` is a list (a record is
+    appended to it) and raises :class:`DataError` otherwise."""
+    d = zlib.decompressobj(wbits=31)
+    started, reason = False, ""
+    while True:
+        comp = raw.read(max(1 << 12, size // 4))  # ~4x expansion: pieces of about ``size`` bytes
+        if not comp:
+            if started and not d.eof:
+                reason = "the gzip stream ends early (truncated file)"
+            break
+        try:
+            while comp:
+                started, before = True, d.copy()
+                out = d.decompress(comp)
+                if out:
+                    yield out
+                comp = b""
+                if d.eof and d.unused_data:  # another gzip member follows (concatenated .gz files)
+                    comp, d = d.unused_data, zlib.decompressobj(wbits=31)
+                    started = False
+        except zlib.error as e:
+            yield from _salvage(before, comp)
+            reason = f"corrupt gzip data ({e})"
+            break
+    if reason:
+        if damage is None:
+            raise DataError(f"{path}: cannot read past compressed byte {raw.tell()} ({reason}); re-download or "
+                            "re-compress it")
+        damage.append({"file": str(path), "compressed_byte": raw.tell(), "reason": reason})
 
 
-def iter_blocks(path: Path, block_bytes: int) -> Iterator[tuple[bytes, int]]:
-    """Blocks of whole lines (each ending in b"\\n") and the compressed bytes read so far. A UTF-8 byte-order
-    mark at the start of the (decompressed) file is dropped: it is no part of the first line."""
-    stream, raw = _open(path)
-    try:
-        carry = b""
-        head = True  # the start of the file: strip a BOM there
-        while True:
+def _salvage(d: Any, comp: bytes) -> Iterator[bytes]:
+    """What decompressor ``d`` still decodes of ``comp`` before the damage in it: 4 KiB steps, then byte by byte
+    (only on a damaged file), so the rows before the damage are kept to the byte."""
+    for step in (4096, 1):
+        for i in range(0, len(comp), step):
+            before = d.copy()
             try:
-                data = stream.read(block_bytes)
-            except (EOFError, OSError, zlib.error) as e:
-                raise DataError(
-                    f"{path}: cannot read past byte {raw.tell()} ({e}); the gzip file is truncated or corrupt, "
-                    "re-download or re-compress it"
-                ) from None
-            if not data:
+                out = d.decompress(comp[i:i + step])
+            except zlib.error:
+                d, comp = before, comp[i:i + step]
                 break
+            if out:
+                yield out
+        else:
+            return
+
+
+def _plain_pieces(raw: Any, size: int, start: int, stop: int | None) -> Iterator[bytes]:
+    raw.seek(start)
+    left = None if stop is None else stop - start
+    while left is None or left > 0:
+        data = raw.read(size if left is None else min(size, left))
+        if not data:
+            return
+        if left is not None:
+            left -= len(data)
+        yield data
+
+
+def iter_blocks(path: Path, block_bytes: int, *, start: int = 0, stop: int | None = None,
+                damage: list[dict[str, Any]] | None = None) -> Iterator[tuple[bytes, int]]:
+    """Blocks of whole lines (each ending in b"\n") and the compressed bytes read so far. A UTF-8 byte-order
+    mark at the start of the (decompressed) file is dropped: it is no part of the first line.
+
+    A plain file may be read over the bytes [``start``, ``stop``) (whole lines: :func:`line_ranges`). A damaged
+    gzip file (see :func:`_gzip_pieces`) yields its lines before the damage when ``damage`` is a list; the
+    incomplete line cut by the damage is dropped (``partial_line`` in the damage record)."""
+    raw = open(path, "rb")  # noqa: SIM115  (closed below)
+    try:
+        gz = raw.read(2) == b"\x1f\x8b"
+        raw.seek(0)
+        pieces = _gzip_pieces(path, raw, block_bytes, damage) if gz else _plain_pieces(raw, block_bytes, start, stop)
+        seen = len(damage) if damage is not None else 0
+        carry = b""
+        head = start == 0  # the start of the file: strip a BOM there
+        for data in pieces:
             buf = carry + data if carry else data
             if head:
                 if len(buf) < len(_BOM) and _BOM.startswith(buf):  # a read shorter than the BOM: read on
@@ -60,11 +112,40 @@ def iter_blocks(path: Path, block_bytes: int) -> Iterator[tuple[bytes, int]]:
                 continue
             carry = buf[cut + 1:]
             yield buf[: cut + 1], raw.tell()
-        if carry:
+        if damage is not None and len(damage) > seen:
+            damage[-1]["partial_line"] = bool(carry)  # cut by the damage: not a row
+        elif carry:
             yield carry + b"\n", raw.tell()
     finally:
-        stream.close()
         raw.close()
+
+
+def line_ranges(path: Path, size: int) -> list[tuple[int, int]]:
+    """A plain file cut into byte ranges of about ``size`` bytes, each from a line start to the next range's."""
+    total = path.stat().st_size
+    cuts = [0]
+    with open(path, "rb") as f:
+        for pos in range(size, total, size):
+            if pos <= cuts[-1]:
+                continue
+            f.seek(pos - 1)
+            f.readline()  # to the end of the line holding byte pos - 1: the next range starts a line
+            if f.tell() < total and f.tell() > cuts[-1]:
+                cuts.append(f.tell())
+    cuts.append(total)
+    return list(itertools.pairwise(cuts))
+
+
+def check_day_sequence(files: Sequence[Path]) -> None:
+    """Day files must be every day from the first to the last: a gap (a day missing in the middle, e.g. a
+    failed download) would silently shift what is trained on."""
+    days = sorted(day_number(f) for f in files)
+    missing = sorted(set(range(days[0], days[-1] + 1)) - set(days))
+    if missing:
+        have = ", ".join(f"day_{d}" for d in days)
+        raise DataError(f"day files skip {', '.join(f'day_{d}' for d in missing)} between day_{days[0]} and "
+                        f"day_{days[-1]}; given: {have}. Add the missing day file(s), or pass --split to treat the "
+                        "files as one table")
 
 
 def block_columns(blk: ParsedBlock) -> dict[str, np.ndarray]:

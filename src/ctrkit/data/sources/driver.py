@@ -138,7 +138,7 @@ def preprocess(front: Frontend, out: str | Path, *, overwrite: bool = False,
     """Run the steps of the module docstring for ``front`` into ``out/{train,valid,test}`` ->
     ({split: store path}, rows and positives per split)."""
     pipe = front.pipe
-    fitter = fit_or_reuse(pipe, front.vocab_from)
+    fitter = None if pipe.fitted else fit_or_reuse(pipe, front.vocab_from)  # fitted: ids by a formula
     with SplitOutput(out, SPLITS, overwrite=overwrite, prefix=f".{front.kind}-tmp-") as output:
         run = _Run(front, output.tmp, shard_bytes)
         run.transform(front.read(fitter is not None, output.tmp), fitter if fitter is not None else pipe,

@@ -101,6 +101,28 @@ class ShardSpill:
         return iter(s for s in range(self.n_shards) if self.rows[s] > 0)
 
 
+def read_parts(parts: list[tuple[Path, int]], shard: int, columns: dict[str, SpillColumn],
+               seed: Any = None) -> dict[str, Any]:
+    """Shard ``shard`` of several :class:`ShardSpill` directories (``parts``: (directory, rows of the shard
+    there)) concatenated in the order given, then permuted like :meth:`ShardSpill.read` with ``seed`` (one
+    permutation of the whole shard): the same rows in the same order as one spill fed every part in turn."""
+    n = sum(r for _, r in parts)
+    perm = np.random.default_rng(seed).permutation(n) if seed is not None else None
+    live = [d for d, r in parts if r > 0]
+    out: dict[str, Any] = {}
+    for name, spec in columns.items():
+        def cat(part: str, dtype: Any, name: str = name) -> np.ndarray:
+            got = [np.fromfile(d / f"{shard:05d}.{name}.{part}.bin", dtype=dtype) for d in live]
+            return np.concatenate(got) if got else np.zeros(0, dtype)
+        if spec.jagged:
+            vals, lens = cat("values", spec.dtype), cat("lengths", np.int64)
+            out[name] = jagged_take(vals, lens, perm) if perm is not None else (vals, lens)
+        else:
+            a = cat("data", spec.dtype).reshape(n, *spec.inner)
+            out[name] = a[perm] if perm is not None else a
+    return out
+
+
 def shard_count(est_rows: float, row_bytes: int, target_shard_bytes: int = 256 << 20) -> int:
     """Number of shuffle shards so that one shard (est_rows * row_bytes / K bytes) stays near the target."""
     return int(min(4096, max(1, np.ceil(est_rows * row_bytes / target_shard_bytes))))

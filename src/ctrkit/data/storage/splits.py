@@ -4,6 +4,7 @@ published at once by :class:`SplitOutput`, so a failure or Ctrl-C leaves the out
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -82,6 +83,9 @@ class SplitOutput:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         shutil.rmtree(self.tmp, ignore_errors=True)  # scratch files, unpublished stores, replaced old stores
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            raise StoreError(f"disk full while preprocessing into {self.out} ({exc.strerror}); its partial output "
+                             "was removed and nothing was published: free space there or choose another --out") from exc
         if isinstance(exc, OSError):
             raise StoreError(f"preprocessing into {self.out} stopped by an I/O error ({exc}); nothing was "
                              "published there") from exc

@@ -29,6 +29,7 @@ replaced. A path that cannot be written (a file where a directory is needed, no 
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -239,6 +240,9 @@ class StoreWriter:
         if exc_type is not None or exc is not None:
             self.abort()
         if isinstance(exc, OSError):  # disk full, file system gone read-only: one line naming the store
+            if getattr(exc, "errno", None) == errno.ENOSPC:
+                raise StoreError(f"disk full while writing the store {self.path} ({exc.strerror}); nothing was "
+                                 "written there: free space or choose another --out") from exc
             raise StoreError(f"writing the store {self.path} failed ({exc}); nothing was written there") from exc
 
 
