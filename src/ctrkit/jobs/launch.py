@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,9 @@ def launch_train(args: argparse.Namespace, cfg: Config) -> int:
                                 f"{cfg.model.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir = Path(args.resume).resolve().parent if args.resume else Path(cfg.run.dir) / run_name
     targs = get_args_parser().parse_args(torchrun_argv(args, run_name))
+    # a restart must not read the last attempt's process-group addresses from a rendezvous store it shares
+    # (pytorch/pytorch#135712: with --max-restarts the workers' gloo / nccl setup connected to dead peers)
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     log.info("launching %d process(es) on this node (%d node(s)): run %s", args.nproc_per_node, args.nnodes, run_dir)
     try:
         run(targs)
