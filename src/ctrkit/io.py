@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from ctrkit.errors import StoreError
+from ctrkit.errors import CheckpointError, StoreError
 
 
 def path_exists(p: Path) -> bool:
@@ -125,6 +125,24 @@ def temp_dir(near: Path, prefix: str) -> Path:
     except OSError as e:
         raise StoreError(f"cannot write in {near} ({e.strerror or e}); choose another --out or fix its "
                          "permissions") from None
+
+
+def file_sha256(path: Path) -> str:
+    """``sha256:<hex>`` of the whole file, read in 4 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return "sha256:" + h.hexdigest()
+
+
+def verify_files(root: Path, files: Mapping[str, str], what: str) -> None:
+    """A CheckpointError unless every file of ``files`` (name under ``root`` -> :func:`file_sha256`) has its hash."""
+    for name, want in files.items():
+        f = root / name
+        if want != (got := file_sha256(f) if f.is_file() else "missing"):
+            raise CheckpointError(f"{f} fails its checksum (stored {want}, content {got}): the {what} was changed or "
+                                  "damaged after it was written; it is refused, not scored")
 
 
 def file_checksum(path: Path, full: bool = False) -> str:

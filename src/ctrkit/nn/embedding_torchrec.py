@@ -4,17 +4,19 @@ by torchrec modules, so that :class:`torchrec.distributed.DistributedModelParall
 
 Where a table lives (each table in exactly one torchrec module, since torchrec modules own their weights):
 
-- a table read only by pooled features that share one pooling -> ``ebc``, a torchrec ``EmbeddingBagCollection``
-  (pooled in the kernel; sharded, a rank receives B x D values per feature, not one vector per id);
-- a table read by an unpooled sequence, or by pooled features of different poolings -> ``ecs["d<D>"]``, a torchrec
-  ``EmbeddingCollection`` per dim (torchrec asks one dim per EmbeddingCollection); its pooled features are
-  summed / averaged here from the unpooled rows: ``Y[b] = sum_k W[x_{b,k}]`` (mean: divided by the bag's length,
-  0 for an empty bag), as the fused backend's ``embedding_bag``.
+- most tables -> ``ebc``, a torchrec ``EmbeddingBagCollection`` summing bags in the kernel (sharded, a rank receives
+  B x D values per feature, not one vector per id); a "mean" feature is that sum divided by its bag's length (0 for
+  an empty bag), as the fused backend's ``embedding_bag``;
+- a table read by an unpooled sequence whose width is a multiple of 4 -> ``ecs["d<D>"]``, a torchrec
+  ``EmbeddingCollection`` per dim (torchrec asks one dim per EmbeddingCollection), whose pooled features are summed
+  / averaged here from the unpooled rows. Narrower tables stay in ``ebc``: fbgemm's fused kernels need widths in
+  multiples of 4, so such a table is replicated when sharded, and torchrec 1.9.2's data-parallel
+  EmbeddingCollection returns one row per bag instead of per id (measured), while its EmbeddingBagCollection does not.
 
-``lookup(table, ids)`` reads an ``ecs`` table through the extra feature ``<table>@lookup`` and an ``ebc`` table
-through single-id bags of the table's first feature (a sum over one id is the row). A sharded torchrec module fixes
-its feature order at its first call, so every call passes all of its features, in one order (empty bags for the
-features a call does not read).
+``sequence`` and ``lookup`` read rows of a table: an ``ecs`` table through its extra feature ``<table>@lookup``, an
+``ebc`` table through single-id bags of its first feature (a sum over one id is the row). A sharded torchrec module
+fixes its feature order at its first call, so every call passes all of its features, in one order (empty bags for
+the features a call does not read).
 
 The state dict names tables as the fused backend does, ``<prefix>tables.<table>`` -> ``[rows, D]`` (a
 ``ShardedTensor`` once sharded), so a checkpoint of either backend loads into the other.
@@ -34,7 +36,7 @@ from ctrkit.nn.embedding_interface import EmbeddingCollection, PooledEmbeddings,
 from ctrkit.nn.table_memory import check_tables_fit
 from ctrkit.schema import TableSpec
 
-__all__ = ["TorchrecEmbeddingCollection", "torchrec_available"]
+__all__ = ["TorchrecEmbeddingCollection", "ctrkit_name", "torchrec_available"]
 
 INSTALL_HINT = ("install the optional extra: pip install --no-deps torchrec==1.9.2 fbgemm-gpu-cpu==1.8.0 and "
                 "pip install 'ctrkit[distributed]' (see the Makefile's install step)")
@@ -97,21 +99,19 @@ class TorchrecEmbeddingCollection(EmbeddingCollection):
 
     def _place_tables(self) -> None:
         """``_bag_tables`` (-> ebc) and ``_seq_tables`` (-> ecs), in table order (module docstring)."""
-        unpooled = {t for t, _ in self.sequence_keys.values()}
-        for name in self.tables:
-            pools = {self.feature_pooling[k] for k, t in self.feature_to_table.items() if t == name}
-            if len(pools) > 1:
-                unpooled.add(name)
+        unpooled = {t for t, _ in self.sequence_keys.values() if self.tables[t].embedding_dim % 4 == 0}
         self._seq_tables = [n for n in self.tables if n in unpooled]
         self._bag_tables = [n for n in self.tables if n not in unpooled]
         self._bag_keys = [k for k in self.keys if self.feature_to_table[k] in self._bag_tables]
+        # the EmbeddingBagCollection's features: the pooled ones, and a lookup feature for a table without any
+        self._feat_table = {k: self.feature_to_table[k] for k in self._bag_keys}
+        self._feat_table.update({_lookup_key(n): n for n in self._bag_tables if n not in self._feat_table.values()})
+        self._ebc_feats = list(self._feat_table)
         # the features of each dim's EmbeddingCollection, in one fixed order
         self._ec_keys: dict[int, list[str]] = {}
         self._ec_table: dict[str, str] = {}  # EmbeddingCollection feature -> table
         for name in self._seq_tables:
-            feats = [k for k in self.keys if self.feature_to_table[k] == name]
-            feats += [k for k, (t, _) in self.sequence_keys.items() if t == name and k not in feats]
-            feats.append(_lookup_key(name))
+            feats = [k for k in self.keys if self.feature_to_table[k] == name] + [_lookup_key(name)]
             self._ec_keys.setdefault(self.tables[name].embedding_dim, []).extend(feats)
             self._ec_table.update({f: name for f in feats})
 
@@ -128,19 +128,25 @@ class TorchrecEmbeddingCollection(EmbeddingCollection):
         bags = []
         for name in self._bag_tables:
             t = self.tables[name]
-            feats = [k for k in self._bag_keys if self.feature_to_table[k] == name]
-            pool = trec.PoolingType.MEAN if self.feature_pooling[feats[0]] == "mean" else trec.PoolingType.SUM
-            bags.append(trec.EmbeddingBagConfig(name=name, num_embeddings=t.num_embeddings,
-                                                embedding_dim=t.embedding_dim, feature_names=feats, pooling=pool,
-                                                init_fn=init_fn))
+            feats = [k for k in self._ebc_feats if self._feat_table[k] == name]
+            bags.append(trec.EmbeddingBagConfig(name=self.torchrec_name(name), num_embeddings=t.num_embeddings,
+                                                embedding_dim=t.embedding_dim, feature_names=feats,
+                                                pooling=trec.PoolingType.SUM, init_fn=init_fn))
         self.ebc = trec.EmbeddingBagCollection(tables=bags) if bags else None
         ecs = {}
         for d, keys in self._ec_keys.items():
-            cfgs = [trec.EmbeddingConfig(name=n, num_embeddings=self.tables[n].num_embeddings, embedding_dim=d,
+            cfgs = [trec.EmbeddingConfig(name=self.torchrec_name(n), num_embeddings=self.tables[n].num_embeddings, embedding_dim=d,
                                          feature_names=[k for k in keys if self._ec_table[k] == n], init_fn=init_fn)
                     for n in self._seq_tables if self.tables[n].embedding_dim == d]
             ecs[f"d{d}"] = trec.EmbeddingCollection(tables=cfgs)
         self.ecs = nn.ModuleDict(ecs)
+
+    def torchrec_name(self, table: str) -> str:
+        """The table's name inside torchrec: ``<table>#<b|s><dim>`` (b: EmbeddingBagCollection, s: EmbeddingCollection).
+        torchrec's planner takes constraints by table name; tables of one name in two collections (a model's
+        first-order weights and its embeddings) get different constraints only when their dim or module differs."""
+        kind = "s" if table in self._seq_tables else "b"
+        return f"{table}#{kind}{self.tables[table].embedding_dim}"
 
     # ---- parameters ----------------------------------------------------------------------------
     def reset_parameters(self) -> None:
@@ -159,9 +165,9 @@ class TorchrecEmbeddingCollection(EmbeddingCollection):
         """table -> its weight ``[rows, D]`` (unsharded modules only)."""
         out: dict[str, torch.Tensor] = {}
         if self.ebc is not None:
-            out.update({n: m.weight for n, m in self.ebc.embedding_bags.items()})
+            out.update({ctrkit_name(n): m.weight for n, m in self.ebc.embedding_bags.items()})
         for ec in self.ecs.values():
-            out.update({n: m.weight for n, m in ec.embeddings.items()})
+            out.update({ctrkit_name(n): m.weight for n, m in ec.embeddings.items()})
         return out
 
     def embedding_parameters(self) -> Iterator[nn.Parameter]:
@@ -204,7 +210,9 @@ class TorchrecEmbeddingCollection(EmbeddingCollection):
         for k, (v, _) in parts.items():
             self._checked(k, self.feature_to_table[k], v)
         if self._bag_keys:
-            out.update(self.ebc(self._kjt(self._bag_keys, {k: parts[k] for k in self._bag_keys}, B)).to_dict())
+            sums = self.ebc(self._kjt(self._ebc_feats, {k: parts[k] for k in self._bag_keys}, B)).to_dict()
+            out.update({k: _mean(sums[k], parts[k][1]) if self.feature_pooling[k] == "mean" else sums[k]
+                        for k in self._bag_keys})
         for d, keys in self._ec_keys.items():
             pooled = [k for k in keys if k in self.feature_pooling]
             if pooled:
@@ -227,32 +235,41 @@ class TorchrecEmbeddingCollection(EmbeddingCollection):
             raise UnknownKeyError(f"no unpooled sequence feature {key!r}; known: {sorted(self.sequence_keys)}")
         table, max_len = self.sequence_keys[key]
         ids, mask = kj.to_padded(key, max_len)  # (B, T) each, the last max_len ids of each row
-        d = self.tables[table].embedding_dim
-        values = self._checked(key, table, ids[mask])  # (n,) row by row, oldest first
-        jt = self.ecs[f"d{d}"](self._kjt(self._ec_keys[d], {key: (values, mask.sum(1))}, kj.stride))[key]
-        emb = jt.values().new_zeros(*mask.shape, d)  # (B, T, D); pads are zero and get no gradient
-        emb[mask] = jt.values()
+        rows = self._rows(table, self._checked(key, table, ids[mask]))  # (n, D) row by row, oldest first
+        emb = rows.new_zeros(*mask.shape, rows.shape[1])  # (B, T, D); pads are zero and get no gradient
+        emb[mask] = rows
         return emb, mask
 
     def lookup(self, table: str, ids: torch.Tensor, *, key: str | None = None) -> torch.Tensor:
         """Rows of ``table`` for ``ids`` -> ``(*ids.shape, D)``; ``key`` names the feature in errors."""
         if table not in self.tables:
             raise UnknownKeyError(f"no table {table!r}; tables: {list(self.tables)}")
-        t = self.tables[table]
-        flat = self._checked(key or f"{table} lookup", table, ids.reshape(-1))
-        n = flat.numel()
+        rows = self._rows(table, self._checked(key or f"{table} lookup", table, ids.reshape(-1)))
+        return rows.reshape(*ids.shape, self.tables[table].embedding_dim)
+
+    def _rows(self, table: str, ids: torch.Tensor) -> torch.Tensor:
+        """Rows (n, D) of ``table`` for ids (n,), through the module that holds it (module docstring)."""
+        t, n, ones = self.tables[table], ids.numel(), torch.ones_like(ids)
         if t.name in self._seq_tables:
             feat = _lookup_key(t.name)
-            rows = self.ecs[f"d{t.embedding_dim}"](
-                self._kjt(self._ec_keys[t.embedding_dim], {feat: (flat, torch.ones_like(flat))}, n))[feat].values()
-        else:
-            feat = next(k for k in self._bag_keys if self.feature_to_table[k] == t.name)
-            rows = self.ebc(self._kjt(self._bag_keys, {feat: (flat, torch.ones_like(flat))}, n)).to_dict()[feat]
-        return rows.reshape(*ids.shape, t.embedding_dim)
+            return self.ecs[f"d{t.embedding_dim}"](self._kjt(self._ec_keys[t.embedding_dim], {feat: (ids, ones)},
+                                                             n))[feat].values()
+        feat = next(k for k in self._ebc_feats if self._feat_table[k] == t.name)
+        return self.ebc(self._kjt(self._ebc_feats, {feat: (ids, ones)}, n)).to_dict()[feat]
 
     def extra_repr(self) -> str:
         ts = ", ".join(f"{t.name}({t.num_embeddings}x{t.embedding_dim})" for t in self.tables.values())
         return f"keys={self.keys}, tables=[{ts}], init={self.init}, bag_tables={self._bag_tables}"
+
+
+def ctrkit_name(torchrec_name: str) -> str:
+    """A table's ctrkit name from its name inside torchrec (:meth:`TorchrecEmbeddingCollection.torchrec_name`)."""
+    return torchrec_name.rsplit("#", 1)[0]
+
+
+def _mean(sums: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Bag means (B, D) from bag sums (B, D) and lengths (B,); 0 for an empty bag."""
+    return sums / lengths.clamp(min=1).unsqueeze(1).to(sums.dtype)
 
 
 def _pool(rows: torch.Tensor, lengths: torch.Tensor, pooling: str) -> torch.Tensor:
@@ -260,16 +277,15 @@ def _pool(rows: torch.Tensor, lengths: torch.Tensor, pooling: str) -> torch.Tens
     bag = torch.repeat_interleave(torch.arange(lengths.numel(), device=rows.device), lengths,
                                   output_size=rows.shape[0])  # (n,) each row's bag
     out = rows.new_zeros(lengths.numel(), rows.shape[1]).index_add(0, bag, rows)  # (B, D)
-    if pooling == "mean":
-        out = out / lengths.clamp(min=1).unsqueeze(1).to(out.dtype)
-    return out
+    return _mean(out, lengths) if pooling == "mean" else out
 
 
 def _torchrec_names(module: TorchrecEmbeddingCollection) -> dict[str, str]:
     """The torchrec state-dict name of every table (relative to the collection) -> ``tables.<table>``."""
-    out = {f"ebc.embedding_bags.{n}.weight": f"tables.{n}" for n in module._bag_tables}
+    name = module.torchrec_name
+    out = {f"ebc.embedding_bags.{name(n)}.weight": f"tables.{n}" for n in module._bag_tables}
     for n in module._seq_tables:
-        out[f"ecs.d{module.tables[n].embedding_dim}.embeddings.{n}.weight"] = f"tables.{n}"
+        out[f"ecs.d{module.tables[n].embedding_dim}.embeddings.{name(n)}.weight"] = f"tables.{n}"
     return out
 
 
