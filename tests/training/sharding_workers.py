@@ -110,6 +110,47 @@ def sharded_steps(rank: int, world: int, out: str, cases: list[tuple[str, str]])
                        Path(out) / f"{sharding}-{opt}.pt")
 
 
+# ---- sharded checkpoints: save at one world size, load at another -------------------------------------------
+def score_batch() -> Any:
+    from conftest import contract_schema, make_batch, planted_data
+
+    return make_batch(planted_data(40, seed=9), slice(0, 40), contract_schema())
+
+
+def checkpoint_phase(rank: int, world: int, ck: str, phase: str, sharding: str) -> None:
+    """``save``: deepfm sharded with ``sharding``, 2 steps, written to ``ck`` with save_sharded; ``load``: a deepfm of
+    other initial weights sharded with ``sharding``, ``ck`` loaded into it. Both: rank 0 saves the scores of
+    :func:`score_batch` (every rank scores the whole batch) to ``<ck>.<phase>-<world>.pt``."""
+    from conftest import contract_schema, make_batch, planted_data
+
+    from ctrkit.checkpoint import Checkpoint
+    from ctrkit.training.sharded_checkpoint import load_sharded, save_sharded
+    from ctrkit.training.sharding import shard_model
+
+    sm = shard_model(LossOf(build_deepfm(seed=0 if phase == "save" else 99)), sharding=sharding,
+                     sparse_optimizer="rowwise_adagrad", embedding_lr=0.1)
+    if phase == "save":
+        data, per = planted_data(128, seed=3), 64 // world
+        optimizers = sm.optimizers("adam", 0.01)
+        for step in range(2):
+            start = step * 64 + rank * per
+            sm.module(make_batch(data, slice(start, start + per), contract_schema())).backward()
+            optimizers.step()
+            optimizers.zero_grad()
+        meta = Checkpoint("deepfm", {}, model_params={"embedding_backend": "torchrec", "dnn_hidden": [16]},
+                          schema=contract_schema())
+        save_sharded(ck, sm.module, meta, plan=sm.plan)
+    else:
+        load_sharded(ck, sm.module)
+    with torch.no_grad():
+        scores = logits_of(sm.module.module.model.eval()(score_batch()))
+    if rank == 0:
+        torch.save(scores, f"{ck}.{phase}-{world}.pt")
+
+
+BATCH = 256  # per rank: a global batch of 512
+
+
 # ---- Criteo: sharded training and exact evaluation ----------------------------------------------------------
 def criteo_auc(rank: int, world: int, out: str, store: str, test_store: str, sharding: str, batch: int) -> None:
     """deepfm (torchrec tables, initial weights from ``out``/init.pt) trained one epoch on the Criteo sample, batch i

@@ -44,9 +44,16 @@ def _own_files(weights: Path, rank: int) -> dict[str, str]:
     return {p.name: file_sha256(p) for p in sorted(names)}
 
 
-def save_sharded(path: str | Path, module: Any, meta: Checkpoint, *, plan: Any = None) -> Path:
-    """Write ``module`` (a DistributedModelParallel) to the directory ``path`` from every rank (module docstring);
-    ``meta`` is the checkpoint without weights (rank 0's is written). Collective: every rank calls it."""
+def _model_state(module: Any, prefix: str) -> dict[str, Any]:
+    """The model's entries of the wrapped module's state dict (the model is its child ``prefix``, as in the
+    trainer's TaskStep), under the model's own names; the same tensors, so loading into them is in place."""
+    return {k[len(prefix):]: v for k, v in module.state_dict().items() if k.startswith(prefix)}
+
+
+def save_sharded(path: str | Path, module: Any, meta: Checkpoint, *, plan: Any = None, prefix: str = "model.") -> Path:
+    """Write ``module`` (a DistributedModelParallel around a module whose child ``prefix`` is the model) to the
+    directory ``path`` from every rank (module docstring); ``meta`` is the checkpoint without weights (rank 0's is
+    written). Collective: every rank calls it."""
     path = Path(path)
     rank, world = dist.get_rank(), dist.get_world_size()
     box = [str(path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"))] if rank == 0 else [None]
@@ -54,7 +61,7 @@ def save_sharded(path: str | Path, module: Any, meta: Checkpoint, *, plan: Any =
     tmp = Path(box[0])  # type: ignore[arg-type]
     weights = tmp / SHARDED_WEIGHTS
     try:
-        state = {"model": module.state_dict()}
+        state = {"model": _model_state(module, prefix)}
         fused = getattr(module, "fused_optimizer", None)
         if fused is not None:
             state["fused_optimizer"] = fused.state_dict()
@@ -81,7 +88,7 @@ def _plan_summary(plan: Any) -> dict[str, str]:
     return {f"{path}.{t}": ps.sharding_type for path, m in plan.plan.items() for t, ps in m.items()}
 
 
-def load_sharded(path: str | Path, module: Any, *, optimizer: bool = True) -> Checkpoint:
+def load_sharded(path: str | Path, module: Any, *, optimizer: bool = True, prefix: str = "model.") -> Checkpoint:
     """Load the sharded checkpoint at ``path`` into ``module`` (a DistributedModelParallel of any world size: DCP
     reads each rank's shards from whichever files hold them), after checking every file's hash; the fused optimizer's
     state too when ``optimizer`` and the checkpoint has it. Returns the checkpoint's metadata (no weights)."""
@@ -91,7 +98,7 @@ def load_sharded(path: str | Path, module: Any, *, optimizer: bool = True) -> Ch
         raise CheckpointError(f"{path} is not a sharded ctrkit checkpoint (no {SHARDED_META} with a shard list); "
                               "a single-file checkpoint loads with Checkpoint.load / load_state_dict")
     verify_files(path / SHARDED_WEIGHTS, meta.extra["sharded"]["files"], "sharded checkpoint")
-    state: dict[str, Any] = {"model": module.state_dict()}
+    state: dict[str, Any] = {"model": _model_state(module, prefix)}
     fused = getattr(module, "fused_optimizer", None)
     if optimizer and fused is not None:
         state["fused_optimizer"] = fused.state_dict()
