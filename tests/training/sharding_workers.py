@@ -90,12 +90,12 @@ def sharded_steps(rank: int, world: int, out: str, cases: list[tuple[str, str]])
     each global batch; rank 0 saves the whole weights before and after and the plan."""
     from conftest import contract_schema, make_batch, planted_data
 
-    from ctrkit.training.sharding import shard_model
+    from ctrkit.training.sharding import shard
 
     schema, data = contract_schema(), planted_data(STEPS * GLOBAL_BATCH, seed=5)
     per = GLOBAL_BATCH // world
     for sharding, opt in cases:
-        sm = shard_model(LossOf(build_deepfm()), sharding=sharding, sparse_optimizer=opt, embedding_lr=0.05)
+        sm = shard(LossOf(build_deepfm()), sharding=sharding, sparse_optimizer=opt, embedding_lr=0.05)
         before = gather_full(sm.module.state_dict())
         optimizers = sm.optimizers("adam", 0.01)
         for step in range(STEPS):
@@ -125,9 +125,9 @@ def checkpoint_phase(rank: int, world: int, ck: str, phase: str, sharding: str) 
 
     from ctrkit.checkpoint import Checkpoint
     from ctrkit.training.sharded_checkpoint import load_sharded, save_sharded
-    from ctrkit.training.sharding import shard_model
+    from ctrkit.training.sharding import shard
 
-    sm = shard_model(LossOf(build_deepfm(seed=0 if phase == "save" else 99)), sharding=sharding,
+    sm = shard(LossOf(build_deepfm(seed=0 if phase == "save" else 99)), sharding=sharding,
                      sparse_optimizer="rowwise_adagrad", embedding_lr=0.1)
     if phase == "save":
         data, per = planted_data(128, seed=3), 64 // world
@@ -157,11 +157,11 @@ def criteo_auc(rank: int, world: int, out: str, store: str, test_store: str, sha
     of the shuffled epoch to rank i mod world; the test split scored by every rank (a disjoint share each) and
     gathered; rank 0 saves the scores, the labels, the plan and the tables before / after."""
     from ctrkit.data.storage.loader import BatchLoader
-    from ctrkit.training.sharding import shard_model
+    from ctrkit.training.sharding import shard
 
     model = criteo_model(store, backend="torchrec")
     model.load_state_dict(torch.load(Path(out) / "init.pt", weights_only=True))
-    sm = shard_model(LossOf(model), sharding=sharding, sparse_optimizer="adagrad", embedding_lr=0.05)
+    sm = shard(LossOf(model), sharding=sharding, sparse_optimizer="adagrad", embedding_lr=0.05)
     before = gather_full(sm.module.state_dict())
     optimizers = sm.optimizers("adam", 1e-3)
     train = list(BatchLoader(store, batch, shuffle=True, seed=0, drop_last=True))
@@ -217,3 +217,31 @@ def fused_equivalent(store: str, out: str, batch: int, world: int) -> nn.Module:
         opt.step()
         opt.zero_grad()
     return model.eval()
+
+
+# ---- the Trainer with sharded tables ------------------------------------------------------------------------
+def trainer_run(rank: int, world: int, out: str, train: str, valid: str, epochs: int, resume: bool) -> None:
+    """The Trainer on ``world`` ranks: deepfm with torchrec tables (table_wise), evaluation on the valid split each
+    epoch (3 batches: the ranks' shares differ), sharded best.pt / last.pt in ``out``/run; with ``resume``, from
+    last.pt. Rank 0 saves the fit summary to ``out``/summary-<epochs>.pt."""
+    from ctrkit.data.storage.loader import BatchLoader
+    from ctrkit.data.storage.store import Store
+    from ctrkit.training.config import TrainConfig
+    from ctrkit.training.distributed import DistContext
+    from ctrkit.training.trainer import Trainer
+    from ctrkit.training.writer import CheckpointWriter
+
+    ctx = DistContext(rank, world, rank, "gloo", torch.device("cpu"))
+    cfg = TrainConfig(epochs=epochs, lr=1e-3, embedding_lr=0.05, progress=False)
+    cfg.distributed.sharding = "table_wise"
+    rows = len(Store(valid)["label"])
+    writer = CheckpointWriter(Path(out) / "run", model_name="deepfm", schema=Store(train).schema,
+                              model_params={"embedding_backend": "torchrec", "dnn_hidden": [64, 32]})
+    trainer = Trainer(criteo_model(train, "torchrec"), BatchLoader(train, 256, seed=0, rank=rank, world_size=world),
+                      cfg, valid_loader=BatchLoader(valid, -(-rows // 3), shuffle=False, rank=rank, world_size=world,
+                                                    even_tail=False),
+                      run_dir=Path(out) / "run", dist=ctx, overwrite=True, writer=writer,
+                      resume_from=Path(out) / "run" / "last.pt" if resume else None)
+    summary = trainer.fit()
+    if rank == 0:
+        torch.save(summary, Path(out) / f"summary-{epochs}.pt")

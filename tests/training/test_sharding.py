@@ -144,3 +144,27 @@ def test_a_sharded_checkpoint_loads_at_another_world_size_and_as_the_fused_backe
     shard.write_bytes(bytes(raw))
     with pytest.raises(CheckpointError, match=r"__1_0\.distcp fails its checksum"):
         Checkpoint.load(tmp_path / "ck2")
+
+
+@pytest.mark.slow
+def test_the_trainer_trains_evaluates_checkpoints_and_resumes_sharded_tables(criteo, tmp_path):
+    from training.sharding_workers import launch, trainer_run
+
+    from ctrkit.checkpoint import Checkpoint
+    from ctrkit.data.storage.loader import BatchLoader
+    from ctrkit.metrics import roc_auc
+    from ctrkit.models.base import logits_of
+
+    _, stores = criteo
+    launch(trainer_run, 2, str(tmp_path), str(stores["train"]), str(stores["valid"]), 1, False, timeout_s=120)
+    first = torch.load(tmp_path / "summary-1.pt", weights_only=False)
+    best = tmp_path / "run" / "best.pt"
+    assert (best / "weights").is_dir() and (tmp_path / "run" / "last.pt" / "weights").is_dir()
+    model = Checkpoint.load(best).build_model()  # the fused backend, one process
+    with torch.no_grad():
+        valid = list(BatchLoader(stores["valid"], 1000, shuffle=False))
+        auc = roc_auc(torch.cat([logits_of(model(b)) for b in valid]).numpy(), torch.cat([b.labels for b in valid]))
+    assert first["best_eval"]["auc"] == pytest.approx(auc, abs=1e-6)  # the gathered evaluation is exact
+    launch(trainer_run, 2, str(tmp_path), str(stores["train"]), str(stores["valid"]), 2, True, timeout_s=120)
+    second = torch.load(tmp_path / "summary-2.pt", weights_only=False)
+    assert second["steps"] == 2 * first["steps"] and second["epochs_completed"] == 2

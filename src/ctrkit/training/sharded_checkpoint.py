@@ -26,14 +26,17 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch import nn
 
-from ctrkit.checkpoint import SHARDED_META, SHARDED_WEIGHTS, Checkpoint
+from ctrkit.checkpoint import SHARDED_META, SHARDED_WEIGHTS, Checkpoint, TrainerState
 from ctrkit.errors import CheckpointError
 from ctrkit.io import file_sha256, replace_path, verify_files
+from ctrkit.training.writer import CheckpointWriter
 
-__all__ = ["load_sharded", "save_sharded"]
+__all__ = ["ShardedCheckpointWriter", "load_sharded", "save_sharded"]
 
 
 def _own_files(weights: Path, rank: int) -> dict[str, str]:
@@ -111,3 +114,31 @@ def load_sharded(path: str | Path, module: Any, *, optimizer: bool = True, prefi
 def is_sharded_checkpoint(path: str | Path) -> bool:
     p = Path(path)
     return p.is_dir() and (p / SHARDED_META).is_file() and (p / SHARDED_WEIGHTS).is_dir()
+
+
+class ShardedCheckpointWriter(CheckpointWriter):
+    """The trainer's writer for a sharded training module: ``best.pt`` / ``last.pt`` are sharded checkpoint
+    directories written by every rank (``collective``: the trainer calls :meth:`write` on all of them); the
+    dense optimizer's state (the same on every rank) goes in the metadata; reading for resume loads the shards
+    in place (any world size) and hands the trainer the model's own state."""
+
+    collective = True
+
+    def __init__(self, base: CheckpointWriter, module: Any, plan: Any = None) -> None:
+        self.__dict__.update(base.__dict__)
+        self.module, self.plan = module, plan
+
+    def write_to(self, path: str | Path, model: nn.Module, optimizer: Any, state: TrainerState | None) -> Path:
+        meta = Checkpoint(self.model_name, {}, model_params=self.model_params, schema=self.schema, config=self.config,
+                          pipeline=self.pipeline, extra=self.extra, trainer=state,
+                          optimizer=optimizer.state_dict() if optimizer is not None else None,
+                          vocab_files=self.vocab_files, vocab_path=self.vocab_path)
+        return save_sharded(path, self.module, meta, plan=self.plan)
+
+    def read(self, path: str | Path, map_location: str | torch.device = "cpu") -> Checkpoint:
+        if not is_sharded_checkpoint(path):
+            raise CheckpointError(f"{path} is not a sharded checkpoint; a run with sharded tables resumes from the "
+                                  "last.pt directory it wrote")
+        meta = load_sharded(path, self.module)
+        meta.weights = self.module.module.model.state_dict()  # already loaded in place
+        return meta

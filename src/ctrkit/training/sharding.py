@@ -16,14 +16,14 @@
 - Tables whose width is not a multiple of 4 (first-order weights of dim 1, ...) are always data_parallel: fbgemm's
   fused kernels take widths in multiples of 4 only.
 - The dense part is data parallel (DDP inside DistributedModelParallel).
-- DistributedModelParallel initialises the sharded tables afresh; :func:`shard_model` copies every rank's shards
+- DistributedModelParallel initialises the sharded tables afresh; :func:`shard` copies every rank's shards
   from the unsharded weights instead, so a sharded model starts from the weights it was built with.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,7 +152,7 @@ class ShardedModel:
         )
 
 
-def shard_model(module: nn.Module, *, sharding: str = "auto", sparse_optimizer: str = "adagrad",
+def shard(module: nn.Module, *, sharding: str = "auto", sparse_optimizer: str = "adagrad",
                 embedding_lr: float = 1e-3, device: torch.device | str = "cpu",
                 process_group: Any = None) -> ShardedModel:
     """``module`` (holding a model built with ``embedding_backend: torchrec``) wrapped by DistributedModelParallel on
@@ -165,7 +165,7 @@ def shard_model(module: nn.Module, *, sharding: str = "auto", sparse_optimizer: 
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
     if not dist.is_initialized():
-        raise ConfigError("shard_model needs torch.distributed initialised (launch with torchrun, or "
+        raise ConfigError("sharding tables needs torch.distributed initialised (launch with torchrun, or "
                           "ctrkit train --nproc-per-node N)")
     device = torch.device(device)
     pg = process_group or dist.GroupMember.WORLD
@@ -204,3 +204,70 @@ def copy_weights(target: Mapping[str, Any], full: Mapping[str, torch.Tensor]) ->
             raise ConfigError(f"{key}: a DTensor shard layout is not handled by ctrkit's weight copy yet")
         elif isinstance(value, torch.Tensor):
             value.copy_(src)
+
+
+# ---- the trainer's side (training/distributed.py's hook, the Trainer's optimizer set, writer and evaluation) ----
+def uses_torchrec(model: nn.Module) -> bool:
+    """Whether ``model`` holds tables of the torchrec embedding backend."""
+    from ctrkit.nn.embedding_torchrec import TorchrecEmbeddingCollection
+
+    return any(isinstance(m, TorchrecEmbeddingCollection) for m in model.modules())
+
+
+def shard_model(step: nn.Module, ctx: Any, config: Any) -> nn.Module:
+    """The training module of a run on several processes whose model uses the torchrec backend: ``step`` (the
+    trainer's TaskStep) sharded by :func:`shard` with ``config`` (a TrainConfig: ``distributed.sharding``,
+    ``sparse_optimizer``, ``embedding_lr``) on ``ctx.device``. The :class:`ShardedModel` rides along as
+    ``module.ctrkit_sharded`` (:func:`sharded_of`)."""
+    if config.embedding_l2:
+        raise ConfigError("train.embedding_l2 is not applied by the fused optimizers of the torchrec embedding "
+                          "backend; set train.embedding_l2=0, or use model.params.embedding_backend=fused")
+    if config.wide_optimizer != "default":
+        raise ConfigError(f"train.wide_optimizer={config.wide_optimizer} trains tables outside the fused optimizers "
+                          "of the torchrec embedding backend; set train.wide_optimizer=default")
+    lr = config.embedding_lr if config.embedding_lr is not None else config.lr
+    sm = shard(step, sharding=config.distributed.sharding, sparse_optimizer=config.sparse_optimizer,
+               embedding_lr=lr, device=ctx.device)
+    sm.module.ctrkit_sharded = sm
+    return sm.module
+
+
+def sharded_of(module: nn.Module) -> ShardedModel | None:
+    """The :class:`ShardedModel` of a module :func:`shard_model` returned, else None."""
+    return getattr(module, "ctrkit_sharded", None)
+
+
+def sharded_optimizers(module: nn.Module, config: Any) -> OptimizerSet | None:
+    """The trainer's optimizer set of a sharded training module (dense parameters and replicated tables; the
+    sharded tables are stepped in backward), else None."""
+    sm = sharded_of(module)
+    return sm.optimizers(config.dense_optimizer, config.lr, config.weight_decay) if sm is not None else None
+
+
+def even_forwards(module: nn.Module, batches: Iterator[Any], loader: Any, model: nn.Module) -> Iterator[Any]:
+    """``batches`` (of ``loader``); when ``module`` is a sharded training module, followed by as many extra forwards
+    of ``model`` on the last batch (results dropped) as the rank with the most batches makes: a sharded model's
+    forward is collective (its ranks exchange embeddings), so every rank must call it equally often."""
+    return _padded(batches, len(loader), model) if sharded_of(module) is not None else batches
+
+
+def _padded(batches: Iterator[Any], n: int, model: nn.Module) -> Iterator[Any]:
+    most = torch.tensor([n])
+    dist.all_reduce(most, op=dist.ReduceOp.MAX)
+    last = None
+    for last in batches:
+        yield last
+    if last is not None:
+        with torch.no_grad():
+            for _ in range(int(most) - n):
+                model(last)
+
+
+def sharded_writer(writer: Any, module: nn.Module) -> Any:
+    """The trainer's checkpoint writer: ``writer``, or its sharded twin
+    (:class:`~ctrkit.training.sharded_checkpoint.ShardedCheckpointWriter`) when ``module`` is a sharded training
+    module."""
+    from ctrkit.training.sharded_checkpoint import ShardedCheckpointWriter
+
+    sm = sharded_of(module)
+    return ShardedCheckpointWriter(writer, module, sm.plan) if sm is not None else writer
