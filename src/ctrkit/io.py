@@ -146,8 +146,13 @@ def verify_files(root: Path, files: Mapping[str, str], what: str) -> None:
 
 
 def file_checksum(path: Path, full: bool = False) -> str:
-    """sha256 of the whole file (``full``) or of its size + first and last MiB (cheap, checked on open)."""
+    """sha256 of the whole file (``full``) or of its size + first and last MiB (cheap, checked on open); a directory
+    (a sharded checkpoint): of its files' relative names and checksums."""
     h = hashlib.sha256()
+    if path.is_dir():
+        for f in sorted(p for p in path.rglob("*") if p.is_file()):
+            h.update(f"{f.relative_to(path)}={file_checksum(f, full)}\n".encode())
+        return ("sha256:" if full else "quick:") + h.hexdigest()
     size = path.stat().st_size
     with open(path, "rb") as f:
         if full:

@@ -252,15 +252,23 @@ def even_forwards(module: nn.Module, batches: Iterator[Any], loader: Any, model:
 
 
 def _padded(batches: Iterator[Any], n: int, model: nn.Module) -> Iterator[Any]:
-    most = torch.tensor([n])
-    dist.all_reduce(most, op=dist.ReduceOp.MAX)
-    last = None
-    for last in batches:
-        yield last
-    if last is not None:
-        with torch.no_grad():
-            for _ in range(int(most) - n):
-                model(last)
+    """The rank's batches, then its padding forwards; a rank without any batch (fewer batches than ranks) pads with
+    rank 0's first batch (batch 0 of a round-robin share is rank 0's), broadcast to it."""
+    counts = torch.tensor([n, int(n == 0)])
+    dist.all_reduce(counts, op=dist.ReduceOp.MAX)
+    most, someone_empty = int(counts[0]), bool(counts[1]) and int(counts[0]) > 0
+    first = next(batches, None)
+    pad = [first if dist.get_rank() == 0 else None]
+    if someone_empty:
+        dist.broadcast_object_list(pad, src=0)
+    last = first
+    if first is not None:
+        yield first
+        for last in batches:
+            yield last
+    with torch.no_grad():
+        for _ in range(most - n):
+            model(last if last is not None else pad[0])
 
 
 def sharded_writer(writer: Any, module: nn.Module) -> Any:
