@@ -5,10 +5,15 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/pip install -q --disable-pip-version-check
 
+# torchrec (the sharded embedding backend, ctrkit[distributed]) names the CUDA build of fbgemm-gpu: it goes in
+# --no-deps after torch, with the CPU build fbgemm-gpu-cpu 1.8.0 (the release whose kernels load against torch
+# 2.13.0), every pip call held to torch==2.13.0 by a constraints file.
 $(BIN)/ctrkit: pyproject.toml
 	$(PY) -m venv $(VENV)
+	printf 'torch==2.13.0\n' > $(VENV)/constraints.txt
 	$(PIP) torch==2.13.0
-	$(PIP) -e '.[test,gbdt]'
+	$(PIP) -c $(VENV)/constraints.txt -e '.[test,gbdt,distributed]'
+	$(PIP) -c $(VENV)/constraints.txt --no-deps torchrec==1.9.2 fbgemm-gpu-cpu==1.8.0
 	touch $@
 
 .PHONY: install demo test lint

@@ -48,7 +48,7 @@ import torch
 from torch import nn
 
 from ctrkit.errors import CheckpointError
-from ctrkit.io import missing_path
+from ctrkit.io import missing_path, verify_files
 from ctrkit.schema import Schema
 
 if TYPE_CHECKING:
@@ -323,8 +323,29 @@ class Checkpoint:
 
     @classmethod
     def load(cls, path: str | Path, map_location: str | torch.device = "cpu") -> Checkpoint:
-        """Read and verify the checkpoint at ``path`` (weights_only, format, version, checksum)."""
+        """Read and verify the checkpoint at ``path`` (weights_only, format, version, checksum); a sharded one's
+        directory (training/sharded_checkpoint.py) as the fused backend's (:func:`read_sharded`)."""
+        if (Path(path) / SHARDED_META).is_file():
+            return read_sharded(Path(path))
         return cls.from_plain(_read_verified(Path(path), map_location), source=str(path))
+
+
+SHARDED_META, SHARDED_WEIGHTS = "checkpoint.pt", "weights"  # a sharded checkpoint's directory
+
+
+def read_sharded(path: Path) -> Checkpoint:
+    """A sharded checkpoint as a single-process one: its tables gathered whole from the DCP files, the model
+    parameters set to the fused backend, no optimizer state (the fused optimizers' has no single-process twin)."""
+    from torch.distributed.checkpoint import FileSystemReader, default_planner, state_dict_loader
+
+    meta, state = Checkpoint.from_plain(_read_verified(path / SHARDED_META, "cpu"), source=str(path)), {}
+    verify_files(path / SHARDED_WEIGHTS, meta.extra.get("sharded", {}).get("files", {}), "sharded checkpoint")
+    state_dict_loader._load_state_dict(state, storage_reader=FileSystemReader(str(path / SHARDED_WEIGHTS)),
+                                       planner=default_planner._EmptyStateDictLoadPlanner(keys={"model"}), no_dist=True)
+    meta.weights = dict(state["model"])
+    meta.model_params = {**meta.model_params, "embedding_backend": "fused"}
+    meta.optimizer = None
+    return meta
 
 
 def _read_verified(path: Path, map_location: str | torch.device) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from ctrkit.errors import StoreError
+from ctrkit.errors import CheckpointError, StoreError
 
 
 def path_exists(p: Path) -> bool:
@@ -127,9 +127,32 @@ def temp_dir(near: Path, prefix: str) -> Path:
                          "permissions") from None
 
 
-def file_checksum(path: Path, full: bool = False) -> str:
-    """sha256 of the whole file (``full``) or of its size + first and last MiB (cheap, checked on open)."""
+def file_sha256(path: Path) -> str:
+    """``sha256:<hex>`` of the whole file, read in 4 MiB blocks."""
     h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return "sha256:" + h.hexdigest()
+
+
+def verify_files(root: Path, files: Mapping[str, str], what: str) -> None:
+    """A CheckpointError unless every file of ``files`` (name under ``root`` -> :func:`file_sha256`) has its hash."""
+    for name, want in files.items():
+        f = root / name
+        if want != (got := file_sha256(f) if f.is_file() else "missing"):
+            raise CheckpointError(f"{f} fails its checksum (stored {want}, content {got}): the {what} was changed or "
+                                  "damaged after it was written; it is refused, not scored")
+
+
+def file_checksum(path: Path, full: bool = False) -> str:
+    """sha256 of the whole file (``full``) or of its size + first and last MiB (cheap, checked on open); a directory
+    (a sharded checkpoint): of its files' relative names and checksums."""
+    h = hashlib.sha256()
+    if path.is_dir():
+        for f in sorted(p for p in path.rglob("*") if p.is_file()):
+            h.update(f"{f.relative_to(path)}={file_checksum(f, full)}\n".encode())
+        return ("sha256:" if full else "quick:") + h.hexdigest()
     size = path.stat().st_size
     with open(path, "rb") as f:
         if full:

@@ -58,8 +58,8 @@ def test_bad_embedding_options_are_config_errors():
         create_model("deepfm", schema, embedding_dims={"nope": 4})
     with pytest.raises(ConfigError, match="embedding_dim"):
         create_model("deepfm", schema, embedding_dim=0)
-    with pytest.raises(ConfigError, match="embedding_backend='torchrec'.*valid: fused"):
-        create_model("deepfm", schema, embedding_backend="torchrec")
+    with pytest.raises(ConfigError, match="embedding_backend='sharded'.*valid: fused, torchrec"):
+        create_model("deepfm", schema, embedding_backend="sharded")
     create_model("deepfm", schema, embedding_backend="fused")
     assert {"embedding_dim", "embedding_dims", "embedding_backend"} <= set(model_params("sasrec"))
 
@@ -68,8 +68,8 @@ def test_the_factory_uses_the_backend_of_the_model_being_built():
     from ctrkit.errors import LayerConfigError
     from ctrkit.nn.embedding import embedding_backend
 
-    with pytest.raises(LayerConfigError, match="'torchrec' is not available; supported: fused"):
-        make_embeddings(contract_schema(), backend="torchrec")
+    with pytest.raises(LayerConfigError, match="'sharded' is not available; supported: fused, torchrec"):
+        make_embeddings(contract_schema(), backend="sharded")
     with pytest.raises(LayerConfigError, match="'sharded' is not available"), embedding_backend("sharded"):
         pass
 

@@ -390,8 +390,8 @@ def test_make_embeddings_from_explicit_tables():
         make_embeddings(OPT_SCHEMA, tables=specs)
     with pytest.raises(ValueError, match="keys= and sequence_keys= go with schema="):
         make_embeddings(tables=specs, keys=["tree0"])
-    with pytest.raises(ValueError, match="backend 'torchrec' is not available; supported: fused"):
-        make_embeddings(OPT_SCHEMA, backend="torchrec")
+    with pytest.raises(ValueError, match="backend 'sharded' is not available; supported: fused, torchrec"):
+        make_embeddings(OPT_SCHEMA, backend="sharded")
 
 
 def test_interface_is_abstract_and_the_fused_backend_implements_it():

@@ -46,6 +46,7 @@ from ctrkit.models.registry import check_model_params, create_model
 from ctrkit.training.config import Config, config_to_dict, load_config
 from ctrkit.training.distributed import DistContext, init_distributed, shutdown
 from ctrkit.training.memory import keep_freed_memory
+from ctrkit.training.sharding import sharded_of
 from ctrkit.training.trainer import Trainer
 from ctrkit.training.writer import CheckpointWriter, rng_state, set_rng_state
 
@@ -184,9 +185,9 @@ def _finish(cfg: Config, trainer: Trainer, kind: TaskKind, data: _Data, fit: dic
             t0: float) -> dict[str, Any]:
     """Test metrics with best.pt, predictions.npz, summary.json and report.html of a trained run."""
     model = trainer.model
-    best = run_dir / "best.pt"
-    if best.is_file():  # score the test split with the best evaluated weights, not the last ones
-        model.load_state_dict(Checkpoint.load(best).weights)
+    best = run_dir / "best.pt"  # a directory with sharded tables (training/sharded_checkpoint.py)
+    if best.exists():  # score the test split with the best evaluated weights, not the last ones
+        model.load_state_dict(trainer.writer.read(best).weights)  # sharded: every rank loads its shards
     test_metrics = trainer.evaluate(data.test) if data.test is not None else None
     rows, split = (data.test, "test") if data.test is not None else (data.valid, "valid")
     if not trainer.writes:  # rank 0 scores the rows and writes predictions, summary and report
@@ -194,7 +195,10 @@ def _finish(cfg: Config, trainer: Trainer, kind: TaskKind, data: _Data, fit: dic
     predictions = None
     if rows is not None and kind.scores_rows:
         whole = BatchLoader(rows.store, rows.batch_size, shuffle=False, prefetch=rows.prefetch, pipeline=rows.pipeline)
-        scores = score_rows(model, trainer.on_device(whole))
+        batches = trainer.on_device(whole)
+        if sharded_of(trainer.module) is not None:  # rank 0 alone: the tables gathered, as the fused backend (CPU)
+            model, batches = Checkpoint.load(best if best.exists() else run_dir / "last.pt").build_model(), iter(whole)
+        scores = score_rows(model, batches)
         with atomic_file(run_dir / "predictions.npz", option="run.name") as tmp, open(tmp, "wb") as f:
             np.savez(f, **scores)
         predictions = {"split": split, "file": "predictions.npz", "rows": len(scores["score"])}

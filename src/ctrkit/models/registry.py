@@ -57,7 +57,7 @@ class EmbeddingOptions(TypedDict, total=False):
 
     embedding_dim: int | None
     embedding_dims: dict[str, int] | None
-    embedding_backend: Literal["fused"]
+    embedding_backend: Literal["fused", "torchrec"]
 
 
 EMBEDDING_DEFAULTS: dict[str, Any] = {"embedding_dim": None, "embedding_dims": None, "embedding_backend": "fused"}

@@ -66,7 +66,8 @@ def make_embeddings(
 
     ``dim`` overrides every table's width (1 for first-order weights, 2m for MLR, F·D for FFM);
     ``init`` is "uniform" (torchrec's default), "normal" (N(0, std^2)) or "zeros"; ``backend`` is
-    "fused" (:class:`EmbeddingBagCollection`); None: the one of the model being built (:func:`embedding_backend`).
+    "fused" (:class:`EmbeddingBagCollection`) or "torchrec" (:class:`~ctrkit.nn.embedding_torchrec.TorchrecEmbeddingCollection`,
+    the tables torchrec can shard); None: the one of the model being built (:func:`embedding_backend`).
     """
     check_backend(backend := backend if backend is not None else current_backend())
     if (schema is None) == (tables is None):
@@ -83,5 +84,10 @@ def make_embeddings(
     assert tables is not None
     if dim is not None:
         tables = [replace(t, embedding_dim=int(dim)) for t in tables]
+    if backend == "torchrec":
+        from ctrkit.nn.embedding_torchrec import TorchrecEmbeddingCollection
+
+        return TorchrecEmbeddingCollection(tables, f2t, pooling, sequence_keys=seq, validate=validate, init=init,
+                                           std=std)
     return EmbeddingBagCollection(tables, f2t, pooling, sequence_keys=seq, sparse_grad=sparse_grad,
                                   validate=validate, init=init, std=std)

@@ -23,7 +23,7 @@ from ctrkit.batch import KeyedJagged
 from ctrkit.errors import LayerConfigError, UnknownKeyError
 from ctrkit.schema import TableSpec
 
-BACKENDS = ("fused",)  # "torchrec" (sharded) comes with distributed training
+BACKENDS = ("fused", "torchrec")  # torchrec: nn/embedding_torchrec.py, shardable by training/sharding.py
 _BACKEND: ContextVar[str] = ContextVar("ctrkit_embedding_backend", default="fused")
 
 

@@ -192,9 +192,9 @@ def wrap_for_training(model: CTRModel, task: Any, ctx: DistContext | None, confi
         return step
     if config.distributed.gather_negatives and hasattr(task, "gather_items"):
         task.gather_items = ctx.gather_items
-    if getattr(model, "embedding_backend", "fused") == "torchrec":
-        from ctrkit.training.sharding import shard_model
+    from ctrkit.training.sharding import shard_model, uses_torchrec
 
+    if uses_torchrec(model):
         return shard_model(step, ctx, config)
     step.declare_sparse_gradients()
     # buffers (e.g. batch-norm statistics) stay each rank's own between steps: newer torch names the option anew

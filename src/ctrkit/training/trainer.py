@@ -31,14 +31,12 @@ Decisions worth knowing:
 - Exact resume: a checkpoint stores weights, optimizer states, the progress, the loader's mid-epoch position
   and the python / numpy / torch RNG states; resuming gives bit-identical weights to a run that never stopped
   (dropout and shuffling included), provided the loader's order depends only on (seed, epoch).
-- Weight averaging (``ema_decay``, :mod:`ctrkit.training.averaging`): evaluation and every checkpoint use the
-  weights' debiased moving average (the trained weights ride in the trainer state) and ``fit`` leaves it in
-  the model. bf16 (``precision="bf16"``) runs the forward pass under autocast; loss, parameters and optimizer
-  states stay float32.
+- Weight averaging (``ema_decay``, :mod:`ctrkit.training.averaging`): evaluation and every checkpoint use the weights'
+  debiased moving average (the trained weights ride in the trainer state) and ``fit`` leaves it in the model.
+  bf16 (``precision="bf16"``) runs the forward pass under autocast; loss, parameters and optimizer states float32.
 - Run directory (locked while training, :mod:`ctrkit.training.rundir`): ``config.yaml``, ``metrics.jsonl`` (per log
   step ``{"kind": "train", "loss": ..., <each logged part>: ...}``, per evaluation ``{"kind": "eval", ...}``),
-  ``last.pt`` (every evaluation, every ``checkpoint_every`` steps and at the end) and ``best.pt`` (best
-  evaluation).
+  ``last.pt`` (every evaluation, every ``checkpoint_every`` steps and at the end) and ``best.pt`` (best evaluation).
 """
 
 from __future__ import annotations
@@ -66,6 +64,7 @@ from ctrkit.training.config import TrainConfig, config_to_dict
 from ctrkit.training.distributed import DistContext, wrap_for_training
 from ctrkit.training.optim import OptimizerSet, build_optimizers
 from ctrkit.training.rundir import RunLock, append_record, open_run_dir
+from ctrkit.training.sharding import even_forwards, sharded_optimizers, sharded_writer
 from ctrkit.training.tasks import Task, ranking_task
 from ctrkit.training.writer import CheckpointWriter, rng_state, set_rng_state
 
@@ -78,9 +77,9 @@ class Trainer:
 
     ``config`` is the train block of the run config; ``run_config`` (optional, the whole
     :class:`~ctrkit.training.config.Config`) is what gets saved as config.yaml and inside checkpoints.
-    ``writer`` writes the checkpoints (default: a :class:`~ctrkit.training.writer.CheckpointWriter` of
-    ``run_dir`` with the model's name and the run config; the job gives one that also holds schema,
-    pipeline and vocabularies). ``task`` defaults to ``CTRTask(metrics, precision=config.precision)``
+    ``writer`` writes the checkpoints (default: a :class:`~ctrkit.training.writer.CheckpointWriter` of ``run_dir``
+    with the model's name and the run config; the job gives one that also holds schema, pipeline and vocabularies,
+    made sharded for sharded tables). ``task`` defaults to ``CTRTask(metrics, precision=config.precision)``
     with ``metrics`` (default ``config.metrics``) plus the early-stopping metric.
     """
 
@@ -110,10 +109,11 @@ class Trainer:
         self._lock: RunLock | None = None
         self.task = self._bind_task(task, metrics)
         self.module: nn.Module = wrap_for_training(self.model, self.task, dist, config)  # the loop's forward
+        self.writer = sharded_writer(self.writer, self.module)  # sharded tables: every rank writes its shards
         self.metric_names = list(self.task.metric_names)
         es = config.early_stopping
         self._maximise = higher_is_better(es.metric) if es.mode == "auto" else es.mode == "max"
-        self.optimizer: OptimizerSet = build_optimizers(self.model, config)
+        self.optimizer: OptimizerSet = sharded_optimizers(self.module, config) or build_optimizers(self.model, config)
         # train.ema_decay: evaluation, checkpoints and the model fit() leaves hold the weights' moving average
         self.average = (WeightAverage(self.model, config.ema_decay, self.optimizer.embedding_params)
                         if config.ema_decay is not None else None)
@@ -270,9 +270,9 @@ class Trainer:
         self.progress.train_seconds += time.perf_counter() - since
 
     def on_device(self, loader: Iterable[Batch]) -> Iterator[Batch]:
-        """The batches of ``loader`` on the model's device."""
-        for batch in loader:
-            yield batch.to(self.device) if self.device.type != "cpu" else batch
+        """The batches of ``loader`` on the model's device (sharded tables: as many forwards on every rank)."""
+        batches = (batch.to(self.device) if self.device.type != "cpu" else batch for batch in loader)
+        return even_forwards(self.module, batches, loader, self.model)
 
     def summary(self) -> dict[str, Any]:
         p = self.progress
