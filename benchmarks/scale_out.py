@@ -4,7 +4,7 @@ loopback interface, against the formula), and a projection of MLPerf DLRM-DCNv2 
 Workload: DLRM (dot interaction, dense arch 512-256-D, over arch 512-256-1) on ``--rows`` synthetic Criteo-shaped
 rows (``ctrkit synth``, cardinalities capped at ``--max-cardinality``), embedding dim ``--dim``, global batch
 ``--batch``, row-wise Adagrad on the tables and Adam on the rest, the ``--steps`` timed steps after 3 warm-up
-steps, batches built beforehand (untimed). 1 process runs with all ``--threads`` threads; W processes (gloo on
+steps, batches built beforehand (untimed). 1 process runs with all ``--threads`` threads and with one; W processes (gloo on
 127.0.0.1, the library's own data-parallel path: :func:`ctrkit.training.distributed.wrap_for_training`, DDP with
 sparse table gradients) with threads / W each, so both use the same cores. This machine has 2 cores: two
 processes cannot be faster than one here; the figure shows the cost of the communication, not a speed-up.
@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -48,9 +49,10 @@ from criteo1tb_projection import CARDINALITIES, table_memory
 from ctrkit.data.storage.loader import BatchLoader
 from ctrkit.data.storage.store import Store
 from ctrkit.models.registry import create_model
-from ctrkit.training.config import TrainConfig
+from ctrkit.training.config import DistributedConfig, TrainConfig
 from ctrkit.training.distributed import DistContext, wrap_for_training
 from ctrkit.training.optim import build_optimizers
+from ctrkit.training.sharding import sharded_optimizers
 from ctrkit.training.tasks import CTRTask
 
 MLPERF = {"ranks": 16, "global_batch": 65536, "dim": 128, "bottom": [512, 256, 128], "top": [1024, 1024, 512, 256, 1],
@@ -68,14 +70,16 @@ def lo_tx_bytes() -> int:
     raise RuntimeError("no loopback interface in /proc/net/dev")
 
 
-def _model(store: Store, dim: int) -> torch.nn.Module:
+def _model(store: Store, dim: int, backend: str) -> torch.nn.Module:
     torch.manual_seed(0)
-    return create_model("dlrm", store.schema, embedding_dim=dim, dense_arch=[512, 256, dim], over_arch=[512, 256, 1])
+    return create_model("dlrm", store.schema, embedding_dim=dim, dense_arch=[512, 256, dim], over_arch=[512, 256, 1],
+                        embedding_backend=backend)
 
 
 def worker(rank: int, world: int, port: int, store_path: str, batch: int, steps: int, threads: int, dim: int,
-           out: str) -> None:
-    """One rank: train ``steps`` timed steps; rank 0 writes what it measured to ``out``."""
+           out: str, sharding: str | None = None) -> None:
+    """One rank: train ``steps`` timed steps (the torchrec backend sharded by ``sharding`` when given, else the
+    fused backend under DDP); rank 0 writes what it measured to ``out``."""
     torch.set_num_threads(threads)
     ctx = None
     if world > 1:
@@ -83,11 +87,12 @@ def worker(rank: int, world: int, port: int, store_path: str, batch: int, steps:
         dist.init_process_group("gloo", rank=rank, world_size=world)
         ctx = DistContext(rank, world, rank, "gloo", torch.device("cpu"))
     store = Store(store_path)
-    model = _model(store, dim)
-    cfg = TrainConfig(sparse_optimizer="rowwise_adagrad", embedding_lr=0.02, lr=1e-3)
+    model = _model(store, dim, "torchrec" if sharding else "fused")
+    cfg = TrainConfig(sparse_optimizer="rowwise_adagrad", embedding_lr=0.02, lr=1e-3,
+                      distributed=DistributedConfig(sharding=sharding or "auto"))
     task = CTRTask(["auc"]).bind(model)
     module = wrap_for_training(model, task, ctx, cfg)
-    opt = build_optimizers(model, cfg)
+    opt = sharded_optimizers(module, cfg) or build_optimizers(model, cfg)
     loader = BatchLoader(store, batch // world, shuffle=True, prefetch=0, rank=rank, world_size=world)
     batches = [b for _, b in zip(range(steps + 3), loader)]
     rows = []  # table rows with a gradient, per step (this rank)
@@ -99,7 +104,7 @@ def worker(rank: int, world: int, port: int, store_path: str, batch: int, steps:
         if ctx is not None:
             ctx.step_totals(loss, len(b))
         rows.append(sum(int(p.grad.coalesce().indices().shape[1]) for p in model.embedding_parameters()
-                        if p.grad is not None and p.grad.is_sparse))
+                        if p.grad is not None and p.grad.is_sparse) if sharding is None else 0)
         opt.step()
 
     for b in batches[:3]:
@@ -112,7 +117,8 @@ def worker(rank: int, world: int, port: int, store_path: str, batch: int, steps:
     if ctx is not None:
         ctx.barrier()
     seconds, sent = time.perf_counter() - t, lo_tx_bytes() - tx
-    dense = sum(p.numel() for p in model.parameters()) - sum(p.numel() for p in model.embedding_parameters())
+    tables = {id(p) for p in model.embedding_parameters()}
+    dense = sum(p.numel() for p in model.parameters() if id(p) not in tables)
     if rank == 0:
         Path(out).write_text(json.dumps({
             "seconds": seconds, "samples_per_s": steps * batch / seconds, "lo_bytes_per_rank_step": sent / steps / world,
@@ -121,11 +127,15 @@ def worker(rank: int, world: int, port: int, store_path: str, batch: int, steps:
         dist.destroy_process_group()
 
 
-def run(world: int, store: Path, args: argparse.Namespace, tmp: Path) -> dict:
-    out = tmp / f"w{world}.json"
-    port = 29000 + os.getpid() % 1000 + world
-    mp.start_processes(worker, args=(world, port, str(store), args.batch, args.steps, max(1, args.threads // world),
-                                     args.dim, str(out)), nprocs=world, start_method="spawn")
+def run(world: int, store: Path, args: argparse.Namespace, tmp: Path, sharding: str | None = None,
+        threads: int | None = None) -> dict:
+    out = tmp / f"w{world}-{sharding}-{threads}.json"
+    threads = threads or max(1, args.threads // world)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(worker, args=(world, port, str(store), args.batch, args.steps, threads, args.dim, str(out),
+                                     sharding), nprocs=world, start_method="spawn")
     return json.loads(out.read_text())
 
 
@@ -134,6 +144,20 @@ def ddp_formula(m: dict, world: int, dim: int) -> float:
     dense = 2 * (world - 1) / world * m["dense_params"] * 4
     sparse = (world - 1) * m["sparse_rows_per_step"] * (dim * 4 + 8)
     return dense + sparse + 8
+
+
+def sharded_formula(m: dict, world: int, dim: int, batch: int, tables: int, sharding: str) -> float:
+    """Bytes one rank sends per step with every table sharded (torchrec's all-to-alls; ids as int64 values and int32
+    lengths, single-hot): table_wise -- its batch's ids of the tables other ranks own, and the pooled vectors (and
+    their gradients back) of its tables for the other ranks' rows; column_wise -- every table is on every rank, so
+    its ids of every table go to every other rank and each rank's column slice (D / W) of every table comes back."""
+    b = batch // world
+    dense = 2 * (world - 1) / world * m["dense_params"] * 4
+    if sharding == "table_wise":
+        a2a = (world - 1) / world * tables * b * (8 + 4) + 2 * (world - 1) / world * tables * b * dim * 4
+    else:  # column_wise
+        a2a = (world - 1) * tables * b * (8 + 4) + 2 * (world - 1) * tables * b * (dim / world) * 4
+    return dense + a2a + 8
 
 
 def mlperf_projection() -> dict:
@@ -170,6 +194,8 @@ def main() -> None:
     ap.add_argument("--dim", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-cardinality", type=int, default=100_000)
+    ap.add_argument("--sharding", nargs="*", default=["table_wise", "column_wise"],
+                    help="torchrec sharding types to measure on 2 processes (none: skip torchrec)")
     args = ap.parse_args()
     print(f"cpu capability {torch.backends.cpu.get_cpu_capability()}; {os.cpu_count()} cores; fp32", flush=True)
     with tempfile.TemporaryDirectory() as d:
@@ -178,22 +204,35 @@ def main() -> None:
         subprocess.run([sys.executable, "-m", "ctrkit", "synth", "--rows", str(args.rows), "--out", str(store),
                         "--format", "store", "--max-cardinality", str(args.max_cardinality), "--embedding-dim",
                         str(args.dim)], check=True, capture_output=True)
-        one, two = run(1, store, args, tmp), run(2, store, args, tmp)
+        one, one_1t, two = run(1, store, args, tmp), run(1, store, args, tmp, threads=1), run(2, store, args, tmp)
+        tables = len(Store(store).schema.sparse_keys)
+        sharded = {k: run(2, store, args, tmp, k) for k in args.sharding}
     formula = ddp_formula(two, 2, args.dim)
     proj = mlperf_projection()
-    print(f"{'processes':>10} {'threads each':>13} {'samples/s':>12} {'MB sent/rank/step':>18} {'formula MB':>11}")
-    print(f"{1:>10} {args.threads:>13} {one['samples_per_s']:>12,.0f} {'-':>18} {'-':>11}")
-    print(f"{2:>10} {max(1, args.threads // 2):>13} {two['samples_per_s']:>12,.0f} "
+    print(f"{'run':>24} {'threads each':>13} {'samples/s':>12} {'MB sent/rank/step':>18} {'formula MB':>11}")
+    print(f"{'1 process':>24} {args.threads:>13} {one['samples_per_s']:>12,.0f} {'-':>18} {'-':>11}")
+    print(f"{'1 process':>24} {1:>13} {one_1t['samples_per_s']:>12,.0f} {'-':>18} {'-':>11}")
+    print(f"{'2 processes, DDP':>24} {max(1, args.threads // 2):>13} {two['samples_per_s']:>12,.0f} "
           f"{two['lo_bytes_per_rank_step'] / 1e6:>18.3f} {formula / 1e6:>11.3f}")
+    shard_rows = {}
+    for k, m in sharded.items():
+        f = sharded_formula(m, 2, args.dim, args.batch, tables, k)
+        shard_rows[k] = {"samples_per_s": round(m["samples_per_s"]), "bytes_measured": round(m["lo_bytes_per_rank_step"]),
+                         "bytes_formula": round(f)}
+        print(f"{'2 processes, ' + k:>24} {max(1, args.threads // 2):>13} {m['samples_per_s']:>12,.0f} "
+              f"{m['lo_bytes_per_rank_step'] / 1e6:>18.3f} {f / 1e6:>11.3f}")
     print("PROJECTION (arithmetic, not measured): MLPerf DLRM-DCNv2, 2 nodes x 8 GPUs:")
     for k, v in proj.items():
         print(f"  {k}: {v}")
     print(json.dumps({"cpu_capability": torch.backends.cpu.get_cpu_capability(), "cores": os.cpu_count(),
-                      "samples_per_s_1proc": round(one["samples_per_s"]), "samples_per_s_2proc": round(two["samples_per_s"]),
+                      "samples_per_s_1proc": round(one["samples_per_s"]),
+                      "samples_per_s_1proc_1thread": round(one_1t["samples_per_s"]),
+                      "samples_per_s_2proc": round(two["samples_per_s"]),
                       "ratio_2_over_1": round(two["samples_per_s"] / one["samples_per_s"], 3),
                       "ddp_bytes_per_rank_step_measured": round(two["lo_bytes_per_rank_step"]),
                       "ddp_bytes_per_rank_step_formula": round(formula),
                       "sparse_rows_per_rank_step": two["sparse_rows_per_step"], "dense_params": two["dense_params"],
+                      "torchrec_2proc": shard_rows,
                       "projection_mlperf_2x8": proj}))
 
 

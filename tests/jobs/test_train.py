@@ -132,6 +132,17 @@ def test_threads_option_applies_to_the_run_only(stores):
     assert torch.get_num_threads() == before
 
 
+@pytest.mark.parametrize("enabled", [True, False])
+def test_keep_freed_memory_is_the_jobs_option(stores, monkeypatch, enabled):
+    from ctrkit.jobs import train as train_job
+
+    d, st = stores
+    calls = []
+    monkeypatch.setattr(train_job, "keep_freed_memory", lambda: calls.append(1))
+    train_from_config(_cfg(d, st, f"alloc{enabled}", "train.epochs=1", f"train.keep_freed_memory={enabled}"))
+    assert calls == ([1] if enabled else [])
+
+
 def test_the_callers_random_state_is_put_back(stores):
     """train.seed seeds the run, not the caller: python, numpy and torch draw after the job as they would have."""
     import random

@@ -95,7 +95,10 @@ def _torchrec_modules(module: nn.Module) -> dict[str, list[tuple[str, bool, int]
     return out
 
 
-def _constraints(module: nn.Module, types: list[str]) -> dict[str, Any]:
+def _constraints(module: nn.Module, types: list[str], world: int) -> dict[str, Any]:
+    """Per table: the sharding types allowed, and for column-wise types the narrowest column shard: the table's width
+    split over the ranks (a multiple of 4; torchrec's own default keeps a table narrower than 128 whole, so
+    column_wise would place small tables exactly as table_wise does)."""
     from torchrec.distributed.planner.types import ParameterConstraints
 
     out, narrow = {}, []
@@ -111,7 +114,8 @@ def _constraints(module: nn.Module, types: list[str]) -> dict[str, Any]:
                     f"train.distributed.sharding: table {table!r} ({path}) holds a history, which torchrec shards with its "
                     f"EmbeddingCollection sharder; it cannot be {types[0]} (module docstring): choose table_wise, "
                     "column_wise or auto")
-            out[table] = ParameterConstraints(sharding_types=allowed)
+            split = max(4, dim // world // 4 * 4)  # fbgemm's fused kernels take widths in multiples of 4
+            out[table] = ParameterConstraints(sharding_types=allowed, min_partition=split if split < dim else None)
     if not out:
         raise ConfigError("the model has no torchrec embedding tables to shard; build it with "
                           "model.params.embedding_backend=torchrec")
@@ -169,7 +173,7 @@ def shard(module: nn.Module, *, sharding: str = "auto", sparse_optimizer: str = 
                           "ctrkit train --nproc-per-node N)")
     device = torch.device(device)
     pg = process_group or dist.GroupMember.WORLD
-    constraints = _constraints(module, allowed_sharding(sharding, device))
+    constraints = _constraints(module, allowed_sharding(sharding, device), dist.get_world_size(pg))
     opt_cls, opt_args = fused_optimizer(sparse_optimizer, embedding_lr)
     full = module.state_dict()  # the unsharded weights (ctrkit's names), copied into the shards below
     modules = _torchrec_modules(module)
