@@ -95,10 +95,10 @@ def _torchrec_modules(module: nn.Module) -> dict[str, list[tuple[str, bool, int]
     return out
 
 
-def _constraints(module: nn.Module, types: list[str], world: int) -> dict[str, Any]:
-    """Per table: the sharding types allowed, and for column-wise types the narrowest column shard: the table's width
-    split over the ranks (a multiple of 4; torchrec's own default keeps a table narrower than 128 whole, so
-    column_wise would place small tables exactly as table_wise does)."""
+def _constraints(module: nn.Module, types: list[str]) -> dict[str, Any]:
+    """Per table: the sharding types allowed. Column shards keep torchrec's default width (a table up to 128 columns
+    stays one shard, so column_wise then places it as table_wise does); narrower shards would also change
+    rowwise_adagrad, whose per-row step size torchrec computes over each column shard on its own."""
     from torchrec.distributed.planner.types import ParameterConstraints
 
     out, narrow = {}, []
@@ -114,8 +114,7 @@ def _constraints(module: nn.Module, types: list[str], world: int) -> dict[str, A
                     f"train.distributed.sharding: table {table!r} ({path}) holds a history, which torchrec shards with its "
                     f"EmbeddingCollection sharder; it cannot be {types[0]} (module docstring): choose table_wise, "
                     "column_wise or auto")
-            split = max(4, dim // world // 4 * 4)  # fbgemm's fused kernels take widths in multiples of 4
-            out[table] = ParameterConstraints(sharding_types=allowed, min_partition=split if split < dim else None)
+            out[table] = ParameterConstraints(sharding_types=allowed)
     if not out:
         raise ConfigError("the model has no torchrec embedding tables to shard; build it with "
                           "model.params.embedding_backend=torchrec")
@@ -173,7 +172,7 @@ def shard(module: nn.Module, *, sharding: str = "auto", sparse_optimizer: str = 
                           "ctrkit train --nproc-per-node N)")
     device = torch.device(device)
     pg = process_group or dist.GroupMember.WORLD
-    constraints = _constraints(module, allowed_sharding(sharding, device), dist.get_world_size(pg))
+    constraints = _constraints(module, allowed_sharding(sharding, device))
     opt_cls, opt_args = fused_optimizer(sparse_optimizer, embedding_lr)
     full = module.state_dict()  # the unsharded weights (ctrkit's names), copied into the shards below
     modules = _torchrec_modules(module)
