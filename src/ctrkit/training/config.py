@@ -217,6 +217,20 @@ def _check_values(cfg: Config) -> None:
     for ok, msg in checks:
         if not ok:
             raise ConfigError(msg)
+    check_run_name(cfg.run.name)
+
+
+def check_run_name(name: str | None) -> None:
+    """``run.name`` is a plain folder name inside ``run.dir``: no separator, no absolute path, not ``.`` / ``..``
+    (``../../x`` would write a run outside ``run.dir``)."""
+    if name is None:
+        return
+    bad = (not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name
+           or Path(name).is_absolute() or name != name.strip())
+    if bad:
+        raise ConfigError(f"run.name={name!r} is not a plain name: it names one folder inside run.dir (no '/' or "
+                          "'\\', not an absolute path, not '.' or '..', no surrounding spaces); put the parent "
+                          "folders in run.dir instead")
 
 
 def _split_override(item: str) -> tuple[list[str], CliValue]:
