@@ -8,6 +8,7 @@ naming it and the option that set it; an I/O error while writing (disk full) is 
 from __future__ import annotations
 
 import difflib
+import errno
 import hashlib
 import os
 import shutil
@@ -15,6 +16,7 @@ import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from ctrkit.errors import CheckpointError, StoreError
 
@@ -107,6 +109,37 @@ def replace_path(new: Path, dst: Path) -> None:
         os.replace(old, dst)
         raise
     remove_path(old)
+
+
+class RecordingWriter:
+    """A file-like ``write`` / ``flush`` over ``file`` that keeps the OSError of a failed write: writers that turn
+    it into an error naming no cause (torch.save's RuntimeError) still let the caller say why (disk full)."""
+
+    def __init__(self, file: Any = None) -> None:
+        self.file = file
+        self.error: OSError | None = None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
+def write_failure(path: Path, e: BaseException, what: str, option: str) -> str:
+    """One line on ``what`` at ``path`` that could not be written: the cause, the free space there, the fix."""
+    cause = (e.strerror or str(e)) if isinstance(e, OSError) else (str(e).strip().splitlines() or [""])[0]
+    try:
+        free = f"; {shutil.disk_usage(path.parent).free / 2**20:,.0f} MiB free there"
+    except OSError:
+        free = ""
+    full = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+    return (f"cannot write {what} {path} ({cause}{free}); the file there before, if any, is unchanged: "
+            + ("free space or " if full else "") + f"choose another {option}")
 
 
 def _fsync(path: Path) -> None:
