@@ -48,7 +48,7 @@ import torch
 from torch import nn
 
 from ctrkit.errors import CheckpointError
-from ctrkit.io import missing_path, verify_files
+from ctrkit.io import RecordingWriter, missing_path, verify_files, write_failure
 from ctrkit.schema import Schema
 
 if TYPE_CHECKING:
@@ -308,14 +308,19 @@ class Checkpoint:
         path = Path(path)
         ckpt = self.to_plain()
         ckpt["checksum"] = content_digest(ckpt)
-        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        out = RecordingWriter()
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
             with open(tmp, "wb") as f:
-                torch.save(ckpt, f)
+                out.file = f
+                torch.save(ckpt, out)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
+        except (OSError, RuntimeError) as e:  # torch.save reports a failed write as a RuntimeError
+            tmp.unlink(missing_ok=True)
+            raise CheckpointError(write_failure(path, out.error or e, "the checkpoint", "run.dir")) from None
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise

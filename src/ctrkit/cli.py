@@ -148,6 +148,7 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
     d = sub.add_parser("demo", help="preprocess the bundled Criteo sample and train DLRM with each interaction")
     d.add_argument("--out", default="demo_out", help="working directory")
     d.add_argument("--epochs", type=int, default=6)
+    d.add_argument("--overwrite", action="store_true", help="replace the output of an earlier demo in --out")
     d.set_defaults(func=demo.run_demo)
 
 

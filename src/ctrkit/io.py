@@ -8,6 +8,8 @@ naming it and the option that set it; an I/O error while writing (disk full) is 
 from __future__ import annotations
 
 import difflib
+import errno
+import fcntl
 import hashlib
 import os
 import shutil
@@ -15,6 +17,7 @@ import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from ctrkit.errors import CheckpointError, StoreError
 
@@ -109,6 +112,37 @@ def replace_path(new: Path, dst: Path) -> None:
     remove_path(old)
 
 
+class RecordingWriter:
+    """A file-like ``write`` / ``flush`` over ``file`` that keeps the OSError of a failed write: writers that turn
+    it into an error naming no cause (torch.save's RuntimeError) still let the caller say why (disk full)."""
+
+    def __init__(self, file: Any = None) -> None:
+        self.file = file
+        self.error: OSError | None = None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
+def write_failure(path: Path, e: BaseException, what: str, option: str) -> str:
+    """One line on ``what`` at ``path`` that could not be written: the cause, the free space there, the fix."""
+    cause = (e.strerror or str(e)) if isinstance(e, OSError) else (str(e).strip().splitlines() or [""])[0]
+    try:
+        free = f"; {shutil.disk_usage(path.parent).free / 2**20:,.0f} MiB free there"
+    except OSError:
+        free = ""
+    full = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+    return (f"cannot write {what} {path} ({cause}{free}); the file there before, if any, is unchanged: "
+            + ("free space or " if full else "") + f"choose another {option}")
+
+
 def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -125,6 +159,49 @@ def temp_dir(near: Path, prefix: str) -> Path:
     except OSError as e:
         raise StoreError(f"cannot write in {near} ({e.strerror or e}); choose another --out or fix its "
                          "permissions") from None
+
+
+SCRATCH_OWNER = ".owner"  # in a scratch directory: the file its process holds an flock on while it runs
+
+
+def scratch_dir(near: Path, prefix: str) -> tuple[Path, int]:
+    """A new temporary directory in ``near`` (:func:`temp_dir`) owned by this process: its ``.owner`` file is
+    flock-ed (the lock is taken on a file of another name that is then renamed, so ``.owner`` never exists
+    unlocked), and the kernel drops the lock when the process dies, however it dies. Returns (path, the lock's
+    file descriptor: close it after removing the directory). :func:`remove_stale_scratch` removes the directories
+    whose owner is gone."""
+    path = temp_dir(near, prefix)
+    taking = path / f"{SCRATCH_OWNER}.{os.getpid()}"
+    fd = os.open(taking, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: nobody else holds it
+    os.write(fd, str(os.getpid()).encode())
+    os.replace(taking, path / SCRATCH_OWNER)
+    return path, fd
+
+
+def remove_stale_scratch(near: Path, pattern: str) -> list[Path]:
+    """Remove the directories of ``near`` matching ``pattern`` made by :func:`scratch_dir` whose process is gone (a
+    killed run's scratch files); those of a live process stay. Returns the removed paths."""
+    removed = []
+    for d in sorted(near.glob(pattern)) if near.is_dir() else []:
+        owner = d / SCRATCH_OWNER
+        if d.is_symlink() or not owner.is_file():
+            continue
+        try:
+            fd = os.open(owner, os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # taken: its process is gone
+        except OSError:
+            os.close(fd)
+            continue
+        try:
+            shutil.rmtree(d, ignore_errors=True)
+        finally:
+            os.close(fd)
+        removed.append(d)
+    return removed
 
 
 def file_sha256(path: Path) -> str:

@@ -98,7 +98,9 @@ def test_tiny_log_samples_by_hand(tmp_path: Path) -> None:
     assert rep["cold_positives"] == {"valid": 2, "test": 2}  # a4, c2 / a5, c3 are in no train positive
     # categories follow the items (first row's value), histories of attributes share the cate table
     assert decode(te, "hist_cate")[0] == ["x", "x", "y", "x"] and decode(te, "cate")[0] == "y"
-    assert te["group"][0] < 1 << 62 <= te["group"][2]  # A was seen in train; C gets a GAUC group of its own
+    # A was seen in train; C, only in valid / test, gets a GAUC group of its own: an id of the group vocabulary,
+    # so its key stays known (recall names it), not a hashed unseen id (>= 2^62)
+    assert te["group"][0] != te["group"][2] and max(te["group"][0], te["group"][2]) < 1 << 62
     seq = {q.name: q for q in te.schema.sequence}
     assert seq["hist_item"].shares == "item" and seq["hist_cate"].shares == "cate"
     assert seq["hist_item"].pooling == "none" and seq["hist_item"].max_len == 50
@@ -112,7 +114,9 @@ def test_vocabularies_fitted_on_train_only(tmp_path: Path) -> None:
     assert set(pipe.vocabs_["item"].keys.tolist()) == train_items  # exactly the train rows' keys
     assert set(pipe.vocabs_["user"].keys.tolist()) == {"A"}  # C only has valid / test samples
     assert decode(va, "item")[2] == ("c2" if "c2" in train_items else "RARE")  # C's valid positive
-    assert va["user"][2] == 1 and va["group"][2] >= 1 << 62  # unseen user: rare id, own GAUC group
+    assert va["user"][2] == 1  # unseen user: the rare id as a feature; its own GAUC group, with its key
+    group = pipe.vocabs_["__group__"]
+    assert va["group"][2] == group.ids[group.keys.tolist().index("C")]
 
 
 def test_max_len_keeps_most_recent(tmp_path: Path) -> None:

@@ -218,3 +218,32 @@ def test_ctrl_c_while_writing_synthetic_outputs(tmp_path: Path, monkeypatch) -> 
     monkeypatch.setattr(synthetic.pacsv, "write_csv", boom)
     assert main(["synth", "--rows", "20", "--out", str(tmp_path / "raw.tsv")]) == 130
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("kind", ["criteo", "table", "behaviour"])
+def test_a_killed_runs_scratch_is_removed_by_the_next_run(tmp_path: Path, inputs, kind: str) -> None:
+    """SIGKILL leaves a run's ``.<kind>-tmp-*`` behind (no cleanup runs); the next run into the same --out removes
+    it, keeps the scratch of a run that is still alive and the resumable ``.criteo-stage-*`` (issue 27, 4)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "out"
+    out.mkdir()
+    live, fd = ctrkit.io.scratch_dir(out, ".table-tmp-")  # a run that is still working: kept
+    (out / ".criteo-stage-abc").mkdir()  # resumable --workers results: kept
+    code = ("import sys, time; import ctrkit.data.storage.splits as s; from ctrkit.data.pipeline.spec import SPLITS\n"
+            f"o = s.SplitOutput({str(out)!r}, SPLITS, overwrite=False, prefix='.{kind}-tmp-'); "
+            "(o.tmp / 'part').write_bytes(b'x' * 1000); print(o.tmp, flush=True); time.sleep(60)")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    killed = Path(p.stdout.readline().strip())
+    p.send_signal(signal.SIGKILL)
+    p.wait(timeout=30)
+    p.stdout.close()
+    assert killed.is_dir() and killed.name.startswith(f".{kind}-tmp-")  # what a kill leaves
+    t0 = time.monotonic()
+    assert main([*argv(kind, inputs, out)]) == 0 and time.monotonic() - t0 < 60
+    assert not killed.exists() and live.is_dir() and (out / ".criteo-stage-abc").is_dir()
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == [".criteo-stage-abc", live.name]
+    os.close(fd)

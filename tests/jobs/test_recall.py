@@ -4,6 +4,7 @@ clear errors for K, reused indexes of another checkpoint and ranking checkpoints
 from __future__ import annotations
 
 import csv
+import json
 import shutil
 
 import numpy as np
@@ -162,3 +163,57 @@ def test_recall_batches_default_to_what_the_run_evaluated_with(trained, tmp_path
     assert main(["recall", "--checkpoint", str(ckpt_path), "--k", "3", "--out", str(tmp_path / "b.csv"),
                  "--batch-size", "7"]) == 0
     assert sizes == [4 * 32, 7]  # data.batch_size=32, no data.eval_batch_size
+
+
+@pytest.fixture(scope="module")
+def held_out_users(tmp_path_factory):
+    """A log where 20 of 70 users have 3 behaviours: their samples all go to valid / test (no train row)."""
+    d = tmp_path_factory.mktemp("recall_unknown")
+    rng = np.random.default_rng(1)
+    lines = ["user,item,cat,time"]
+    for u in range(70):
+        for t, i in enumerate(rng.choice(30, 8 if u < 50 else 3, replace=False)):
+            lines.append(f"user{u:03d},i{i},c{i % 4},{1000 * u + t}")
+    (d / "log.csv").write_text("\n".join(lines) + "\n")
+    out = preprocess_behaviour(d / "log.csv", d / "st", attr_cols=["cat:cate"], time_col="time", negatives="none",
+                               embedding_dim=8)
+    cfg = load_config(None, [f"data.train={out['train']}", f"data.valid={out['valid']}", f"data.test={out['test']}",
+                             "model.name=two_tower", "model.params.out_dim=8", "model.params.dnn_hidden=[16]",
+                             "train.epochs=1", "data.batch_size=32", f"run.dir={d}/runs", "run.name=tt",
+                             "train.progress=false"])
+    train_from_config(cfg, progress=False)
+    return d, out
+
+
+def test_recall_names_users_without_train_rows_and_writes_lf(held_out_users, tmp_path):
+    """`ctrkit recall` wrote <unknown> for every user it had not seen in training (17,700 lines on one set) and
+    CRLF line ends (issue 27, 7)."""
+    d, _ = held_out_users
+    report = json.loads((d / "st" / "report.json").read_text())
+    assert report["users_without_train_rows"] == {"valid": 20, "test": 20}
+    assert main(["recall", "--checkpoint", str(d / "runs/tt/best.pt"), "--k", "3", "--out",
+                 str(tmp_path / "c.csv")]) == 0
+    raw = (tmp_path / "c.csv").read_bytes()
+    assert b"\r" not in raw and raw.endswith(b"\n")
+    rows = _read(tmp_path / "c.csv")
+    users = {r["user"] for r in rows}
+    assert users == {f"user{u:03d}" for u in range(70)}  # every test user by its key, none <unknown>
+    cold = {r["user"] for r in rows if r["source"] != "model"}
+    assert cold == {f"user{u:03d}" for u in range(50, 70)}  # the held-out users are still served as unknown
+
+
+def test_a_ranking_store_given_to_recall_names_the_features(trained, tmp_path, caplog):
+    """A Criteo (ranking) store as --data ended in "KeyedJagged has no key 'hist_item'" (issue 27, 6)."""
+    import logging
+
+    from ctrkit.data.sources.criteo import preprocess_criteo
+    from ctrkit.jobs.demo import SAMPLE
+
+    _, _, ckpt_path, _ = trained
+    st = preprocess_criteo(SAMPLE, tmp_path / "criteo", min_freq=8, embedding_dim=8)
+    with caplog.at_level(logging.ERROR, logger="ctrkit"):
+        rc = main(["recall", "--checkpoint", str(ckpt_path), "--data", str(st["test"]), "--k", "3", "--out",
+                   str(tmp_path / "c.csv")])
+    assert rc == 2 and len(caplog.records) == 1
+    assert "has other features than checkpoint" in caplog.text and "missing from the store: user, item" in caplog.text
+    assert not (tmp_path / "c.csv").exists()

@@ -224,3 +224,53 @@ def test_a_run_cut_by_max_steps_prints_steps_and_the_fraction_of_an_epoch(stores
     assert f"best valid (step 3 of 3, in epoch 1): auc={s['best']['valid']['auc']:.5f}" in out
     assert f"3 steps ({3 / per_epoch:.2f} epochs, stopped by train.max_steps), " in out
     assert " of 0" not in out and "0 epochs" not in out and "0.0 s/epoch" not in out
+
+
+def test_summary_says_why_a_run_stopped_early_or_on_its_time_budget(stores, capsys):
+    """summary.json of an early-stopped run said "stopped_by": null; train.max_seconds is the time budget of a long
+    CPU run: it stops, evaluates and checkpoints as early stopping does, and the summary says why (issue 27, 7)."""
+    d, st = stores
+    s = train_from_config(_cfg(d, st, "es", "train.eval_every=3", "train.early_stopping.patience=1",
+                               "train.early_stopping.min_delta=1.0"))  # nothing improves by 1.0: stops at step 6
+    on_disk = json.loads((d / "runs/es/summary.json").read_text())
+    assert s["stopped_early"] and s["steps"] == 6
+    assert on_disk["stopped_by"] == s["stopped_by"] == ("early stopping: auc did not improve for 1 evaluations "
+                                                        "(train.early_stopping.patience=1)")
+    rc = main(["train", "--config", "configs/criteo/deepfm.yaml", "--quiet", f"--data.train={st['train']}",
+               f"--data.valid={st['valid']}", f"--data.test={st['test']}", f"--run.dir={d / 'runs'}",
+               "--run.name=budget", "--train.epochs=1000", "--train.max_seconds=0.5", "--data.batch_size=256"])
+    assert rc == 0
+    s = json.loads((d / "runs/budget/summary.json").read_text())
+    assert s["stopped_by"].startswith("train.max_seconds=0.5 (time budget spent after") and not s["stopped_early"]
+    assert 0 < s["steps"] < 1000 * s["steps_per_epoch"] and s["last_valid"] and "test" in s
+    assert Checkpoint.load(d / "runs/budget/last.pt").trainer.progress.step == s["steps"]
+    assert "stopped by train.max_seconds=0.5" in capsys.readouterr().out
+
+
+def test_a_full_disk_while_training_is_one_line_and_keeps_the_run(stores, tmp_path):
+    """A real write failure (RLIMIT_FSIZE below a checkpoint's size: EFBIG, as a full disk gives ENOSPC) in a
+    resumed `ctrkit train`: exit 2, one line, and best.pt, last.pt and metrics.jsonl as they were (issue 27, 4)."""
+    import resource
+    import subprocess
+    import sys
+
+    _, st = stores
+    base = ["--config", "configs/criteo/deepfm.yaml", "--quiet", f"--data.train={st['train']}",
+            f"--data.valid={st['valid']}", f"--data.test={st['test']}", f"--run.dir={tmp_path}", "--run.name=full",
+            "--data.batch_size=256"]
+    assert main(["train", *base, "--train.epochs=1"]) == 0
+    run = tmp_path / "full"
+    before = {n: (run / n).read_bytes() for n in ("best.pt", "last.pt", "metrics.jsonl")}
+    limit = (run / "last.pt").stat().st_size // 2
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+    p = subprocess.run([sys.executable, "-m", "ctrkit", "train", *base, "--train.epochs=2", "--resume",
+                        str(run / "last.pt")], capture_output=True, text=True, preexec_fn=small_files, timeout=300,
+                       check=False)
+    lines = [ln for ln in p.stderr.splitlines() if ln.startswith("ERROR")]
+    assert p.returncode == 2 and len(lines) == 1 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert "cannot write the checkpoint" in lines[0] and "File too large" in lines[0]
+    assert {n: (run / n).read_bytes() for n in before} == before
+    assert not [x for x in run.iterdir() if ".tmp-" in x.name or ".kept-" in x.name]

@@ -18,7 +18,8 @@ import torch
 from conftest import contract_schema, make_batch, planted_data
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))  # contract_cases.py
-from contract_cases import VARIANTS, build, schema_for
+from contract_cases import VARIANTS, schema_for
+from export_cases import tiny_checkpoint
 
 from ctrkit.batch import KeyedJagged
 from ctrkit.checkpoint import Checkpoint
@@ -39,21 +40,6 @@ from ctrkit.training.config import load_config
 ROOT = Path(__file__).resolve().parents[2]
 EXPORTABLE = [n for n in list_models() if get_model_class(n).exportable]
 TEST_ROWS = (slice(0, 37), slice(37, 38))  # 37 rows and 1 row: neither is the export example's EXAMPLE_ROWS
-
-
-def tiny_checkpoint(name: str, path: Path) -> tuple[Path, CTRModel, Schema, dict]:
-    """Model ``name`` (the contract test's first variant) with its weights moved off their (partly zero) start, so
-    scores differ from row to row, saved as a checkpoint; returns (path, model in eval mode, schema, rows)."""
-    schema = schema_for(name)
-    data = planted_data(120, seed=7, schema=schema)
-    params = VARIANTS.get(name, [{}])[0]
-    model = build(name, params, data=data)
-    with torch.no_grad():
-        g = torch.Generator().manual_seed(1)
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.2)
-    model.eval()
-    return Checkpoint.of(model, model_params=params, schema=schema).save(path), model, schema, data
 
 
 def eager(model: CTRModel, batch) -> np.ndarray:

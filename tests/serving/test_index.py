@@ -185,3 +185,53 @@ def test_save_refuses_to_overwrite(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["idx"]
     loaded = VectorIndex.load(path, expect_fingerprint="new")
     assert len(loaded) == 50 and loaded.meta["kind"] == "flat_l2"
+
+
+def test_a_truncated_or_damaged_saved_index_is_a_retrieval_error(tmp_path):
+    """faiss's own RuntimeError (or numpy's, or json's) became a traceback (issue 27, 6)."""
+    import shutil
+
+    x, _, ids = _random(300, 8, 1)
+    good = VectorIndex.build(x, ids, kind="hnsw", fingerprint="f").save(tmp_path / "good")
+
+    def damaged(name, edit):
+        path = tmp_path / name
+        shutil.copytree(good, path)
+        edit(path)
+        return path
+
+    def cut(path, file="index.faiss"):
+        data = (path / file).read_bytes()
+        (path / file).write_bytes(data[: len(data) // 2])
+
+    def without_size(path):  # an index saved before index.json held the size: faiss reads the cut file itself
+        cut(path)
+        meta = json.loads((path / "index.json").read_text())
+        meta.pop("bytes")
+        (path / "index.json").write_text(json.dumps(meta))
+
+    cases = {
+        "truncated": (lambda p: cut(p), r"index.faiss holds \d+ bytes, index.json says \d+: the file is truncated"),
+        "old": (without_size, r"index.faiss cannot be read by faiss \(truncated or damaged"),
+        "ids": (lambda p: cut(p, "ids.npy"), r"ids.npy cannot be read"),
+        "json": (lambda p: (p / "index.json").write_text("{"), r"index.json cannot be read"),
+        "keys": (lambda p: (p / "index.json").write_text("{}"), r"index.json cannot be read \(KeyError"),
+    }
+    for name, (edit, message) in cases.items():
+        with pytest.raises(RetrievalError, match=message + r".*rebuild it"):
+            VectorIndex.load(damaged(name, edit))
+    assert len(VectorIndex.load(good, expect_fingerprint="f")) == 300
+
+
+def test_faiss_loader_lines_are_quiet_unless_debugging():
+    """faiss logs "Could not load library with AVX512 support due to: ModuleNotFoundError ..." at INFO while it
+    looks for its fastest build: not an error, shown only with debug logging (issue 27, 7)."""
+    import subprocess
+    import sys
+
+    code = ("import logging, sys; logging.basicConfig(level=getattr(logging, sys.argv[1])); "
+            "from ctrkit.serving.index import _faiss; _faiss()")
+    for level, shown in (("INFO", False), ("DEBUG", True)):
+        p = subprocess.run([sys.executable, "-c", code, level], capture_output=True, text=True, timeout=120,
+                           check=True)
+        assert ("faiss.loader" in p.stderr) == shown, p.stderr

@@ -8,6 +8,7 @@ import gzip
 import hashlib
 import json
 import math
+import os
 import socket
 import subprocess
 import sys
@@ -494,6 +495,24 @@ def test_healthz_and_metadata(criteo, criteo_ckpt):
                                         "max_batch_rows": 4096, "max_errors": 1000}
     assert meta["server"]["batching"]["requests"] >= 1
     assert meta["schema"]["sparse"][0]["name"] == "C1" and "last_eval" in meta["training"]
+    # no path of the serving machine: the checkpoint's file name and checksum only (issue 27, 5)
+    assert meta["checkpoint"] == criteo_ckpt.name
+    texts = []
+
+    def strings(v):
+        if isinstance(v, dict):
+            for k, x in v.items():
+                texts.append(str(k))
+                strings(x)
+        elif isinstance(v, list):
+            for x in v:
+                strings(x)
+        elif isinstance(v, str):
+            texts.append(v)
+
+    strings(meta)
+    parts = {str(criteo_ckpt.parent), str(criteo_ckpt.resolve().parent), str(Path.home()), os.getcwd()}
+    assert not [t for t in texts if t.startswith("/") or any(p in t for p in parts)]
 
 
 def test_healthz_is_503_before_the_lifespan_started(criteo):

@@ -204,3 +204,15 @@ def test_one_key_walker_for_overrides_and_search_spaces() -> None:
     assert data == {"train": {"early_stopping": {"patience": 3}}}
     with pytest.raises(ConfigError, match=r"params 'train.lr.x': 'train.lr' is not a mapping"):
         with_values({"train": {"lr": 0.1}}, {"train.lr.x": 1})
+
+
+@pytest.mark.parametrize("name", ["../../x", "a/b", "/tmp/x", "..", ".", "", " x", "a\\b", "x\0y"])
+def test_run_name_is_a_plain_name(tmp_path, name):
+    """run.name names one folder inside run.dir: ``--run.name=../../x`` wrote a run outside it (issue 27, 5)."""
+    with pytest.raises(ConfigError, match=r"run.name=.* is not a plain name.*put the parent folders in run.dir"):
+        config_from_dict({"run": {"name": name}})
+
+
+def test_plain_run_names_are_kept(tmp_path):
+    for name in ("exp1", "dlrm-dot", "trial_3.b", "été 2024"):
+        assert load_config(_write(tmp_path), [f"--run.name={name}"]).run.name == name

@@ -160,7 +160,7 @@ def check_same_features(model_schema: Schema, store_schema: Schema, what: str, w
         problems.append(f"of another kind: {_names(changed)}")
     if problems:
         raise JobError(f"{what} has other features than {whose} was trained on; features {'; '.join(problems)}. "
-                       "Evaluate on a store preprocessed from the same kind of data with the training store's "
+                       "Use a store preprocessed from the same kind of data with the training store's "
                        "vocabularies (`ctrkit preprocess ... --vocab-from TRAIN_STORE`)")
 
 

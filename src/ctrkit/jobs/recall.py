@@ -13,8 +13,12 @@ row's user has there (the same exclusion as evaluation). Cold start, per row, sa
   has no history to read -> the most popular training items, seen ones excluded.
 
 An index saved with ``--index-path`` carries the checkpoint's checksum; reusing it with another checkpoint or
-a model of another dimension is refused. Output CSV: ``row, user, rank, item, score, source`` (raw user and
-item keys through the checkpoint's vocabularies; K rows per query row).
+a model of another dimension is refused. Output CSV (LF line ends): ``row, user, rank, item, score, source``
+(raw user and item keys through the checkpoint's vocabularies; K rows per query row). The user is the store's
+group column: ``ctrkit preprocess behaviour`` gives the valid / test users without train rows group ids of their
+own, so they are named too; only a user first met in a store preprocessed later (``--vocab-from``) is
+``<unknown>``, the checkpoint holding no key for it. --data must hold the checkpoint's features (a ranking
+store is refused, naming the features that differ).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from ctrkit.data.storage.loader import BatchLoader
 from ctrkit.data.storage.store import Store
 from ctrkit.errors import JobError
 from ctrkit.io import atomic_file, file_checksum
-from ctrkit.jobs.common import SCORING_BATCH_HELP, checkpoint_config
+from ctrkit.jobs.common import SCORING_BATCH_HELP, check_same_features, checkpoint_config
 from ctrkit.models.base import TwoTowerModel
 from ctrkit.retrieval.catalogue import ItemCatalogue, SeenItems, encode_catalogue, exclusion_pairs, history_of
 from ctrkit.serving.index import INDEX_KINDS, VectorIndex
@@ -93,9 +97,7 @@ def recall(checkpoint: str | Path, data: str | Path | None, out: str | Path, *, 
     if k > len(catalogue):
         raise JobError(f"--k {k} is larger than the {len(catalogue)} items of the catalogue; lower --k")
     train_store = cfg.data.train if cfg is not None else None
-    path = data or (cfg.data.test if cfg is not None else None)
-    if not path:
-        raise JobError("no query rows: pass --data STORE (the checkpoint's config names no test store)")
+    store = _query_store(ckpt, checkpoint, data, cfg)
     seen = SeenItems.from_training_store(train_store)
     index = _item_index(model, catalogue, Path(checkpoint), index_kind, index_path, overwrite)
     index.set_search_params(nprobe=nprobe, ef_search=ef_search)
@@ -105,12 +107,12 @@ def recall(checkpoint: str | Path, data: str | Path | None, out: str | Path, *, 
     popular = catalogue.ids[np.argsort(-catalogue.counts, kind="stable")]  # (N,) most popular first
     hist = history_of(schema, catalogue.item_feature)
     rows = ckpt.scoring_batch_size if batch_size is None else batch_size
-    loader = BatchLoader(Store(path), rows, shuffle=False, prefetch=0, pipeline=pipeline)
+    loader = BatchLoader(store, rows, shuffle=False, prefetch=0, pipeline=pipeline)
     counts = dict.fromkeys(SOURCES, 0)
     out.parent.mkdir(parents=True, exist_ok=True)
     n = 0
     with atomic_file(out, option="--out") as tmp, open(tmp, "w", newline="") as fh, torch.no_grad():
-        w = csv.writer(fh)
+        w = csv.writer(fh, lineterminator="\n")  # csv's default is CRLF
         w.writerow(["row", "user", "rank", "item", "score", "source"])
         for batch in loader:
             B = len(batch)
@@ -133,6 +135,18 @@ def recall(checkpoint: str | Path, data: str | Path | None, out: str | Path, *, 
         log.warning("%d rows of unknown users were served from their features, %d from the popular items (column "
                     "'source')", counts["cold_start_features"], counts["popular"])
     return {"rows": n, "sources": counts, "index": index.meta["kind"], "output": str(out)}
+
+
+def _query_store(ckpt: Checkpoint, checkpoint: str | Path, data: str | Path | None, cfg: Any) -> Store:
+    """The store of query rows (``--data``, else the checkpoint's test store), holding the checkpoint's features: a
+    ranking (Criteo) store is refused, naming the features that differ."""
+    path = data or (cfg.data.test if cfg is not None else None)
+    if not path:
+        raise JobError("no query rows: pass --data STORE (the checkpoint's config names no test store)")
+    store = Store(path)
+    check_same_features(ckpt.schema, store.schema, f"{'--data' if data else 'data.test'} {path}",
+                        f"checkpoint {checkpoint}")
+    return store
 
 
 def _item_index(model: TwoTowerModel, catalogue: ItemCatalogue, checkpoint: Path, kind: str,

@@ -340,8 +340,9 @@ def summary_text(summary: dict[str, Any]) -> str:
         out.append(f"best valid ({when}): {fmt_metrics(best['valid'])}")
     if "test" in summary:
         out.append(f"test with {'best.pt' if best else 'the last weights'}: {fmt_metrics(summary['test'])}")
-    if whole:
-        length = f"{int(trained)} epochs"
+    if whole:  # a stop may also fall on an epoch's end (a time budget, a pruner)
+        length = f"{int(trained)} epochs" + (f" (stopped by {summary['stopped_by']})" if summary.get("stopped_by")
+                                             else "")
     else:
         why = ("train.max_steps" if steps == summary.get("max_steps") else
                "early stopping" if summary.get("stopped_early") else summary.get("stopped_by") or "a stop")

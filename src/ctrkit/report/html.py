@@ -119,8 +119,8 @@ def run_page(run: Run, plots: Sequence[Plot], notes: Sequence[str], src: Callabl
         ("best", f"{best.get('metric', '?')} = {fmt(best.get('value'))} at step {fmt(best.get('step'))}"
                  + _epoch_of(run, best.get("step")) if best else "-"),
         ("epochs / steps", f"{fmt(s.get('epochs_trained', s.get('epochs')))} / {fmt(s.get('steps'))}"
-                           + (" (stopped early)" if s.get("stopped_early") else "")
-                           + (f" (stopped: {s['stopped_by']})" if s.get("stopped_by") else "")),
+                           + (f" (stopped: {s['stopped_by']})" if s.get("stopped_by") else  # says early stopping too
+                              " (stopped early)" if s.get("stopped_early") else "")),
         ("seconds (total / training)", f"{fmt(s.get('seconds'))} / {fmt(s.get('train_seconds'))}"),
         ("seconds per epoch", s.get("seconds_per_epoch")),
         ("training samples / second", s.get("samples_per_second")),

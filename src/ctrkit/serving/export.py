@@ -5,7 +5,9 @@ An export directory holds::
     model.pt | model.onnx    the scoring program (below)
     pipeline/                the checkpoint's FeaturePipeline (``FeaturePipeline.load``): raw rows -> the inputs
     export.json              format, model, the inputs and their meaning, the sparse key order, num_dense,
-                             the checkpoint's sha256, and the check the program passed
+                             the checkpoint's sha256, the check the program passed, the sha256 of every
+                             program file and the digest of export.json itself (read back:
+                             :mod:`ctrkit.serving.exported`, which refuses an edited or escaping export)
 
 The program takes plain tensors and returns click probabilities::
 
@@ -54,23 +56,30 @@ from ctrkit.batch import Batch, KeyedJagged
 from ctrkit.checkpoint import Checkpoint
 from ctrkit.data.pipeline.feature_pipeline import FeaturePipeline
 from ctrkit.data.pipeline.multihot import MultiHot
-from ctrkit.data.pipeline.persist import load_pipeline, save_pipeline
+from ctrkit.data.pipeline.persist import save_pipeline
 from ctrkit.errors import ConfigError, ExportError
-from ctrkit.io import file_checksum
+from ctrkit.io import file_checksum, is_empty_dir, path_exists
 from ctrkit.models.base import TwoTowerModel
 from ctrkit.models.registry import get_model_class
 from ctrkit.models.scoring import probabilities, scoring
 from ctrkit.schema import Schema, SequenceFeature, SparseFeature
 from ctrkit.serving.export_formats import OUTPUT_NAME, Runner, program_runner, to_torchscript, write_program
+from ctrkit.serving.exported import (
+    FORMATS,
+    MARKER,
+    META_FILE,
+    MODEL_FILES,
+    PIPELINE_DIR,
+    VERSION,
+    ExportedModel,
+    foreign_entries,
+    load_exported,
+    meta_digest,
+)
 from ctrkit.version import __version__
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("torchscript", "onnx")
-MODEL_FILES = {"torchscript": "model.pt", "onnx": "model.onnx"}
-META_FILE = "export.json"
-PIPELINE_DIR = "pipeline"
-MARKER, VERSION = "ctrkit-export", 1
 TOLERANCE = 1e-5  # max |exported - eager| on the check batches
 EXAMPLE_ROWS, CHECK_ROWS = 4, (7, 1)  # the export example's B; the check batches' (other sizes on purpose)
 INPUTS = [
@@ -171,14 +180,15 @@ def check_program(module: ScoringModule, run: Runner, schema: Schema, stage: Mul
 def export_checkpoint(checkpoint_path: str | Path, out_dir: str | Path, fmt: str, *, overwrite: bool = False) -> Path:
     """Export the model of ``checkpoint_path`` to ``out_dir`` in ``fmt`` ("torchscript" | "onnx"); returns out_dir.
 
-    An existing non-empty ``out_dir`` is refused unless ``overwrite``. Everything is written to a temporary
-    directory beside it and renamed at the end: a failure leaves no partial export (and an old one in place).
+    ``out_dir`` may be absent or an empty directory; ``overwrite`` lets it be an earlier export (a directory
+    holding an export.json written by ctrkit export and nothing but an export's files), never any other
+    directory (a run directory, a folder of the user's). Everything is written to a temporary directory beside
+    it and renamed at the end: a failure leaves no partial export (and an old one in place).
     """
     if fmt not in FORMATS:
         raise ConfigError(f"export format {fmt!r} is not one of {FORMATS}")
     path, out = Path(checkpoint_path), Path(out_dir)
-    if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
-        raise ExportError(f"{out} exists and is not empty; pass --overwrite to replace it")
+    check_replaceable_export(out, overwrite)
     ckpt = Checkpoint.load(path)
     name = ckpt.model_name
     if name:
@@ -190,8 +200,11 @@ def export_checkpoint(checkpoint_path: str | Path, out_dir: str | Path, fmt: str
     try:
         meta = _export_into(tmp, model, name, schema, pipeline, fmt)
         meta["checkpoint"] = {"path": str(path.resolve()), "sha256": file_checksum(path, full=True)}
+        meta["files"] = {p.name: file_checksum(p, full=True) for p in sorted(tmp.iterdir()) if p.is_file()}
+        meta["digest"] = meta_digest(meta)
         save_pipeline(pipeline, tmp / PIPELINE_DIR)
         (tmp / META_FILE).write_text(json.dumps(meta, indent=1))
+        check_replaceable_export(out, overwrite)  # again: something may have appeared there meanwhile
         _move_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -231,6 +244,23 @@ def _export_into(directory: Path, model: nn.Module, name: str, schema: Schema, p
     }
 
 
+def check_replaceable_export(out: Path, overwrite: bool) -> None:
+    """An ExportError unless ``out`` is absent, an empty directory, or (with ``overwrite``) an earlier export."""
+    if not path_exists(out) or is_empty_dir(out):
+        return
+    if not out.is_dir():
+        raise ExportError(f"--out {out} is a file, not an export directory; choose another --out")
+    foreign = foreign_entries(out)
+    if foreign:
+        what = ("holds no export.json written by ctrkit export" if foreign == [META_FILE] else
+                f"holds {', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''}, which ctrkit export does not "
+                "write")
+        raise ExportError(f"--out {out} is not an earlier export (it {what}); --overwrite replaces only an export, "
+                          "never a run directory or another folder: choose another --out")
+    if not overwrite:
+        raise ExportError(f"{out} exists and is not empty; pass --overwrite to replace it")
+
+
 def _move_into_place(tmp: Path, out: Path) -> None:
     """Rename ``tmp`` to ``out``; an existing ``out`` (empty, or replaced by --overwrite) goes only after."""
     if not out.exists():
@@ -245,56 +275,14 @@ def _move_into_place(tmp: Path, out: Path) -> None:
         old.unlink(missing_ok=True)
 
 
-# ---- reading an export back -----------------------------------------------------------------------------
-class ExportedModel:
-    """An export directory read back for scoring: ``model(dense, values, lengths)`` -> probabilities (B,) float32
-    (numpy or CPU tensor inputs, see the module docstring); ``score(batch)`` for a Batch; ``pipeline()`` for the
-    FeaturePipeline that turns raw rows into those inputs."""
-
-    def __init__(self, directory: str | Path) -> None:
-        self.directory = Path(directory)
-        mpath = self.directory / META_FILE
-        if not mpath.is_file():
-            raise ExportError(f"{self.directory} is not a model export (no {META_FILE}); write one with ctrkit export")
-        self.meta: dict[str, Any] = json.loads(mpath.read_text())
-        if self.meta.get("kind") != MARKER or int(self.meta.get("version", 0)) > VERSION:
-            raise ExportError(f"{mpath} is not a {MARKER} v{VERSION} file; it was written by another ctrkit version")
-        self.sparse_keys: list[str] = list(self.meta["sparse_keys"])
-        self.num_dense = int(self.meta["num_dense"])
-        self._run = program_runner(self.meta["format"], self.directory / self.meta["file"])
-
-    def __call__(self, dense: Any, values: Any, lengths: Any) -> np.ndarray:
-        dense = np.ascontiguousarray(dense, np.float32)
-        dense = dense.reshape(-1, self.num_dense) if self.num_dense else dense.reshape(len(dense), 0)  # (B, I)
-        values, lengths = np.ascontiguousarray(values, np.int64), np.ascontiguousarray(lengths, np.int64)
-        F, B = len(self.sparse_keys), dense.shape[0]
-        if lengths.shape != (F * B,) or values.shape != (int(lengths.sum()),):
-            raise ExportError(f"{self.directory}: inputs must be dense (B, {self.num_dense}), lengths (F*B,) = "
-                              f"({F}*{B},) and values (sum of lengths,); got lengths {lengths.shape}, values "
-                              f"{values.shape}")
-        return self._run(dense, values, lengths)
-
-    def score(self, batch: Batch) -> np.ndarray:
-        """Probabilities (B,) of a Batch as the pipeline makes it (``to_batch``: batch stage applied)."""
-        kj = batch.sparse if batch.sparse.keys == self.sparse_keys else batch.sparse.select(self.sparse_keys)
-        return self(batch.dense, kj.values, kj.lengths)
-
-    def pipeline(self) -> FeaturePipeline:
-        return load_pipeline(self.directory / self.meta.get("pipeline", PIPELINE_DIR))
-
-
-def load_exported(out_dir: str | Path) -> ExportedModel:
-    """Read an export written by :func:`export_checkpoint`."""
-    return ExportedModel(out_dir)
-
-
 # ---- command line ----------------------------------------------------------------------------------------
 def add_export_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Options of ``ctrkit export``."""
     p.add_argument("--checkpoint", required=True, help="checkpoint to export (a run's best.pt / last.pt)")
     p.add_argument("--format", required=True, choices=FORMATS, help="torchscript (model.pt) or onnx (model.onnx)")
     p.add_argument("--out", required=True, help="export directory: the model file, pipeline/ and export.json")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing export directory")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an earlier export in --out (never a run directory or another folder)")
     return p
 
 
@@ -308,6 +296,7 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 __all__ = [
-    "FORMATS", "ExportedModel", "ScoringModule", "add_export_args", "capture", "check_exportable", "example_inputs",
+    "FORMATS", "MARKER", "META_FILE", "MODEL_FILES", "PIPELINE_DIR", "VERSION", "ExportedModel", "ScoringModule",
+    "add_export_args", "capture", "check_exportable", "check_replaceable_export", "example_inputs",
     "export_checkpoint", "load_exported", "run_export", "to_torchscript",
 ]

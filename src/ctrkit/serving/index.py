@@ -38,11 +38,21 @@ Exclude = Sequence[Sequence[int]] | tuple[np.ndarray, np.ndarray] | None
 
 
 def _faiss() -> Any:
+    quiet_faiss_loader()
     try:
         import faiss
     except ImportError as e:  # an optional dependency
         raise ImportError("ctrkit.retrieval needs faiss: pip install 'ctrkit[retrieval]' (faiss-cpu)") from e
     return faiss
+
+
+def quiet_faiss_loader() -> None:
+    """faiss's loader logs at INFO each instruction set it tries and cannot load ("Could not load library with
+    AVX512 support due to: ModuleNotFoundError ..."): normal on most machines, yet it reads like an error. Those
+    lines show only with debug logging (``ctrkit -v``) or when the caller set the ``faiss.loader`` level."""
+    loader = logging.getLogger("faiss.loader")
+    if loader.level == logging.NOTSET and not logging.getLogger().isEnabledFor(logging.DEBUG):
+        loader.setLevel(logging.WARNING)
 
 
 def default_nlist(n: int) -> int:
@@ -197,7 +207,8 @@ class VectorIndex:
             tmp.mkdir()
             faiss.write_index(self.index, str(tmp / FILES[0]))
             np.save(tmp / FILES[1], self.ids)
-            (tmp / FILES[2]).write_text(json.dumps(self.meta, indent=1))
+            size = (tmp / FILES[0]).stat().st_size  # load() checks it: a truncated copy is refused by name
+            (tmp / FILES[2]).write_text(json.dumps({**self.meta, "bytes": size}, indent=1))
             if path.exists():  # overwrite: move the old one aside, so path never holds a half-written index
                 os.replace(path, old)
             os.replace(tmp, path)
@@ -219,7 +230,7 @@ class VectorIndex:
         if missing:
             raise RetrievalError(f"{path} is not a saved index (missing {', '.join(missing)}); build one "
                                  "with VectorIndex.build(...).save(path)")
-        meta = json.loads((path / FILES[2]).read_text())
+        meta = _read_meta(path)
         if expect_fingerprint is not None and meta["fingerprint"] != expect_fingerprint:
             built = meta["fingerprint"] or "<none>"
             raise RetrievalError(f"index at {path} was built from checkpoint {built}, this is "
@@ -227,8 +238,43 @@ class VectorIndex:
         if expect_dim is not None and meta["dim"] != expect_dim:
             raise RetrievalError(f"index at {path} holds D={meta['dim']} vectors, the model has "
                                  f"D={expect_dim}: it belongs to another model/checkpoint; rebuild it")
-        index, ids = faiss.read_index(str(path / FILES[0])), np.load(path / FILES[1])
+        index, ids = _read_arrays(faiss, path, meta.pop("bytes", None))
         if index.ntotal != len(ids) or index.ntotal != meta["count"] or index.d != meta["dim"]:
             raise RetrievalError(f"{path} is inconsistent ({index.ntotal} vectors, {len(ids)} ids, "
                                  f"index.json says {meta['count']}); rebuild it")
         return cls(index, ids, meta)
+
+
+REBUILD = "rebuild it (ctrkit recall --index-path PATH --overwrite, or remove it)"
+
+
+def _read_meta(path: Path) -> dict[str, Any]:
+    """index.json of the saved index ``path``: a RetrievalError naming it when it cannot be read."""
+    try:
+        meta = json.loads((path / FILES[2]).read_text())
+        if not isinstance(meta, dict):
+            raise TypeError("not a JSON object")
+        meta["dim"], meta["count"] = int(meta["dim"]), int(meta["count"])
+        meta.setdefault("fingerprint", None)
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
+        raise RetrievalError(f"{path / FILES[2]} cannot be read ({type(e).__name__}: {e}); {REBUILD}") from None
+    return meta
+
+
+def _read_arrays(faiss: Any, path: Path, size: int | None) -> tuple[Any, np.ndarray]:
+    """The faiss index and the ids of the saved index ``path``; a truncated or damaged file is a RetrievalError
+    naming it (faiss's own error is a RuntimeError from its C++ reader)."""
+    file = path / FILES[0]
+    if size is not None and file.stat().st_size != size:
+        raise RetrievalError(f"{file} holds {file.stat().st_size} bytes, index.json says {size}: the file is "
+                             f"truncated or damaged; {REBUILD}")
+    try:
+        index = faiss.read_index(str(file))
+    except Exception as e:  # noqa: BLE001 - faiss raises RuntimeError (and others) for a bad file
+        first = (str(e).strip().splitlines() or [""])[-1]
+        raise RetrievalError(f"{file} cannot be read by faiss (truncated or damaged: {first}); {REBUILD}") from None
+    try:
+        ids = np.load(path / FILES[1], allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        raise RetrievalError(f"{path / FILES[1]} cannot be read ({e}); {REBUILD}") from None
+    return index, ids

@@ -77,7 +77,7 @@ class Predictor:
         ckpt = Checkpoint.load(path)
         progress = ckpt.progress
         info = {
-            "checkpoint": str(path),
+            "checkpoint": path.name,  # the file's name only: /metadata shows no path of the serving machine
             "ctrkit_version": ckpt.ctrkit_version,
             "model": ckpt.model_name,
             "model_params": ckpt.model_params,
@@ -148,7 +148,8 @@ class Predictor:
             return probabilities(self.model(batch)).cpu().numpy()
 
     def metadata(self) -> dict[str, Any]:
-        """Model, schema, training metrics and checkpoint checksum (``ctrkit serve``'s /metadata)."""
+        """Model, schema, training metrics, the checkpoint's file name and checksum (``ctrkit serve``'s /metadata);
+        no absolute path of this machine."""
         return {**self.info, "checkpoint_sha256": self.checkpoint_sha256, "input_columns": self.input_columns,
                 "batch_size": self.batch_size, "device": str(self.device)}
 

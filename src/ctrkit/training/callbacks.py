@@ -113,3 +113,12 @@ def track_evaluation(p: TrainProgress, es: EarlyStoppingConfig, maximise: bool, 
         log.info("early stopping at step %d: %s did not improve for %d evaluations (best %.6g at %s)",
                  p.step, es.metric, p.bad_evals, p.best_metric or float("nan"), p.best_step)
     return improved
+
+
+def stopped_by(reason: str | None, p: TrainProgress, es: EarlyStoppingConfig) -> str | None:
+    """Why a run ended before its epochs (summary.json's ``stopped_by``): the reason given to ``Trainer.stop`` (a
+    pruner, train.max_seconds), else early stopping by ``es``, else None."""
+    if reason is None and p.stopped_early:
+        return (f"early stopping: {es.metric} did not improve for {es.patience} evaluations "
+                f"(train.early_stopping.patience={es.patience})")
+    return reason

@@ -124,6 +124,9 @@ class TrainConfig:
 
     epochs: int = 1
     max_steps: int | None = None  # stop after this many optimizer steps (overrides epochs)
+    # a time budget: stop once this many seconds of Trainer.fit have passed (wall clock, evaluations included;
+    # a resumed run gets it anew), then evaluate and checkpoint as early stopping does (summary: stopped_by)
+    max_seconds: float | None = None
     lr: float = 1e-3  # dense learning rate
     dense_optimizer: DenseOptimizer = "adam"
     sparse_optimizer: SparseOptimizer = "adagrad"
@@ -200,6 +203,8 @@ def _check_values(cfg: Config) -> None:
         (d.eval_batch_size is None or d.eval_batch_size >= 1, "data.eval_batch_size must be >= 1"),
         (t.epochs >= 1, "train.epochs must be >= 1"),
         (t.max_steps is None or t.max_steps >= 1, "train.max_steps must be >= 1 (or null)"),
+        (t.max_seconds is None or 0 < t.max_seconds < float("inf"),
+         f"train.max_seconds={t.max_seconds} must be a number of seconds > 0 (or null: no time budget)"),
         (t.lr > 0, "train.lr must be > 0"),
         (t.embedding_lr is None or t.embedding_lr > 0, "train.embedding_lr must be > 0"),
         (t.weight_decay >= 0 and t.embedding_l2 >= 0, "train.weight_decay / embedding_l2 must be >= 0"),
@@ -217,6 +222,20 @@ def _check_values(cfg: Config) -> None:
     for ok, msg in checks:
         if not ok:
             raise ConfigError(msg)
+    check_run_name(cfg.run.name)
+
+
+def check_run_name(name: str | None) -> None:
+    """``run.name`` is a plain folder name inside ``run.dir``: no separator, no absolute path, not ``.`` / ``..``
+    (``../../x`` would write a run outside ``run.dir``)."""
+    if name is None:
+        return
+    bad = (not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name
+           or Path(name).is_absolute() or name != name.strip())
+    if bad:
+        raise ConfigError(f"run.name={name!r} is not a plain name: it names one folder inside run.dir (no '/' or "
+                          "'\\', not an absolute path, not '.' or '..', no surrounding spaces); put the parent "
+                          "folders in run.dir instead")
 
 
 def _split_override(item: str) -> tuple[list[str], CliValue]:

@@ -10,6 +10,8 @@
   again) are removed from metrics.jsonl, so every step has one train record.
 * :func:`open_run_dir` does all three when a training starts and writes config.yaml; :func:`append_record` adds
   one record to metrics.jsonl.
+* :class:`RunRecords`: the records and the checkpoints of a training stay consistent when a write fails (disk
+  full): the directory goes back to its last whole checkpoint.
 """
 
 from __future__ import annotations
@@ -19,13 +21,15 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from ctrkit.errors import TrainingError
-from ctrkit.io import atomic_file
+from ctrkit.errors import CtrkitError, TrainingError
+from ctrkit.io import atomic_file, path_exists
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +125,12 @@ def open_run_dir(run_dir: Path, *, continues: bool, step: int, overwrite: bool, 
     except BaseException:
         lock.release()
         raise
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    try:
+        with atomic_file(run_dir / "config.yaml", option="run.dir") as tmp:
+            tmp.write_text(yaml.safe_dump(config, sort_keys=False))
+    except BaseException:
+        lock.release()
+        raise
     return lock
 
 
@@ -129,3 +138,67 @@ def append_record(run_dir: Path, record: dict[str, Any]) -> None:
     """One JSON line in ``run_dir``/metrics.jsonl."""
     with open(run_dir / "metrics.jsonl", "a") as f:
         f.write(json.dumps(record) + "\n")
+
+
+class RunRecords:
+    """metrics.jsonl of a training and the checkpoints that go with it, kept consistent when a write fails (checkpoint
+    files; the directories of sharded checkpoints are written by every rank and left to their writer).
+
+    :meth:`append` adds a record; :meth:`checkpoints` wraps the writes of one evaluation or save (best.pt, then
+    last.pt). When a write fails (disk full) the run directory goes back to what it was after the last
+    checkpoint that was written whole: the checkpoints replaced in the failed block are put back (the old files
+    were hard-linked aside, which takes no space) and metrics.jsonl is truncated to its length then (truncating
+    needs no space either), so best.pt, last.pt and the records agree, and ``--resume last.pt`` goes on exactly.
+    The failure is one :class:`TrainingError` saying so."""
+
+    def __init__(self, run_dir: Path, step: int) -> None:
+        self.run_dir, self.path, self.step = run_dir, run_dir / "metrics.jsonl", step
+        self.kept = self._size()  # the length of metrics.jsonl that the checkpoints on disk cover
+
+    def _size(self) -> int:
+        return self.path.stat().st_size if self.path.is_file() else 0
+
+    def append(self, record: dict[str, Any]) -> None:
+        try:
+            append_record(self.run_dir, record)
+        except OSError as e:
+            self._roll_back()
+            raise TrainingError(self._failed(f"cannot append to {self.path} ({e.strerror or e})")) from None
+
+    @contextmanager
+    def checkpoints(self, names: tuple[str, ...], step: int) -> Iterator[None]:
+        """The checkpoints ``names`` written in the block, with the records so far: all of them, or none."""
+        aside, before = {}, {self.run_dir / n for n in names if path_exists(self.run_dir / n)}
+        for n in names:
+            path = self.run_dir / n
+            if path.is_file() and not path.is_symlink():
+                aside[path] = path.with_name(f".{n}.kept-{os.getpid()}")
+                aside[path].unlink(missing_ok=True)
+                try:
+                    os.link(path, aside[path])
+                except OSError:  # a file system without hard links: the old file is not kept
+                    del aside[path]
+        try:
+            yield
+        except BaseException as e:
+            for path in (self.run_dir / n for n in names):
+                if path in aside:  # (a rename between two links of one file does nothing: unlinked below)
+                    os.replace(aside[path], path)
+                elif path not in before and path.is_file():  # new in this block (a sharded directory is left)
+                    path.unlink()
+            self._roll_back()
+            if isinstance(e, (OSError, CtrkitError)):
+                raise TrainingError(self._failed(str(e))) from None
+            raise
+        finally:
+            for kept in aside.values():
+                kept.unlink(missing_ok=True)
+        self.kept, self.step = self._size(), step
+
+    def _roll_back(self) -> None:
+        if self._size() > self.kept:
+            os.truncate(self.path, self.kept)
+
+    def _failed(self, what: str) -> str:
+        return (f"{what}; the run directory {self.run_dir} is kept as it was after step {self.step} (best.pt, "
+                f"last.pt and metrics.jsonl agree): resume with --resume {self.run_dir / 'last.pt'} once there is room")

@@ -26,8 +26,8 @@ Decisions worth knowing:
 - NaN/Inf guard: the loss is checked every step *before* the optimizer step. A non-finite loss raises
   :class:`TrainingError` naming the step, the epoch and the first parameter whose gradient is non-finite; the
   weights and ``last.pt`` are left as they were after the previous step.
-- Gradient clipping (``grad_clip``) is the global L2 norm over *dense* parameters only: sparse embedding
-  gradients are per-row and the adaptive sparse optimizers already normalise each row's step.
+- Gradient clipping (``grad_clip``): the global L2 norm over *dense* parameters only (sparse embedding gradients
+  are per-row; the adaptive sparse optimizers already normalise each row's step).
 - Exact resume: a checkpoint stores weights, optimizer states, the progress, the loader's mid-epoch position
   and the python / numpy / torch RNG states; resuming gives bit-identical weights to a run that never stopped
   (dropout and shuffling included), provided the loader's order depends only on (seed, epoch).
@@ -36,7 +36,10 @@ Decisions worth knowing:
   bf16 (``precision="bf16"``) runs the forward pass under autocast; loss, parameters and optimizer states float32.
 - Run directory (locked while training, :mod:`ctrkit.training.rundir`): ``config.yaml``, ``metrics.jsonl`` (per log
   step ``{"kind": "train", "loss": ..., <each logged part>: ...}``, per evaluation ``{"kind": "eval", ...}``),
-  ``last.pt`` (every evaluation, every ``checkpoint_every`` steps and at the end) and ``best.pt`` (best evaluation).
+  ``last.pt`` (every evaluation, every ``checkpoint_every`` steps, at the end) and ``best.pt`` (best evaluation);
+  a failed write (disk full) puts it back as it was after the last whole checkpoint (``RunRecords``).
+- Stops: ``epochs``, ``max_steps``, early stopping, ``max_seconds`` (a time budget) or :meth:`Trainer.stop`;
+  all but the first end with an evaluation and the checkpoints, and the summary says which (``stopped_by``).
 """
 
 from __future__ import annotations
@@ -59,14 +62,21 @@ from ctrkit.metrics import higher_is_better
 from ctrkit.models.base import CTRModel
 from ctrkit.progress import progress_bar
 from ctrkit.training.averaging import WeightAverage
-from ctrkit.training.callbacks import Callback, Loader, RunningLoss, non_finite_error, track_evaluation
+from ctrkit.training.callbacks import (
+    Callback,
+    Loader,
+    RunningLoss,
+    non_finite_error,
+    stopped_by,
+    track_evaluation,
+)
 from ctrkit.training.config import TrainConfig, config_to_dict
 from ctrkit.training.distributed import DistContext, wrap_for_training
 from ctrkit.training.optim import OptimizerSet, build_optimizers
-from ctrkit.training.rundir import RunLock, append_record, open_run_dir
+from ctrkit.training.rundir import RunLock, RunRecords, open_run_dir
 from ctrkit.training.sharding import even_forwards, sharded_optimizers, sharded_writer
 from ctrkit.training.tasks import Task, ranking_task
-from ctrkit.training.writer import CheckpointWriter, rng_state, set_rng_state
+from ctrkit.training.writer import CheckpointWriter, restore_training, rng_state
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +117,7 @@ class Trainer:
         self.overwrite = overwrite  # a new run may replace the files of an old run in run_dir
         self._continues_run = resume_from is not None  # its run_dir's records are this run's own
         self._lock: RunLock | None = None
+        self._records: RunRecords | None = None  # metrics.jsonl while fit() runs (this process writes it)
         self.task = self._bind_task(task, metrics)
         self.module: nn.Module = wrap_for_training(self.model, self.task, dist, config)  # the loop's forward
         self.writer = sharded_writer(self.writer, self.module)  # sharded tables: every rank writes its shards
@@ -119,6 +130,7 @@ class Trainer:
                         if config.ema_decay is not None else None)
         self.progress = TrainProgress()  # all restored on resume
         self.stop_reason: str | None = None  # set by stop(); not saved: a resumed run trains on
+        self._started: float | None = None  # time.monotonic() when fit() began (train.max_seconds)
         self._loader_state: dict[str, Any] | None = None
         self._pbar: Any = None
         if resume_from is not None:
@@ -156,7 +168,9 @@ class Trainer:
         if self.run_dir is not None and self.writes:
             self._lock = open_run_dir(self.run_dir, continues=self._continues_run, step=self.progress.step,
                                       overwrite=self.overwrite, config=self._config_dict())
+            self._records = RunRecords(self.run_dir, self.progress.step)
             self._continues_run = True  # a second fit() of this trainer goes on in the same run
+        self._started = time.monotonic()
         try:
             summary = self._fit(n_batches)
             if self.average is not None:
@@ -166,6 +180,7 @@ class Trainer:
             if self._lock is not None:
                 self._lock.release()
                 self._lock = None
+            self._records = None
 
     def _fit(self, n_batches: int) -> dict[str, Any]:
         cfg, p = self.config, self.progress
@@ -277,7 +292,7 @@ class Trainer:
     def summary(self) -> dict[str, Any]:
         p = self.progress
         return {
-            "steps": p.step, "epoch": p.epoch, "stopped_early": p.stopped_early, "stopped_by": self.stop_reason,
+            "steps": p.step, "epoch": p.epoch, "stopped_early": p.stopped_early, "stopped_by": stopped_by(self.stop_reason, p, self.config.early_stopping),
             "best_metric": p.best_metric, "best_step": p.best_step, "metric": self.config.early_stopping.metric,
             "last_eval": dict(p.last_eval), "best_eval": dict(p.best_eval), "train_seconds": p.train_seconds,
             "samples": p.samples, "epochs_completed": p.epoch + 1 if p.epoch_complete else p.epoch,
@@ -323,15 +338,18 @@ class Trainer:
         if self._pbar is not None:
             self._pbar.set_postfix({**self._postfix(None), **{k: round(v, 4) for k, v in metrics.items()}},
                                    refresh=False)
-        if improved:
-            self._save("best.pt")
-        self._save("last.pt")
+        self._save(*(("best.pt",) if improved else ()), "last.pt")  # best first: see RunRecords
         for cb in self.callbacks:  # after the checkpoints: a callback that stops the run leaves them written
             cb.on_eval(self, metrics)
 
     def _done(self) -> bool:
-        return (self.progress.stopped_early or self.stop_reason is not None
-                or (self.config.max_steps is not None and self.progress.step >= self.config.max_steps))
+        cfg, p = self.config, self.progress
+        if p.stopped_early or self.stop_reason is not None or (cfg.max_steps is not None and p.step >= cfg.max_steps):
+            return True
+        spent = time.monotonic() - (self._started or time.monotonic())
+        if cfg.max_seconds is not None and spent >= cfg.max_seconds:  # the time budget: stop, evaluate, checkpoint
+            self.stop(f"train.max_seconds={cfg.max_seconds:g} (time budget spent after {spent:.1f}s)")
+        return self.stop_reason is not None
 
     def _postfix(self, loss: float | None) -> dict[str, Any]:
         last = self.progress.last_eval
@@ -354,34 +372,19 @@ class Trainer:
         """Whether this process writes the run directory: one process, or rank 0 of several."""
         return self.dist is None or self.dist.is_main
 
-    def _save(self, name: str) -> None:
+    def _save(self, *names: str) -> None:
+        """Write the checkpoints ``names``, all or none (a failed write: :class:`~.rundir.RunRecords`)."""
         if not (self.writes or getattr(self.writer, "collective", False)):
             return
-        with self._averaged_weights():
-            self.writer.write(name, self.model, self.optimizer, self.trainer_state())
+        together = self._records.checkpoints(names, self.progress.step) if self._records else nullcontext()
+        with self._averaged_weights(), together:
+            for name in names:
+                self.writer.write(name, self.model, self.optimizer, self.trainer_state())
 
     def _resume(self, path: Path) -> None:
-        ckpt = self.writer.read(path, map_location=self.device)
-        state = ckpt.trainer
-        if state is None or ckpt.optimizer is None:
-            raise TrainingError(f"cannot resume from {path}: it holds no trainer/optimizer state "
-                                "(an exported model, not a training checkpoint)")
-        try:
-            self.model.load_state_dict(ckpt.weights)
-            self.optimizer.load_state_dict(ckpt.optimizer)
-        except (RuntimeError, ValueError, KeyError) as e:
-            raise TrainingError(f"cannot resume from {path}: it does not match this model: {e}") from e
-        averaging = state.weight_average
-        if (averaging is None) != (self.average is None):
-            raise TrainingError(
-                f"cannot resume from {path}: it was trained "
-                + (f"with train.ema_decay={averaging['decay']}; resume with that value" if averaging is not None
-                   else "without weight averaging; resume with train.ema_decay=null (or start a new run)"))
-        if self.average is not None:
-            self.average.load_state_dict(averaging)  # the model gets its trained weights back
+        state = restore_training(self.writer, path, self.model, self.optimizer, self.average, self.device)
         self.progress = state.progress
         self._loader_state = None if self.progress.epoch_complete else state.loader
-        set_rng_state(state.rng)
         log.info("resumed from %s at epoch %d, step %d", path, self.progress.epoch, self.progress.step)
 
     # ---- run directory -------------------------------------------------------------------------------
@@ -391,7 +394,7 @@ class Trainer:
         return {"train": config_to_dict(self.config)}
 
     def _log(self, record: dict[str, Any]) -> None:
-        if self.run_dir is not None and self.writes:
-            append_record(self.run_dir, record)
+        if self._records is not None:
+            self._records.append(record)
         for cb in self.callbacks:
             cb.on_record(self, record)

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ctrkit.checkpoint import Checkpoint, TrainerState
+from ctrkit.errors import TrainingError
 from ctrkit.schema import Schema
 
 
@@ -92,3 +93,30 @@ class CheckpointWriter:
     def read(self, path: str | Path, map_location: str | torch.device = "cpu") -> Checkpoint:
         """The checkpoint at ``path``, for resume."""
         return Checkpoint.load(path, map_location=map_location)
+
+
+def restore_training(writer: CheckpointWriter, path: Path, model: nn.Module, optimizer: Any, average: Any,
+                     device: torch.device) -> TrainerState:
+    """Load the training checkpoint at ``path`` (through ``writer``) into ``model``, ``optimizer`` and the weight
+    ``average`` (None without train.ema_decay) and restore its RNG state; returns its TrainerState. A checkpoint
+    without trainer state, of another model or of the other averaging choice is a TrainingError saying so."""
+    ckpt = writer.read(path, map_location=device)
+    state = ckpt.trainer
+    if state is None or ckpt.optimizer is None:
+        raise TrainingError(f"cannot resume from {path}: it holds no trainer/optimizer state "
+                            "(an exported model, not a training checkpoint)")
+    try:
+        model.load_state_dict(ckpt.weights)
+        optimizer.load_state_dict(ckpt.optimizer)
+    except (RuntimeError, ValueError, KeyError) as e:
+        raise TrainingError(f"cannot resume from {path}: it does not match this model: {e}") from e
+    averaging = state.weight_average
+    if (averaging is None) != (average is None):
+        raise TrainingError(
+            f"cannot resume from {path}: it was trained "
+            + (f"with train.ema_decay={averaging['decay']}; resume with that value" if averaging is not None
+               else "without weight averaging; resume with train.ema_decay=null (or start a new run)"))
+    if average is not None:
+        average.load_state_dict(averaging)  # the model gets its trained weights back
+    set_rng_state(state.rng)
+    return state

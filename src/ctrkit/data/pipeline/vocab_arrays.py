@@ -4,12 +4,14 @@ stores and checkpoints compare (:mod:`ctrkit.data.storage.agree`): one per table
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from ctrkit.data.pipeline.encode import GROUP_TABLE
-from ctrkit.data.pipeline.vocab import Vocabulary
+from ctrkit.data.pipeline.vocab import RARE_ID, Vocabulary, _as_key_array
 from ctrkit.schema import Schema
 
 
@@ -83,3 +85,20 @@ def vocab_fingerprint(vocabs: dict[str, Vocabulary] | None, schema: Schema | Non
             h.update(np.ascontiguousarray(a).tobytes())
         h.update(np.asarray(v.ids, "<i8").tobytes())
     return "sha256:" + h.hexdigest()
+
+
+def with_keys(v: Vocabulary, values: Any) -> Vocabulary:
+    """``v`` with the keys of ``values`` it does not hold appended, at ids ``v.size``, ``v.size + 1``, ...: every id
+    it gave stays. For a vocabulary of ids in order (no max_vocab) whose ids no model reads: the group column's,
+    where ``ctrkit preprocess behaviour`` names the valid / test users without train rows."""
+    if v.max_vocab is not None or v.open:
+        raise ValueError(f"vocabulary {v.name!r} has a max_vocab: its ids come from a formula, keys cannot be "
+                         "appended")
+    keys, miss = _as_key_array(values, v.kind)
+    keys = keys if miss is None else keys[~miss]
+    new = keys[v.lookup(keys) == RARE_ID]
+    new = new[np.sort(np.unique(new, return_index=True)[1])]  # distinct, in first-appearance order
+    if not len(new):
+        return v
+    return replace(v, keys=np.concatenate([v.keys, new]), ids=np.concatenate([v.ids, v.size + np.arange(len(new))]),
+                   counts=np.concatenate([v.counts, np.zeros(len(new), np.int64)]), size=v.size + len(new))

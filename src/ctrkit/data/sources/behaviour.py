@@ -5,7 +5,10 @@ Input, one of:
 * ``csv`` / ``parquet``: one behaviour per row with a user column, an item column, optional attribute
   columns (``--attr-cols category:cate`` reads column ``category`` as feature ``cate``), an optional time
   column (seconds, any number, or ISO date-times; without one the file order within a user is the time
-  order) and an optional behaviour-type column to filter on (``--type-col type --behaviour-types pv,buy``).
+  order), an optional behaviour-type column to filter on (``--type-col type --behaviour-types pv,buy``) and
+  an optional rating column that turns ratings into clicks (``--rating-col rating --min-rating 4``: rows rated
+  at least 4 are the behaviours, as a table label's ``threshold`` makes value >= threshold a 1; the others are
+  dropped and counted in ``rows_below_min_rating``).
   CSVs may be gzipped and may lack a header (``--no-header --names user,item,...``: Taobao UserBehavior).
   An item's attributes are those of its first row in time order (rows that disagree are counted in
   ``attribute_conflicts``), so an item has the same attributes as a target, in a history and as a negative.
@@ -32,7 +35,9 @@ Report (logged, in every store's ``stats.behaviour`` and in ``out/report.json``)
 and ``first_bad_lines`` (CSV / Parquet), ``behaviour_types`` (rows per type) and ``rows_filtered_out``,
 ``empty_lines`` / ``users_without_behaviours`` / ``items_without_attributes`` (s3rec), ``attribute_conflicts``
 (per attribute: distinct (item, value) pairs beyond one per item), ``users``, ``behaviours``, ``items``,
-``single_behaviour_users`` (no sample), ``out_of_order_rows`` (sorted), ``duplicate_user_item_rows`` (rows
+``single_behaviour_users`` (no sample), ``users_without_train_rows`` (valid / test users with no train row:
+also in the summary line; their keys get group ids of their own, so ``ctrkit recall`` names them),
+``out_of_order_rows`` (sorted), ``duplicate_user_item_rows`` (rows
 repeating a (user, item) pair; kept), ``positives``, ``samples`` {train, valid, test} (rows: two per
 positive, one with ``--negatives none``), ``mean_history_len``, ``example_age`` (with ``--example-age``:
 ``t_start`` / ``t_end``, the first / last target time of the train rows in the time column's units, and the
@@ -57,7 +62,8 @@ import pyarrow as pa
 
 from ctrkit.data.pipeline.feature_pipeline import FeaturePipeline
 from ctrkit.data.pipeline.spec import SPLITS
-from ctrkit.data.pipeline.vocab import RARE_ID
+from ctrkit.data.pipeline.vocab import GROUP_TABLE, RARE_ID
+from ctrkit.data.pipeline.vocab_arrays import with_keys
 from ctrkit.data.sources.behaviour_log import FORMATS, BehaviourLog, parse_attr_cols, read_behaviour_log
 from ctrkit.data.sources.behaviour_samples import NEGATIVES, Samples, build_samples, check_options
 from ctrkit.data.sources.driver import Chunk, Frontend, Input, Summary, preprocess
@@ -135,9 +141,22 @@ class _Behaviour(Frontend):
         yield Chunk(sample_columns(self.blog, self.parts["train"]), Input("train samples", split=0))
 
     def read_held(self) -> Iterator[Chunk]:
+        self._name_held_out_users()
         for code, name in enumerate(SPLITS[1:], 1):
             if len(self.parts[name]):
                 yield Chunk(sample_columns(self.blog, self.parts[name]), Input(f"{name} samples", split=code))
+
+    def _name_held_out_users(self) -> None:
+        """After the fit: the valid / test users without train rows get ids of their own in the group column's
+        vocabulary (GAUC groups; no model reads it, so nothing leaks), so their keys stay known downstream
+        (``ctrkit recall``'s user column) instead of a hashed unseen id; counted in the report."""
+        train = np.unique(self.parts["train"].user)
+        held = [np.unique(self.parts[name].user) for name in SPLITS[1:]]
+        self.report["users_without_train_rows"] = {
+            name: len(np.setdiff1d(u, train)) for name, u in zip(SPLITS[1:], held) if len(self.parts[name])}
+        users = np.unique(np.concatenate(held))
+        vocabs = self.pipe.vocabs_
+        vocabs[GROUP_TABLE] = with_keys(vocabs[GROUP_TABLE], _keys(self.blog.user_keys, users))
 
     def observe(self, split: int, part: dict[str, Any], final: bool) -> None:
         if split > 0:  # valid / test rows whose user / item train never saw (id 1)
@@ -170,6 +189,7 @@ def preprocess_behaviour(input: str | Path, out: str | Path, *, format: str | No
                          sessions: int = 0, session_len: int = 10, session_gap: float = 1800.0,
                          min_session_len: int = 1, example_age: bool = False, min_freq: int = 1,
                          embedding_dim: int | str = "auto", max_bad_fraction: float = 0.001,
+                         rating_col: str | None = None, min_rating: float | None = None,
                          overwrite: bool = False) -> dict[str, Path]:
     """Behaviour log -> stores ``out/{train,valid,test}`` + ``out/report.json``; returns {split: path}."""
     t0 = _time.perf_counter()
@@ -180,7 +200,7 @@ def preprocess_behaviour(input: str | Path, out: str | Path, *, format: str | No
     blog = read_behaviour_log(input, format=format, user_col=user_col, item_col=item_col, attr_cols=attr_cols,
                               time_col=time_col, type_col=type_col, behaviour_types=behaviour_types,
                               header=header, names=names, delimiter=delimiter, item_attributes=item_attributes,
-                              max_bad_fraction=max_bad_fraction)
+                              max_bad_fraction=max_bad_fraction, rating_col=rating_col, min_rating=min_rating)
     samples = build_samples(blog.user, blog.item, blog.time, n_items=len(blog.item_keys), max_len=max_len,
                             negatives=negatives, seed=seed, aux_negatives=aux_negatives, sessions=sessions,
                             session_len=session_len, session_gap=session_gap, min_session_len=min_session_len,
@@ -194,7 +214,8 @@ def preprocess_behaviour(input: str | Path, out: str | Path, *, format: str | No
                "item_attributes": str(item_attributes) if item_attributes else None, "max_len": max_len,
                "negatives": negatives, "seed": seed, "aux_negatives": aux_negatives, "sessions": sessions,
                "session_len": session_len, "session_gap": session_gap, "min_session_len": min_session_len,
-               "example_age": example_age, "min_freq": min_freq, "embedding_dim": embedding_dim}
+               "example_age": example_age, "min_freq": min_freq, "embedding_dim": embedding_dim,
+               "rating_col": rating_col, "min_rating": min_rating}
     spec = behaviour_spec(list(blog.attrs), max_len=max_len, aux_negatives=aux_negatives, sessions=sessions,
                           session_len=session_len, example_age=example_age)
     pipe = FeaturePipeline.table(spec, min_freq=min_freq, embedding_dim=embedding_dim)
@@ -203,9 +224,10 @@ def preprocess_behaviour(input: str | Path, out: str | Path, *, format: str | No
     report["cold_positives"] = _cold_positives(front.parts, len(blog.item_keys))
     result, _ = preprocess(front, out, overwrite=overwrite)
     log.info("behaviour %s: %d users, %d behaviours (%d single-behaviour users dropped, %d out-of-order rows "
-             "sorted, %d repeated user-item rows kept) -> samples %s in %.1fs", input, report["users"],
-             report["behaviours"], report["single_behaviour_users"], report["out_of_order_rows"],
-             report["duplicate_user_item_rows"], report["samples"], report["seconds"])
+             "sorted, %d repeated user-item rows kept) -> samples %s; users without train rows %s in %.1fs",
+             input, report["users"], report["behaviours"], report["single_behaviour_users"],
+             report["out_of_order_rows"], report["duplicate_user_item_rows"], report["samples"],
+             report.get("users_without_train_rows", {}), report["seconds"])
     return result
 
 
@@ -232,6 +254,10 @@ def add_preprocess_behaviour_args(p: argparse.ArgumentParser) -> argparse.Argume
     p.add_argument("--time-col", default=None, help="timestamp column (none: file order within a user)")
     p.add_argument("--type-col", default=None, help="behaviour type column, for --behaviour-types")
     p.add_argument("--behaviour-types", default=None, help="keep only these types, e.g. pv,buy")
+    p.add_argument("--rating-col", default=None, help="rating column: with --min-rating, turns ratings into clicks")
+    p.add_argument("--min-rating", type=float, default=None,
+                   help="rows rated at least this are the behaviours (clicks); the others are dropped (as a table "
+                        "label's threshold: value >= threshold is 1)")
     p.add_argument("--no-header", dest="header", action="store_false", help="the CSV has no header line")
     p.add_argument("--names", default=None, help="column names, comma-separated (with --no-header)")
     p.add_argument("--delimiter", default=",", help="CSV field delimiter")
@@ -267,7 +293,7 @@ def run_preprocess_behaviour(args: argparse.Namespace) -> dict[str, Path]:
         aux_negatives=args.aux_negatives, sessions=args.sessions, session_len=args.session_len,
         session_gap=args.session_gap, min_session_len=args.min_session_len, example_age=args.example_age,
         min_freq=args.min_freq, embedding_dim=args.embedding_dim, max_bad_fraction=args.max_bad_fraction,
-        overwrite=args.overwrite,
+        rating_col=args.rating_col, min_rating=args.min_rating, overwrite=args.overwrite,
     )
 
 

@@ -64,20 +64,27 @@ def read_behaviour_log(input: str | Path, *, format: str | None = None, user_col
                        time_col: str | None = None, type_col: str | None = None,
                        behaviour_types: list[str] | str | None = None, header: bool = True,
                        names: list[str] | str | None = None, delimiter: str = ",",
-                       item_attributes: str | Path | None = None, max_bad_fraction: float = 0.001) -> BehaviourLog:
+                       item_attributes: str | Path | None = None, max_bad_fraction: float = 0.001,
+                       rating_col: str | None = None, min_rating: float | None = None) -> BehaviourLog:
     """Read a behaviour log (see the module docstring) into codes, sorted by (user, time). Malformed rows
     (wrong field count, empty user / item, a time that is not a number) are skipped and counted; above
     ``max_bad_fraction`` of them is an error naming the first lines. ``stats`` counts rows read, bad rows,
     behaviour types, out-of-order rows (a time earlier than the user's previous row in the file) and
-    attribute conflicts."""
+    attribute conflicts. ``rating_col`` / ``min_rating``: only rows rated at least ``min_rating`` are behaviours
+    (clicks); the others are dropped and counted in ``rows_below_min_rating``."""
     path = Path(input)
+    if (rating_col is None) != (min_rating is None):
+        raise DataError("--rating-col and --min-rating go together: rows whose rating column is >= --min-rating "
+                        "are the behaviours (clicks), e.g. --rating-col rating --min-rating 4")
+    if min_rating is not None and not np.isfinite(min_rating):
+        raise DataError(f"--min-rating {min_rating} must be a finite number")
     fmt = format or ("parquet" if ".parquet" in path.suffixes else "csv")
     if fmt not in FORMATS:
         raise DataError(f"--format {fmt!r} is not one of {FORMATS}")
     if fmt == "s3rec":
-        if attr_cols or time_col or type_col:
-            raise DataError("--format s3rec has no attribute, time or type columns; give item attributes with "
-                            "--item-attributes JSON")
+        if attr_cols or time_col or type_col or rating_col:
+            raise DataError("--format s3rec has no attribute, time, type or rating columns; give item attributes "
+                            "with --item-attributes JSON")
         raw = read_s3rec(path)
         attrs = {"cate": None} if item_attributes is not None else {}
     else:
@@ -91,7 +98,7 @@ def read_behaviour_log(input: str | Path, *, format: str | None = None, user_col
         raw = read_log(path, fmt, user_col=user_col, item_col=item_col, attr_cols=list(attrs),
                        time_col=time_col, type_col=type_col, types=types, header=header,
                        names=names.split(",") if isinstance(names, str) else names, delimiter=delimiter,
-                       max_bad_fraction=max_bad_fraction)
+                       max_bad_fraction=max_bad_fraction, rating_col=rating_col, min_rating=min_rating)
         attrs = {attrs[c]: raw.attrs[c] for c in attrs}
     u = pc.dictionary_encode(raw.user)
     i = pc.dictionary_encode(raw.item)

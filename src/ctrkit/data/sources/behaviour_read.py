@@ -189,9 +189,11 @@ def _times(col: pa.Array, lines: np.ndarray, badm: np.ndarray, bad: BadRows, nam
 
 def read_log(path: Path, fmt: str, *, user_col: str, item_col: str, attr_cols: list[str], time_col: str | None,
              type_col: str | None, types: list[str] | None, header: bool, names: list[str] | None,
-             delimiter: str, max_bad_fraction: float) -> RawLog:
-    """A CSV / Parquet behaviour log -> :class:`RawLog` (bad rows skipped, ``types`` filtered)."""
-    cols = list(dict.fromkeys(c for c in (user_col, item_col, *attr_cols, time_col, type_col) if c))
+             delimiter: str, max_bad_fraction: float, rating_col: str | None = None,
+             min_rating: float | None = None) -> RawLog:
+    """A CSV / Parquet behaviour log -> :class:`RawLog` (bad rows skipped, ``types`` filtered, rows rated below
+    ``min_rating`` in ``rating_col`` dropped: a rating turned into a click, as a table label's threshold)."""
+    cols = list(dict.fromkeys(c for c in (user_col, item_col, *attr_cols, time_col, type_col, rating_col) if c))
     bad = BadRows(str(path))
     t, lines = _read_table(path, fmt, cols, header=header, names=names, delimiter=delimiter, bad=bad)
     if fmt == "parquet":
@@ -208,6 +210,7 @@ def read_log(path: Path, fmt: str, *, user_col: str, item_col: str, attr_cols: l
     attrs = {c: _keys(col(c), lines, badm, bad, c, False) for c in attr_cols}
     time = _times(col(time_col), lines, badm, bad, time_col) if time_col else None
     kind = to_string(col(type_col), lines, badm, bad, type_col) if type_col else None
+    rating = _ratings(col(rating_col), lines, badm, bad, rating_col) if rating_col else None
     bad.check(max_bad_fraction)
     keep = ~badm
     stats: dict[str, Any] = {"rows_read": bad.total, "bad_rows": bad.bad,
@@ -225,9 +228,28 @@ def read_log(path: Path, fmt: str, *, user_col: str, item_col: str, attr_cols: l
             if not keep.any():
                 raise DataError(f"{path}: no row has a behaviour type in {types} (column {type_col!r} holds "
                                 f"{sorted(stats['behaviour_types'])}); fix --behaviour-types")
+    if rating is not None:
+        clicked = keep & (rating >= min_rating)
+        stats["rows_below_min_rating"] = int(keep.sum() - clicked.sum())
+        if not clicked.any():
+            raise DataError(f"{path}: no row has {rating_col!r} >= --min-rating {min_rating:g} (the ratings read lie "
+                            f"in [{np.nanmin(rating[keep]):g}, {np.nanmax(rating[keep]):g}]); lower --min-rating")
+        keep = clicked
     if not keep.all():
         mask = pa.array(keep)
         user, item = user.filter(mask), item.filter(mask)
         attrs = {c: a.filter(mask) for c, a in attrs.items()}
         time = None if time is None else time[keep]
     return RawLog(user, item, time, attrs, stats)
+
+
+def _ratings(col: pa.Array, lines: np.ndarray, badm: np.ndarray, bad: BadRows, name: str) -> np.ndarray:
+    """Ratings float64 [n]; an empty or non-numeric rating marks its row bad."""
+    if pa.types.is_binary(col.type) or pa.types.is_string(col.type):
+        s = pc.utf8_trim_whitespace(to_string(col, lines, badm, bad, name))
+        col = pc.if_else(pc.equal(pc.utf8_length(s), 0), pa.scalar(None, pa.string()), s)
+    r = numeric(col, lines, badm, bad, f"rating {name!r}")
+    empty = ~np.isfinite(r) & ~badm
+    badm |= empty
+    bad.add(lines[empty], f"rating {name!r} is empty or not finite")
+    return r

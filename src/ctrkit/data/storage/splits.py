@@ -13,9 +13,11 @@ from typing import Any
 
 from ctrkit.data.storage.store import check_replaceable
 from ctrkit.errors import StoreError
-from ctrkit.io import path_exists, temp_dir
+from ctrkit.io import make_dir, path_exists, remove_stale_scratch, scratch_dir
 
 log = logging.getLogger(__name__)
+SCRATCH_PATTERN = ".*-tmp-*"  # the scratch directories of preprocessing runs (``.criteo-tmp-...``), not the
+# resumable ``.criteo-stage-<key>`` of a --workers run, which is kept on purpose
 
 
 def remove_stale_splits(out: str | Path, written: Any, splits: tuple[str, ...]) -> list[Path]:
@@ -38,7 +40,8 @@ class SplitOutput:
 
     On entry it checks that ``out`` can take them (:func:`check_replaceable` for every split, ``out`` a
     writable directory: :func:`make_dir`) and makes ``tmp``, a ``<prefix>*`` directory inside ``out`` for the
-    run's scratch files. Stores are written to :meth:`stage` paths inside it; :meth:`publish` moves them into
+    run's scratch files (owned by this process: :func:`~ctrkit.io.scratch_dir`), after removing the scratch
+    directories of earlier runs into ``out`` that were killed (their process is gone). Stores are written to :meth:`stage` paths inside it; :meth:`publish` moves them into
     place, replacing existing stores with ``overwrite`` and then also moving away the stores of the splits
     this run did not write (an old valid / test never sits next to a new train). Whatever fails or is
     interrupted (Ctrl-C) before that leaves ``out`` as it was: the staging directory is removed on any exit,
@@ -49,7 +52,11 @@ class SplitOutput:
         self.out, self.splits, self.overwrite = Path(out), tuple(splits), overwrite
         for s in self.splits:
             check_replaceable(self.out / s, overwrite)
-        self.tmp = temp_dir(self.out, prefix)
+        make_dir(self.out)
+        for stale in remove_stale_scratch(self.out, SCRATCH_PATTERN):
+            log.warning("removed %s: the scratch files of a preprocessing run into %s that was killed", stale,
+                        self.out)
+        self.tmp, self._owner = scratch_dir(self.out, prefix)
 
     def stage(self, name: str) -> Path:
         """Where to write the store of split ``name`` before :meth:`publish`."""
@@ -83,6 +90,7 @@ class SplitOutput:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         shutil.rmtree(self.tmp, ignore_errors=True)  # scratch files, unpublished stores, replaced old stores
+        os.close(self._owner)
         if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
             raise StoreError(f"disk full while preprocessing into {self.out} ({exc.strerror}); its partial output "
                              "was removed and nothing was published: free space there or choose another --out") from exc
