@@ -238,6 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.overrides = extra
     if extra and args.command not in ("train", "tune"):  # config overrides
         build_parser().error(f"unrecognized arguments: {' '.join(extra)}")
+    from ctrkit.background import stop_all
     from ctrkit.errors import CtrkitError
 
     try:
@@ -250,6 +251,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("interrupted (Ctrl-C)%s", "; resume with --resume RUN_DIR/last.pt" if args.command == "train" else
                   "; no partial output was kept")
         return 130
+    finally:  # no reader or prefetch thread outlives the command, whatever way it ended (see ctrkit.background)
+        stop_all()
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ import logging
 import time
 import warnings
 from collections.abc import Iterator, Sequence
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -114,19 +115,21 @@ class _Criteo(Frontend):
         try:
             for path, src in zip(self.files, self.inputs):
                 line0, last_pos, damage = 0, 0, []  # type: ignore[var-annotated]
-                blocks = iter_blocks(path, block_bytes, damage=damage)
-                parsed = background((parse_block(buf), pos) for buf, pos in background(blocks))
-                for blk, pos in parsed:
-                    for idx, reason in blk.bad:
-                        src.bad.add(line0 + idx + 1, reason)
-                    src.bad.total += blk.n_lines - blk.empty_lines
-                    self.empty_lines += blk.empty_lines
-                    yield Chunk(block_columns(blk), src, line0 + blk.line + 1)  # 1-based line numbers
-                    line0 += blk.n_lines
-                    if src.bad.bad > 10_000 and src.bad.bad / max(src.bad.total, 1) > self.options["max_bad_fraction"]:
-                        src.bad.check(self.options["max_bad_fraction"])  # stop early on a broken file
-                    bar.update(pos - last_pos)
-                    last_pos = pos
+                # both stages are closed (their threads stopped and joined) however this loop ends
+                with closing(background(iter_blocks(path, block_bytes, damage=damage))) as blocks, \
+                        closing(background((parse_block(buf), pos) for buf, pos in blocks)) as parsed:
+                    for blk, pos in parsed:
+                        for idx, reason in blk.bad:
+                            src.bad.add(line0 + idx + 1, reason)
+                        src.bad.total += blk.n_lines - blk.empty_lines
+                        self.empty_lines += blk.empty_lines
+                        yield Chunk(block_columns(blk), src, line0 + blk.line + 1)  # 1-based line numbers
+                        line0 += blk.n_lines
+                        limit = self.options["max_bad_fraction"]
+                        if src.bad.bad > 10_000 and src.bad.bad / max(src.bad.total, 1) > limit:
+                            src.bad.check(limit)  # stop early on a broken file
+                        bar.update(pos - last_pos)
+                        last_pos = pos
                 for d in damage:
                     self.report_damage(d, src.bad.total)
                 if src.bad.total == 0:
