@@ -176,14 +176,9 @@ def coerce(
         return ConfigError(f"{where}expects {type_name(tp)}, got {value!r}{extra}")
 
     if origin is Annotated:
-        inner, *rules = args
-        try:
-            out = again(value, inner, key)
-        except ConfigError:
-            raise bad() from None
-        if out is not None and not all(r.ok(out) for r in rules):
-            raise bad()
-        return out
+        return _annotated(value, args, key, again, bad)
+    if isinstance(value, CliValue) and (dataclasses.is_dataclass(tp) or origin in (list, tuple, dict)):
+        value = _yaml(value, key, what)
     if tp is Any:
         return _yaml(value, key, what) if isinstance(value, CliValue) else value
     if origin in (typing.Union, types.UnionType):
@@ -201,8 +196,6 @@ def coerce(
             raise choice_error(key, value, args)
         return str(value) if isinstance(value, CliValue) else value
     if dataclasses.is_dataclass(tp):
-        if isinstance(value, CliValue):
-            value = _yaml(value, key, what)
         if not isinstance(value, dict):
             raise bad(" (a mapping)")
         return build(tp, value, key)  # type: ignore[arg-type]
@@ -213,17 +206,25 @@ def coerce(
             return out
         raise bad()
     if origin in (list, tuple):
-        if isinstance(value, CliValue):
-            value = _yaml(value, key, what)
         return _sequence(value, origin, args, key, again, bad)
     if origin is dict:
-        if isinstance(value, CliValue):
-            value = _yaml(value, key, what)
         if not isinstance(value, dict):
             raise bad(" (a mapping)")
         vt = args[1] if len(args) == 2 else Any
         return {str(k): again(v, vt, f"{key}.{k}") for k, v in value.items()}
     raise TypeError(f"{what} {key!r} has unsupported type {tp!r}")  # a bug in the caller: see is_supported
+
+
+def _annotated(value: Any, args: tuple[Any, ...], key: str, again: Any, bad: Any) -> Any:
+    """``Annotated[T, rule, ...]``: the value as T, then every declared rule (a :class:`Bound`, ...) must hold."""
+    inner, *rules = args
+    try:
+        out = again(value, inner, key)
+    except ConfigError:
+        raise bad() from None
+    if out is not None and not all(r.ok(out) for r in rules):
+        raise bad()
+    return out
 
 
 def _yaml(text: str, key: str, what: str) -> Any:
