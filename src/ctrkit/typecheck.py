@@ -32,9 +32,9 @@ import yaml
 from ctrkit.errors import ConfigError
 from ctrkit.io import did_you_mean
 
-__all__ = ["Bound", "CliValue", "Delimiter", "Fraction", "NonNegativeFloat", "NonNegativeInt", "OneChar",
-           "PositiveFloat", "PositiveInt", "Seed", "build", "cli_type", "coerce", "is_supported", "suggest",
-           "type_name"]
+__all__ = ["Bound", "CliValue", "Delimiter", "EmbeddingDim", "Fraction", "MaxVocab", "NonNegativeFloat",
+           "NonNegativeInt", "OneChar", "Port", "PositiveFloat", "PositiveInt", "Seed", "build", "cli_type", "coerce",
+           "is_supported", "suggest", "type_name"]
 
 
 class CliValue(str):
@@ -93,6 +93,9 @@ NonNegativeFloat = Annotated[float, Bound(lo=0)]
 Fraction = Annotated[float, Bound(0, 1)]
 Seed = Annotated[int, Bound(0, 2**32 - 1)]  # what numpy, torch and random all take
 Delimiter = Annotated[str, OneChar()]
+Port = Annotated[int, Bound(0, 65535)]  # 0: any free port
+MaxVocab = Annotated[int, Bound(lo=3)]  # ids 0 (missing) and 1 (rare / unseen) are reserved
+EmbeddingDim = PositiveInt | Literal["auto"]
 _INT64 = (-(2**63), 2**63 - 1)
 
 

@@ -77,6 +77,7 @@ from ctrkit.data.sources.criteo_tasks import RouteRule
 from ctrkit.data.sources.driver import Chunk, Frontend, Input, Summary, fit_or_reuse, preprocess
 from ctrkit.errors import DataError
 from ctrkit.progress import progress_bar
+from ctrkit.typecheck import EmbeddingDim, Fraction, MaxVocab, PositiveInt, Seed, cli_type
 
 log = logging.getLogger(__name__)
 
@@ -300,32 +301,40 @@ def _progress(total: int, enabled: bool | None) -> Any:
 # ---- command line -----------------------------------------------------------------------------------
 def add_preprocess_criteo_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Options of ``ctrkit preprocess criteo``."""
-    p.add_argument("inputs", nargs="+", help="Criteo TSV file(s), plain or .gz; day_0 .. day_23 files or their directory")
-    p.add_argument("--out", required=True, help="output directory; stores go to OUT/train, OUT/valid, OUT/test")
-    p.add_argument("--min-freq", type=int, default=1, help="values seen fewer times map to id 1 (rare)")
-    p.add_argument("--max-vocab", type=int, default=None, help="cap every vocabulary at this many ids")
+    p.add_argument("inputs", nargs="+",
+                   help="Criteo TSV file(s), plain or .gz; day_0 .. day_23 files or their directory")
+    p.add_argument("--out", required=True,
+                   help="output directory; stores go to OUT/train, OUT/valid, OUT/test")
+    p.add_argument("--min-freq", type=cli_type(PositiveInt), default=1,
+                   help="values seen fewer times map to id 1 (rare)")
+    p.add_argument("--max-vocab", type=cli_type(MaxVocab), default=None,
+                   help="cap every vocabulary at this many ids")
     p.add_argument("--max-vocab-mode", choices=MODES, default="hash",
                    help="hash: id = raw 32-bit value %% max_vocab, missing 0 (MLPerf / torchrec max_ind_range); "
                         "cap: the first values keep their ids")
     p.add_argument("--split", default=None,
                    help="train,valid,test fractions (default: last day file = test, else 0.8,0.1,0.1)")
-    p.add_argument("--valid-from-test", action="store_true", help="day files: halve the last day into valid/test")
-    p.add_argument("--seed", type=int, default=0, help="seed of the split and the shuffle")
-    p.add_argument("--block-rows", type=int, default=1 << 14, help="rows per read block (memory vs speed)")
-    p.add_argument("--max-bad-fraction", type=float, default=0.001,
+    p.add_argument("--valid-from-test", action="store_true",
+                   help="day files: halve the last day into valid/test")
+    p.add_argument("--seed", type=cli_type(Seed), default=0, help="seed of the split and the shuffle")
+    p.add_argument("--block-rows", type=cli_type(PositiveInt), default=1 << 14,
+                   help="rows per read block (memory vs speed)")
+    p.add_argument("--max-bad-fraction", type=cli_type(Fraction), default=0.001,
                    help="fail when more than this fraction of a file's rows are malformed")
-    p.add_argument("--vocab-from", default=None, help="store whose vocabularies to reuse (unseen values -> 1)")
-    p.add_argument("--embedding-dim", default="16",
+    p.add_argument("--vocab-from", default=None,
+                   help="store whose vocabularies to reuse (unseen values -> 1)")
+    p.add_argument("--embedding-dim", type=cli_type(EmbeddingDim), default="16",
                    help="embedding dim of every feature (one dim: what every model of the zoo takes), or 'auto' "
                         "(per feature, by vocabulary size: dlrm, FM-style and attention models refuse mixed dims)")
     p.add_argument("--overwrite", action="store_true", help="replace existing output stores")
-    p.add_argument("--workers", type=int, default=None,
+    p.add_argument("--workers", type=cli_type(PositiveInt), default=None,
                    help="run as count / encode tasks on this many local processes (same output for any number; "
                         "a stopped run resumes)")
     p.add_argument("--scheduler", default=None,
                    help="run the tasks on the Dask cluster at this address (tcp://host:8786); inputs and --out "
                         "on a path every worker sees (pip install 'ctrkit[cluster]')")
-    p.add_argument("--task-mb", type=int, default=64, help="MiB of a plain input file per task (gzip: one per file)")
+    p.add_argument("--task-mb", type=cli_type(PositiveInt), default=64,
+                   help="MiB of a plain input file per task (gzip: one per file)")
     return p
 
 
