@@ -135,7 +135,7 @@ def load_spec(path_or_dict: str | Path | dict[str, Any]) -> TableSpecYaml:
             if not isinstance(e, dict) or "name" not in e:
                 raise DataError(f"{where}: {kind} entry #{i} needs a 'name'")
             _check_keys(where, f"{kind} feature {e['name']!r}", e, keys)
-            e = _typed(where, f"{kind} feature {e['name']!r}", {"column": e["name"], **e}, keys)
+            e = _typed(where, f"{kind} feature {e['name']!r}", {**e, "column": e.get("column", e["name"])}, keys)
             if kind == "dense":
                 e.setdefault("transform", "none")
             if kind == "sequence" and ("shares" not in e or "max_len" not in e):
