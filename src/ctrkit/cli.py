@@ -13,6 +13,7 @@ import argparse
 import logging
 import os
 import sys
+import typing
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -49,6 +50,11 @@ class CtrkitParser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._renamed: dict[str, argparse.Action] = {}  # old spelling -> the option it is now
+
+    def error(self, message: str) -> typing.NoReturn:
+        """A bad command line is one line on stderr (the option, the value, what is allowed) and exit 2; the usage
+        is in ``--help``."""
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
     def rename_option(self, old: str, new: str) -> None:
         """Accept ``old`` as a hidden alias of the option ``new`` (already added)."""
@@ -121,6 +127,7 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
     from ctrkit.jobs import demo, evaluate, predict, train
     from ctrkit.jobs.common import SCORING_BATCH_HELP
     from ctrkit.jobs.launch import add_launch_options
+    from ctrkit.typecheck import PositiveInt, cli_type
 
     p = sub.add_parser("train", help="train a model from a YAML config")
     p.add_argument("--config", required=True, help="YAML config (see configs/)")
@@ -134,7 +141,7 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
     e = sub.add_parser("evaluate", help="evaluate a checkpoint on a store")
     e.add_argument("--checkpoint", required=True)
     e.add_argument("--data", help="store to evaluate (default: the config's test store)")
-    e.add_argument("--batch-size", type=int, default=None, help=SCORING_BATCH_HELP)
+    e.add_argument("--batch-size", type=cli_type(PositiveInt), default=None, help=SCORING_BATCH_HELP)
     e.set_defaults(func=evaluate.run_evaluate)
 
     r = sub.add_parser("predict", help="score raw rows with a checkpoint")
@@ -142,12 +149,12 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--input", required=True, help="raw rows in the training data's format (e.g. Criteo TSV)")
     r.add_argument("--out", required=True, help="CSV of line,score: one score per input row, with its line")
     r.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
-    r.add_argument("--batch-size", type=int, default=None, help=SCORING_BATCH_HELP)
+    r.add_argument("--batch-size", type=cli_type(PositiveInt), default=None, help=SCORING_BATCH_HELP)
     r.set_defaults(func=predict.run_predict)
 
     d = sub.add_parser("demo", help="preprocess the bundled Criteo sample and train DLRM with each interaction")
     d.add_argument("--out", default="demo_out", help="working directory")
-    d.add_argument("--epochs", type=int, default=6)
+    d.add_argument("--epochs", type=cli_type(PositiveInt), default=6)
     d.add_argument("--overwrite", action="store_true", help="replace the output of an earlier demo in --out")
     d.set_defaults(func=demo.run_demo)
 
@@ -239,6 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.overrides = extra
     if extra and args.command not in ("train", "tune"):  # config overrides
         build_parser().error(f"unrecognized arguments: {' '.join(extra)}")
+    from ctrkit.background import stop_all
     from ctrkit.errors import CtrkitError
 
     try:
@@ -251,6 +259,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("interrupted (Ctrl-C)%s", "; resume with --resume RUN_DIR/last.pt" if args.command == "train" else
                   "; no partial output was kept")
         return 130
+    finally:  # no reader or prefetch thread outlives the command, whatever way it ended (see ctrkit.background)
+        stop_all()
 
 
 if __name__ == "__main__":

@@ -68,7 +68,7 @@ def test_evals_per_epoch_and_eval_every_exclude_each_other(days):
     d, _, full = days
     with pytest.raises(JobError, match="keep one"):
         train_from_config(_cfg(d, full, "train.evals_per_epoch=4", "train.eval_every=3"))
-    with pytest.raises(ConfigError, match="evals_per_epoch must be >= 1"):
+    with pytest.raises(ConfigError, match="'train.evals_per_epoch' expects int >= 1"):
         _cfg(d, full, "train.evals_per_epoch=0")
     cfg = _cfg(d, full, "train.evals_per_epoch=20")
     assert eval_cadence(cfg, 64013).train.eval_every == 3200  # MLPerf: 4195197692 rows / 65536 per step, 20 evals

@@ -193,10 +193,10 @@ def test_resume_after_a_kill_fails_the_running_trial_and_finishes_the_study(stor
     ({"train.lrr": "{low: 0.001, high: 0.01}"}, "unknown config key 'train.lrr' (did you mean 'lr'?)"),
     ({"model.params.dnn_dropuot": "{low: 0.0, high: 0.5}"}, "parameter 'dnn_dropuot' (did you mean 'dnn_dropout'?)"),
     ({"train.lr": "{lo: 0.001, high: 0.01}"}, "'params.train.lr.lo' in 'params.train.lr' (did you mean 'low'?)"),
-    ({"train.epochs": "{low: 1, high: 4}"}, "expects int, got 1.0; write int: true"),
+    ({"train.epochs": "{low: 1, high: 4}"}, "expects int >= 1, got 1.0; write int: true"),
     ({"train": "{low: 1, high: 4}"}, "'train' is a block of the config"),
     ({"train.lr": "{low: 0.0, high: 0.01, log: true}"}, "a log range needs low > 0"),
-    ({"train.lr": "{low: -1.0, high: 0.01}"}, "the value -1.0 makes a bad config: train.lr must be > 0"),
+    ({"train.lr": "{low: -1.0, high: 0.01}"}, "the value -1.0 makes a bad config: config key 'train.lr' expects float > 0"),
     ({"model.params.dnn_hidden": "{choices: [[64], 32]}"}, "the value 32 makes a bad config"),
 ])
 def test_a_bad_search_space_names_the_key_and_the_fix(tmp_path, params, message):

@@ -69,7 +69,14 @@ def test_overrides_are_typed(tmp_path):
     ("--trian.lr=1", "did you mean 'train'"),
     ("--train.early_stopping.patiense=1", "did you mean 'patience'"),
     ("--train.lr", "key path '=' value"),
-    ("--train.epochs=0", "train.epochs must be >= 1"),
+    ("--train.epochs=0", "'train.epochs' expects int >= 1, got '0'"),
+    ("--train.early_stopping.min_delta=nan", r"'train.early_stopping.min_delta' expects float >= 0, got 'nan' \(NaN"),
+    ("--train.lr=inf", "'train.lr' expects float > 0, got 'inf'"),
+    ("--train.seed=-1", r"'train.seed' expects int in \[0, 4294967295\], got '-1'"),
+    ("--data.prefetch=-1", "'data.prefetch' expects int >= 0, got '-1'"),
+    ("--train.ftrl_alpha=-1", "'train.ftrl_alpha' expects float > 0"),
+    ("--train.metrics=[auc,", r"'train.metrics': '\[auc,' is not valid YAML"),
+    ("--model.params.dnn_hidden=[64,", r"'model.params.dnn_hidden': '\[64,' is not valid YAML"),
 ])
 def test_bad_overrides(tmp_path, override, message):
     with pytest.raises(ConfigError, match=message):
@@ -190,11 +197,12 @@ def test_one_key_walker_for_overrides_and_search_spaces() -> None:
     refuses to go through a value, for overrides and ctrkit tune's with_values alike."""
     from ctrkit.jobs.tune_space import with_values
     from ctrkit.training.config import set_key, walk_key
+    from ctrkit.typecheck import PositiveFloat
 
     def unknown(here: str, parent: str, part: str, names: list[str]) -> ConfigError:
         return ConfigError(f"{here} in {parent}")
 
-    assert walk_key(["train", "lr"], unknown) == (2, float)
+    assert walk_key(["train", "lr"], unknown) == (2, PositiveFloat)  # the field's annotation, range included
     n, leaf = walk_key(["model", "params", "dnn_hidden"], unknown)
     assert n == 2 and typing.get_origin(leaf) is dict  # below model.params the model checks its own names
     with pytest.raises(ConfigError, match="train.lrr in train"):

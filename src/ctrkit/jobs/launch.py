@@ -20,11 +20,12 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from ctrkit.errors import JobError
 from ctrkit.training.config import Config
 from ctrkit.training.distributed import launched
+from ctrkit.typecheck import Bound, NonNegativeInt, PositiveInt, cli_type
 
 log = logging.getLogger(__name__)
 
@@ -34,12 +35,16 @@ LAUNCH_OPTIONS = ("nproc_per_node", "nnodes", "node_rank", "master_addr", "maste
 def add_launch_options(p: argparse.ArgumentParser) -> None:
     """The torchrun options of ``ctrkit train``."""
     g = p.add_argument_group("several processes (torchrun's launcher)")
-    g.add_argument("--nproc-per-node", type=int, help="worker processes on this node (one per GPU on CUDA)")
-    g.add_argument("--nnodes", type=int, default=1, help="machines taking part (each runs this command)")
-    g.add_argument("--node-rank", type=int, default=0, help="this machine's place, 0 .. nnodes-1")
+    g.add_argument("--nproc-per-node", type=cli_type(PositiveInt),
+                   help="worker processes on this node (one per GPU on CUDA)")
+    g.add_argument("--nnodes", type=cli_type(PositiveInt), default=1,
+                   help="machines taking part (each runs this command)")
+    g.add_argument("--node-rank", type=cli_type(NonNegativeInt), default=0,
+                   help="this machine's place, 0 .. nnodes-1")
     g.add_argument("--master-addr", default="127.0.0.1", help="address of the node-rank 0 machine")
-    g.add_argument("--master-port", type=int, default=29500, help="a free port on the node-rank 0 machine")
-    g.add_argument("--max-restarts", type=int, default=0,
+    g.add_argument("--master-port", type=cli_type(Annotated[int, Bound(1, 65535)]), default=29500,
+                   help="a free port on the node-rank 0 machine")
+    g.add_argument("--max-restarts", type=cli_type(NonNegativeInt), default=0,
                    help="restart every worker up to this many times after a failure (resuming from last.pt)")
 
 

@@ -42,6 +42,7 @@ from ctrkit.jobs.common import SCORING_BATCH_HELP, check_same_features, checkpoi
 from ctrkit.models.base import TwoTowerModel
 from ctrkit.retrieval.catalogue import ItemCatalogue, SeenItems, encode_catalogue, exclusion_pairs, history_of
 from ctrkit.serving.index import INDEX_KINDS, VectorIndex
+from ctrkit.typecheck import PositiveInt, cli_type
 
 log = logging.getLogger(__name__)
 SOURCES = ("model", "cold_start_features", "popular")
@@ -180,13 +181,13 @@ def _popular_fallback(rows: np.ndarray, popular: np.ndarray, exclude: tuple[np.n
 def add_recall_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, help="a retrieval model's checkpoint (best.pt)")
     p.add_argument("--data", help="store of query rows (default: the checkpoint's test store)")
-    p.add_argument("--k", type=int, default=50, help="candidates per query row")
+    p.add_argument("--k", type=cli_type(PositiveInt), default=50, help="candidates per query row")
     p.add_argument("--out", required=True, help="CSV: row, user, rank, item, score, source")
     p.add_argument("--index", choices=INDEX_KINDS, default="flat_ip", help="exact (flat_*) or approximate")
     p.add_argument("--index-path", help="save the index here (or reuse it, when built from this checkpoint)")
-    p.add_argument("--nprobe", type=int, help="ivf: lists scanned per query")
-    p.add_argument("--ef-search", type=int, help="hnsw: candidates kept in the graph walk")
-    p.add_argument("--batch-size", type=int, default=None, help=SCORING_BATCH_HELP)
+    p.add_argument("--nprobe", type=cli_type(PositiveInt), help="ivf: lists scanned per query")
+    p.add_argument("--ef-search", type=cli_type(PositiveInt), help="hnsw: candidates kept in the graph walk")
+    p.add_argument("--batch-size", type=cli_type(PositiveInt), default=None, help=SCORING_BATCH_HELP)
     p.add_argument("--overwrite", action="store_true", help="replace --out / --index-path if they exist")
 
 

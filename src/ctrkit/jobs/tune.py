@@ -53,6 +53,7 @@ from ctrkit.metrics import higher_is_better
 from ctrkit.training.callbacks import Callback
 from ctrkit.training.config import Config, apply_overrides, config_from_dict, config_to_dict, read_config_file
 from ctrkit.training.rundir import RunLock
+from ctrkit.typecheck import PositiveFloat, PositiveInt, Seed, cli_type
 
 log = logging.getLogger(__name__)
 
@@ -246,12 +247,14 @@ def _fmt_values(values: dict[str, Any]) -> str:
 # ---- CLI -----------------------------------------------------------------------------------------------
 def add_tune_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True, help="YAML config whose keys are searched (see configs/)")
-    p.add_argument("--trials", type=int, required=True, help="finished trials the study should hold (resumes count)")
+    p.add_argument("--trials", type=cli_type(PositiveInt), required=True,
+                   help="finished trials the study should hold (resumes count)")
     p.add_argument("--space", help="search space YAML (default: <config stem>.search.yaml beside the config)")
     p.add_argument("--out", help="study directory: study.db, trials/ and best.yaml (default: "
                                  "<run.dir>/tune/<dataset>-<model>)")
-    p.add_argument("--timeout", type=float, help="stop starting trials after this many seconds")
-    p.add_argument("--seed", type=int, default=0, help="the sampler's seed")
+    p.add_argument("--timeout", type=cli_type(PositiveFloat),
+                   help="stop starting trials after this many seconds")
+    p.add_argument("--seed", type=cli_type(Seed), default=0, help="the sampler's seed")
     p.add_argument("--log", action="append", choices=["tensorboard"], help="extra logger of every trial")
 
 

@@ -15,7 +15,9 @@ A file may inherit base files, merged in order under its own keys (mappings deep
 
 Every key is checked against the dataclass fields: an unknown key anywhere is a
 :class:`~ctrkit.errors.ConfigError` naming the full key path and the closest valid key;
-a value of the wrong type names the key, the expected type and the value (:mod:`ctrkit.typecheck`).
+a value of the wrong type or out of its range names the key, what is allowed and the value
+(:mod:`ctrkit.typecheck`). Ranges are declared with the fields (``batch_size: PositiveInt``); a float is
+always finite (``early_stopping.min_delta=nan`` is refused).
 ``model.params`` is a free dict here; ``create_model`` checks it against the model's signature later.
 
 Overrides (from the command line) are ``key.path=value`` with an optional leading ``--``; the value
@@ -30,13 +32,23 @@ import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 
 from ctrkit.errors import ConfigError
 from ctrkit.io import missing_path
-from ctrkit.typecheck import CliValue, build, suggest
+from ctrkit.typecheck import (
+    Bound,
+    CliValue,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Seed,
+    build,
+    suggest,
+)
 
 DenseOptimizer = Literal["adam", "adamw", "sgd", "adagrad"]
 SparseOptimizer = Literal["adagrad", "rowwise_adagrad", "sparse_adam", "sgd"]
@@ -51,15 +63,15 @@ class DataConfig:
     train: list[str] | str | None = None
     valid: str | None = None
     test: str | None = None
-    batch_size: int = 2048
-    eval_batch_size: int | None = None  # None: 4 x batch_size
+    batch_size: PositiveInt = 2048
+    eval_batch_size: PositiveInt | None = None  # None: 4 x batch_size
     shuffle: bool = True
     drop_last: bool = False
-    prefetch: int = 2  # batches built ahead by the loader's background thread
+    prefetch: NonNegativeInt = 2  # batches built ahead by the loader's background thread
     # multi-hot expansion of seed 000 (None: off)
     # one size for every table, or one per sparse feature in schema order (MLPerf DLRM-DCNv2's sizes; 1 = unchanged)
-    multi_hot_size: int | list[int] | None = None
-    multi_hot_min_table_size: int = 200
+    multi_hot_size: PositiveInt | list[PositiveInt] | None = None
+    multi_hot_min_table_size: NonNegativeInt = 200
     multi_hot_distribution: Literal["uniform", "pareto"] = "uniform"
 
 
@@ -79,9 +91,9 @@ class EarlyStoppingConfig:
     """
 
     metric: str = "auc"
-    patience: int = 0
+    patience: NonNegativeInt = 0
     mode: Literal["auto", "max", "min"] = "auto"
-    min_delta: float = 0.0
+    min_delta: NonNegativeFloat = 0.0  # how much better a value must be to count as better
 
 
 @dataclass
@@ -94,9 +106,9 @@ class RetrievalConfig:
 
     loss: Literal["in_batch", "sampled", "full"] = "in_batch"
     log_q: bool = True
-    num_negatives: int = 100
+    num_negatives: PositiveInt = 100
     sampling: Literal["uniform", "frequency"] = "uniform"
-    alpha: float = 0.75
+    alpha: NonNegativeFloat = 0.75
 
 
 @dataclass
@@ -114,7 +126,7 @@ class DistributedConfig:
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     batch: Literal["global", "per_rank"] = "global"
     sharding: Literal["auto", "table_wise", "column_wise", "table_column_wise", "row_wise", "data_parallel"] = "auto"
-    timeout_s: float = 300.0
+    timeout_s: PositiveFloat = 300.0
     gather_negatives: bool = False
 
 
@@ -122,30 +134,30 @@ class DistributedConfig:
 class TrainConfig:
     """Optimisation, evaluation cadence, checkpoints and reproducibility of one training run."""
 
-    epochs: int = 1
-    max_steps: int | None = None  # stop after this many optimizer steps (overrides epochs)
+    epochs: PositiveInt = 1
+    max_steps: PositiveInt | None = None  # stop after this many optimizer steps (overrides epochs)
     # a time budget: stop once this many seconds of Trainer.fit have passed (wall clock, evaluations included;
     # a resumed run gets it anew), then evaluate and checkpoint as early stopping does (summary: stopped_by)
-    max_seconds: float | None = None
-    lr: float = 1e-3  # dense learning rate
+    max_seconds: PositiveFloat | None = None
+    lr: PositiveFloat = 1e-3  # dense learning rate
     dense_optimizer: DenseOptimizer = "adam"
     sparse_optimizer: SparseOptimizer = "adagrad"
-    embedding_lr: float | None = None  # None: same as lr
-    weight_decay: float = 0.0  # L2 on dense parameters (decoupled for adamw)
-    embedding_l2: float = 0.0  # L2 on embedding rows seen in the batch (mini-batch aware)
+    embedding_lr: PositiveFloat | None = None  # None: same as lr
+    weight_decay: NonNegativeFloat = 0.0  # L2 on dense parameters (decoupled for adamw)
+    embedding_l2: NonNegativeFloat = 0.0  # L2 on embedding rows seen in the batch (mini-batch aware)
     # models with a wide (linear) part (wide_deep) can train it with FTRL-Proximal + L1, as in the paper
     wide_optimizer: Literal["default", "ftrl"] = "default"
-    ftrl_alpha: float = 0.05
-    ftrl_beta: float = 1.0
-    ftrl_l1: float = 0.0
-    ftrl_l2: float = 0.0
-    grad_clip: float | None = None  # max global L2 norm of dense gradients
+    ftrl_alpha: PositiveFloat = 0.05
+    ftrl_beta: NonNegativeFloat = 1.0
+    ftrl_l1: NonNegativeFloat = 0.0
+    ftrl_l2: NonNegativeFloat = 0.0
+    grad_clip: PositiveFloat | None = None  # max global L2 norm of dense gradients
     # evaluate, checkpoint and keep a moving average of the weights (train/averaging.py); ~1/(1-d) steps
-    ema_decay: float | None = None
-    eval_every: int | None = None  # steps between evaluations; None: at the end of every epoch
+    ema_decay: Annotated[float, Bound(0, 1, lo_open=True, hi_open=True)] | None = None
+    eval_every: PositiveInt | None = None  # steps between evaluations; None: at the end of every epoch
     # or evaluations per epoch: every steps_per_epoch // N steps and at the end (MLPerf DLRM-DCNv2: 20)
-    evals_per_epoch: int | None = None
-    checkpoint_every: int | None = None  # steps between last.pt saves (besides every evaluation)
+    evals_per_epoch: PositiveInt | None = None
+    checkpoint_every: PositiveInt | None = None  # steps between last.pt saves (besides every evaluation)
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
     # ranking models: auc, logloss, gauc, accuracy, calibration; retrieval models: hr@K, ndcg@K, mrr (full ranking;
     # a retrieval run that keeps the ranking defaults here and in early_stopping gets RETRIEVAL_METRICS / ndcg@10)
@@ -154,11 +166,11 @@ class TrainConfig:
     # the store's weight column applies to every row ("all") or to positives only, negatives weighing 1
     # ("positives": YouTubeDNN's watch-time-weighted logistic loss for ranking)
     sample_weight: Literal["all", "positives"] = "all"
-    seed: int = 42
-    log_every: int = 50
+    seed: Seed = 42
+    log_every: PositiveInt = 50
     precision: Literal["fp32", "bf16"] = "fp32"
     device: str = "cpu"
-    threads: int | None = None  # torch intra-op CPU threads for this run (None: torch's default, the core count)
+    threads: PositiveInt | None = None  # torch intra-op CPU threads for this run (None: torch's default, the core count)
     progress: bool = True  # tqdm progress bar
     # glibc: reuse freed tensor memory across steps instead of fresh page-faulted mmaps (train/memory.py)
     keep_freed_memory: bool = True
@@ -191,38 +203,9 @@ def config_from_dict(data: dict[str, Any] | None) -> Config:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"a config must be a mapping of blocks (data/model/train/run), got {type(data).__name__}")
-    cfg = build(Config, data)
-    _check_values(cfg)
-    return cfg
-
-
-def _check_values(cfg: Config) -> None:
-    t, d = cfg.train, cfg.data
-    checks = [
-        (d.batch_size >= 1, "data.batch_size must be >= 1"),
-        (d.eval_batch_size is None or d.eval_batch_size >= 1, "data.eval_batch_size must be >= 1"),
-        (t.epochs >= 1, "train.epochs must be >= 1"),
-        (t.max_steps is None or t.max_steps >= 1, "train.max_steps must be >= 1 (or null)"),
-        (t.max_seconds is None or 0 < t.max_seconds < float("inf"),
-         f"train.max_seconds={t.max_seconds} must be a number of seconds > 0 (or null: no time budget)"),
-        (t.lr > 0, "train.lr must be > 0"),
-        (t.embedding_lr is None or t.embedding_lr > 0, "train.embedding_lr must be > 0"),
-        (t.weight_decay >= 0 and t.embedding_l2 >= 0, "train.weight_decay / embedding_l2 must be >= 0"),
-        (t.grad_clip is None or t.grad_clip > 0, "train.grad_clip must be > 0 (or null for none)"),
-        (t.eval_every is None or t.eval_every >= 1, "train.eval_every must be >= 1 (or null: every epoch)"),
-        (t.evals_per_epoch is None or t.evals_per_epoch >= 1, "train.evals_per_epoch must be >= 1 (or null)"),
-        (t.checkpoint_every is None or t.checkpoint_every >= 1, "train.checkpoint_every must be >= 1"),
-        (t.log_every >= 1, "train.log_every must be >= 1"),
-        (t.threads is None or t.threads >= 1, "train.threads must be >= 1 (or null: torch's default)"),
-        (t.early_stopping.patience >= 0, "train.early_stopping.patience must be >= 0"),
-        (t.retrieval.num_negatives >= 1, "train.retrieval.num_negatives must be >= 1"),
-        (t.retrieval.alpha >= 0, "train.retrieval.alpha must be >= 0"),
-        (t.distributed.timeout_s > 0, "train.distributed.timeout_s must be > 0 (seconds)"),
-    ]
-    for ok, msg in checks:
-        if not ok:
-            raise ConfigError(msg)
+    cfg = build(Config, data)  # every value checked against its field's declared type and range
     check_run_name(cfg.run.name)
+    return cfg
 
 
 def check_run_name(name: str | None) -> None:
@@ -259,7 +242,7 @@ def walk_key(parts: list[str], unknown: Callable[[str, str, str, list[str]], Con
         names = [f.name for f in dataclasses.fields(cls)]
         if part not in names:
             raise unknown(".".join(parts[: i + 1]), ".".join(parts[:i]) or "the top level", part, names)
-        cls = typing.get_type_hints(cls)[part]
+        cls = typing.get_type_hints(cls, include_extras=True)[part]
         if not dataclasses.is_dataclass(cls):
             return i + 1, cls
     return len(parts), cls

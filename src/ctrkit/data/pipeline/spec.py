@@ -1,17 +1,25 @@
 """The YAML feature spec of ``ctrkit preprocess table`` / ``behaviour``: parsing and validation
 (unknown keys are errors naming the entry and the closest valid key).
+
+Every key is declared below with its type and range (``min_freq: PositiveInt``, ``pooling: one of ...``) and
+every value is checked against it by :func:`ctrkit.typecheck.coerce` before any row is read: ``embedding_dim:
+eight``, ``threshold: high``, ``name: 123`` or ``multi_valued: "false"`` (a string, which is true) are errors
+naming the feature, the key, the value and what is allowed.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
-from ctrkit.errors import DataError
+from ctrkit.data.pipeline.vocab import MODES
+from ctrkit.errors import ConfigError, DataError
 from ctrkit.io import closest
+from ctrkit.schema import GROUPS, POOLINGS, SEQUENCE_POOLINGS, SEQUENCE_ROLES
+from ctrkit.typecheck import Delimiter, EmbeddingDim, MaxVocab, NonNegativeInt, PositiveInt, coerce, suggest
 
 SPLITS = ("train", "valid", "test")
 
@@ -20,22 +28,37 @@ TRANSFORMS = ("none", "log", "standardize")
 
 
 _TOP_KEYS = {"label", "weight", "group_id", "split_column", "dense", "sparse", "sequence", "options", "item_id"}
+_COLUMNS: dict[str, Any] = {"weight": str | None, "group_id": str | None, "split_column": str | None,
+                            "item_id": str | None}
+
+_Group = Literal[GROUPS]  # type: ignore[valid-type]
+# every key of an entry and the values it takes
+_DENSE_KEYS: dict[str, Any] = {"name": str, "column": str, "transform": Literal[TRANSFORMS], "group": _Group}
+_SPARSE_KEYS: dict[str, Any] = {
+    "name": str, "column": str, "embedding_dim": EmbeddingDim, "table": str, "group": _Group,
+    "min_freq": PositiveInt, "multi_valued": bool, "delimiter": Delimiter, "pooling": Literal[POOLINGS],
+    "max_len": PositiveInt}
+_SEQ_KEYS: dict[str, Any] = {
+    "name": str, "column": str, "shares": str, "max_len": PositiveInt, "delimiter": Delimiter,
+    "pooling": Literal[SEQUENCE_POOLINGS], "group": _Group, "role": Literal[SEQUENCE_ROLES] | None,
+    "of": str | None, "session": NonNegativeInt | None}
+_LABEL_KEYS: dict[str, Any] = {"column": str, "threshold": float}
+# preprocess_table's defaults
+OPTION_KEYS: dict[str, Any] = {"min_freq": PositiveInt, "max_vocab": MaxVocab | None,
+                               "max_vocab_mode": Literal[MODES], "embedding_dim": EmbeddingDim}
 
 
-_DENSE_KEYS = {"name", "column", "transform", "group"}
+def _choice(key: str, value: Any, choices: tuple[Any, ...]) -> ConfigError:
+    return ConfigError(f"key {key!r}: {value!r} is not one of {list(choices)}{suggest(str(value), choices)}")
 
 
-_SPARSE_KEYS = {"name", "column", "embedding_dim", "table", "group", "min_freq", "multi_valued", "delimiter",
-                "pooling", "max_len"}
-
-
-_SEQ_KEYS = {"name", "column", "shares", "max_len", "delimiter", "pooling", "group", "role", "of", "session"}
-
-
-_LABEL_KEYS = {"column", "threshold"}
-
-
-OPTION_KEYS = {"min_freq", "max_vocab", "max_vocab_mode", "embedding_dim"}  # preprocess_table's defaults
+def _typed(where: str, what: str, given: dict[str, Any], types: dict[str, Any]) -> dict[str, Any]:
+    """``given`` with every value checked against its key's declared type (``given``'s keys are known)."""
+    try:
+        return {k: coerce(v, types[k], str(k), what="key", choice_error=_choice) for k, v in given.items()}
+    except ConfigError as e:
+        hint = " (quote a name made of digits: '123')" if "expects str" in str(e) else ""
+        raise DataError(f"{where}: {what}: {e}{hint}") from None
 
 
 def _check_keys(where: str, what: str, given: Any, valid: set[str]) -> None:
@@ -99,6 +122,7 @@ def load_spec(path_or_dict: str | Path | dict[str, Any]) -> TableSpecYaml:
     label, thr = d["label"], None
     if isinstance(label, dict):
         _check_keys(where, "label", label, _LABEL_KEYS)
+        label = _typed(where, "label", label, _LABEL_KEYS)
         label, thr = label.get("column"), label.get("threshold")
         if label is None or thr is None:
             raise DataError(f"{where}: label as a mapping needs 'column' and 'threshold'")
@@ -111,10 +135,9 @@ def load_spec(path_or_dict: str | Path | dict[str, Any]) -> TableSpecYaml:
             if not isinstance(e, dict) or "name" not in e:
                 raise DataError(f"{where}: {kind} entry #{i} needs a 'name'")
             _check_keys(where, f"{kind} feature {e['name']!r}", e, keys)
-            e = {"column": e["name"], **e}
-            if kind == "dense" and e.setdefault("transform", "none") not in TRANSFORMS:
-                raise DataError(f"{where}: dense feature {e['name']!r}: transform {e['transform']!r} is not "
-                                f"one of {TRANSFORMS}")
+            e = _typed(where, f"{kind} feature {e['name']!r}", {**e, "column": e.get("column", e["name"])}, keys)
+            if kind == "dense":
+                e.setdefault("transform", "none")
             if kind == "sequence" and ("shares" not in e or "max_len" not in e):
                 raise DataError(f"{where}: sequence feature {e['name']!r} needs 'shares' and 'max_len'")
             out.append(e)
@@ -123,9 +146,13 @@ def load_spec(path_or_dict: str | Path | dict[str, Any]) -> TableSpecYaml:
     if not isinstance(opts, dict):
         raise DataError(f"{where}: options must be a mapping with keys {sorted(OPTION_KEYS)}, got {opts!r}")
     _check_keys(where, "options", opts, OPTION_KEYS)
+    opts = _typed(where, "options", opts, OPTION_KEYS)
+    if not isinstance(label, str):
+        raise DataError(f"{where}: label must be a column name or {{column: C, threshold: t}}, got {label!r}")
+    columns = _typed(where, "the top level", {k: d.get(k) for k in _COLUMNS}, _COLUMNS)
     item_id = d.get("item_id")
     if item_id is not None and item_id not in {e["name"] for e in entries["sparse"]}:
         raise DataError(f"{where}: item_id {item_id!r} is not one of the sparse features "
                         f"{[e['name'] for e in entries['sparse']]}")
-    return TableSpecYaml(str(label), thr, d.get("weight"), d.get("group_id"), d.get("split_column"),
+    return TableSpecYaml(label, thr, columns["weight"], columns["group_id"], columns["split_column"],
                          entries["dense"], entries["sparse"], entries["sequence"], opts, item_id)

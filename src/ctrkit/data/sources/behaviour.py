@@ -69,6 +69,16 @@ from ctrkit.data.sources.behaviour_samples import NEGATIVES, Samples, build_samp
 from ctrkit.data.sources.driver import Chunk, Frontend, Input, Summary, preprocess
 from ctrkit.data.storage.store import check_replaceable
 from ctrkit.errors import DataError
+from ctrkit.typecheck import (
+    Delimiter,
+    EmbeddingDim,
+    Fraction,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Seed,
+    cli_type,
+)
 
 log = logging.getLogger(__name__)
 
@@ -247,7 +257,8 @@ def add_preprocess_behaviour_args(p: argparse.ArgumentParser) -> argparse.Argume
     p.add_argument("--input", dest="input_opt", default=None, help="the log (instead of the positional)")
     p.add_argument("--out", required=True, help="output directory: OUT/{train,valid,test}, OUT/report.json")
     p.add_argument("--format", choices=FORMATS, default=None, help="default: parquet by extension, else csv")
-    p.add_argument("--item-attributes", default=None, help="s3rec: JSON {item: [attribute ids]} (last id = cate)")
+    p.add_argument("--item-attributes", default=None,
+                   help="s3rec: JSON {item: [attribute ids]} (last id = cate)")
     p.add_argument("--user-col", default="user")
     p.add_argument("--item-col", default="item")
     p.add_argument("--attr-cols", nargs="*", default=[], help="item attribute columns, COLUMN[:FEATURE] each")
@@ -255,28 +266,37 @@ def add_preprocess_behaviour_args(p: argparse.ArgumentParser) -> argparse.Argume
     p.add_argument("--type-col", default=None, help="behaviour type column, for --behaviour-types")
     p.add_argument("--behaviour-types", default=None, help="keep only these types, e.g. pv,buy")
     p.add_argument("--rating-col", default=None, help="rating column: with --min-rating, turns ratings into clicks")
-    p.add_argument("--min-rating", type=float, default=None,
+    p.add_argument("--min-rating", type=cli_type(float), default=None,
                    help="rows rated at least this are the behaviours (clicks); the others are dropped (as a table "
                         "label's threshold: value >= threshold is 1)")
     p.add_argument("--no-header", dest="header", action="store_false", help="the CSV has no header line")
     p.add_argument("--names", default=None, help="column names, comma-separated (with --no-header)")
-    p.add_argument("--delimiter", default=",", help="CSV field delimiter")
-    p.add_argument("--max-len", type=int, default=50, help="history length kept (the most recent)")
+    p.add_argument("--delimiter", type=cli_type(Delimiter), default=",", help="CSV field delimiter")
+    p.add_argument("--max-len", type=cli_type(PositiveInt), default=50,
+                   help="history length kept (the most recent)")
     p.add_argument("--negatives", choices=NEGATIVES, default="uniform",
                    help="uniform (DIN) or popularity (DIEN): a sampled label-0 row per positive; none: "
                         "positives only (retrieval: two-tower, YouTubeDNN, SASRec)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the negatives and the train shuffle")
+    p.add_argument("--seed", type=cli_type(Seed), default=0,
+                   help="seed of the negatives and the train shuffle")
     p.add_argument("--aux-negatives", action="store_true", help="DIEN: neg_hist_* (one negative per step)")
-    p.add_argument("--sessions", type=int, default=0, help="DSIN: keep this many sessions (sess_<k>_*)")
-    p.add_argument("--session-len", type=int, default=10, help="behaviours kept per session (the last ones)")
-    p.add_argument("--session-gap", type=float, default=1800.0, help="seconds of inactivity that start a session")
-    p.add_argument("--min-session-len", type=int, default=1, help="drop sessions with fewer behaviours")
+    p.add_argument("--sessions", type=cli_type(NonNegativeInt), default=0,
+                   help="DSIN: keep this many sessions (sess_<k>_*)")
+    p.add_argument("--session-len", type=cli_type(PositiveInt), default=10,
+                   help="behaviours kept per session (the last ones)")
+    p.add_argument("--session-gap", type=cli_type(PositiveFloat), default=1800.0,
+                   help="seconds of inactivity that start a session")
+    p.add_argument("--min-session-len", type=cli_type(PositiveInt), default=1,
+                   help="drop sessions with fewer behaviours")
     p.add_argument("--example-age", action="store_true",
                    help="YouTubeDNN: dense example_age = (T_end - t) / (T_end - T_start) on train, 0 on "
                         "valid / test (needs --time-col)")
-    p.add_argument("--min-freq", type=int, default=1, help="keys seen fewer times in train map to id 1")
-    p.add_argument("--embedding-dim", default="auto", help="embedding dim of every table, or 'auto'")
-    p.add_argument("--max-bad-fraction", type=float, default=0.001, help="fail above this fraction of bad rows")
+    p.add_argument("--min-freq", type=cli_type(PositiveInt), default=1,
+                   help="keys seen fewer times in train map to id 1")
+    p.add_argument("--embedding-dim", type=cli_type(EmbeddingDim), default="auto",
+                   help="embedding dim of every table, or 'auto'")
+    p.add_argument("--max-bad-fraction", type=cli_type(Fraction), default=0.001,
+                   help="fail above this fraction of bad rows")
     p.add_argument("--overwrite", action="store_true", help="replace existing output stores")
     return p
 

@@ -9,7 +9,6 @@ else trimmed text; an empty attribute is missing. Times: numbers (seconds, or an
 from __future__ import annotations
 
 import gzip
-import io
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ import pyarrow.parquet as pq
 from ctrkit.data.pipeline.columns import numeric, to_string
 from ctrkit.data.pipeline.rows import BadRows
 from ctrkit.data.pipeline.rules import INT_KEY, NUMBER
+from ctrkit.data.sources.table_read import csv_header
 from ctrkit.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -89,10 +89,7 @@ def _int_if_all(s: pa.Array) -> pa.Array:
 def _csv_names(path: Path, delimiter: str) -> list[str]:
     """The header line's names (the file may be gzipped; later malformed lines do not matter here)."""
     try:
-        with pa.input_stream(str(path)) as f:  # decompresses by extension
-            first = f.read(1 << 20).split(b"\n", 1)[0].rstrip(b"\r")
-        return pacsv.read_csv(io.BytesIO(first + b"\n"),
-                              parse_options=pacsv.ParseOptions(delimiter=delimiter)).schema.names
+        return csv_header(path, delimiter)
     except (pa.ArrowInvalid, OSError, EOFError) as e:
         raise DataError(f"{path}: cannot read the CSV header ({e}); without one pass --no-header --names") from None
 

@@ -45,6 +45,7 @@ import logging
 import time
 import warnings
 from collections.abc import Iterator, Sequence
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +77,7 @@ from ctrkit.data.sources.criteo_tasks import RouteRule
 from ctrkit.data.sources.driver import Chunk, Frontend, Input, Summary, fit_or_reuse, preprocess
 from ctrkit.errors import DataError
 from ctrkit.progress import progress_bar
+from ctrkit.typecheck import EmbeddingDim, Fraction, MaxVocab, PositiveInt, Seed, cli_type
 
 log = logging.getLogger(__name__)
 
@@ -114,19 +116,21 @@ class _Criteo(Frontend):
         try:
             for path, src in zip(self.files, self.inputs):
                 line0, last_pos, damage = 0, 0, []  # type: ignore[var-annotated]
-                blocks = iter_blocks(path, block_bytes, damage=damage)
-                parsed = background((parse_block(buf), pos) for buf, pos in background(blocks))
-                for blk, pos in parsed:
-                    for idx, reason in blk.bad:
-                        src.bad.add(line0 + idx + 1, reason)
-                    src.bad.total += blk.n_lines - blk.empty_lines
-                    self.empty_lines += blk.empty_lines
-                    yield Chunk(block_columns(blk), src, line0 + blk.line + 1)  # 1-based line numbers
-                    line0 += blk.n_lines
-                    if src.bad.bad > 10_000 and src.bad.bad / max(src.bad.total, 1) > self.options["max_bad_fraction"]:
-                        src.bad.check(self.options["max_bad_fraction"])  # stop early on a broken file
-                    bar.update(pos - last_pos)
-                    last_pos = pos
+                # both stages are closed (their threads stopped and joined) however this loop ends
+                with closing(background(iter_blocks(path, block_bytes, damage=damage))) as blocks, \
+                        closing(background((parse_block(buf), pos) for buf, pos in blocks)) as parsed:
+                    for blk, pos in parsed:
+                        for idx, reason in blk.bad:
+                            src.bad.add(line0 + idx + 1, reason)
+                        src.bad.total += blk.n_lines - blk.empty_lines
+                        self.empty_lines += blk.empty_lines
+                        yield Chunk(block_columns(blk), src, line0 + blk.line + 1)  # 1-based line numbers
+                        line0 += blk.n_lines
+                        limit = self.options["max_bad_fraction"]
+                        if src.bad.bad > 10_000 and src.bad.bad / max(src.bad.total, 1) > limit:
+                            src.bad.check(limit)  # stop early on a broken file
+                        bar.update(pos - last_pos)
+                        last_pos = pos
                 for d in damage:
                     self.report_damage(d, src.bad.total)
                 if src.bad.total == 0:
@@ -297,32 +301,40 @@ def _progress(total: int, enabled: bool | None) -> Any:
 # ---- command line -----------------------------------------------------------------------------------
 def add_preprocess_criteo_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Options of ``ctrkit preprocess criteo``."""
-    p.add_argument("inputs", nargs="+", help="Criteo TSV file(s), plain or .gz; day_0 .. day_23 files or their directory")
-    p.add_argument("--out", required=True, help="output directory; stores go to OUT/train, OUT/valid, OUT/test")
-    p.add_argument("--min-freq", type=int, default=1, help="values seen fewer times map to id 1 (rare)")
-    p.add_argument("--max-vocab", type=int, default=None, help="cap every vocabulary at this many ids")
+    p.add_argument("inputs", nargs="+",
+                   help="Criteo TSV file(s), plain or .gz; day_0 .. day_23 files or their directory")
+    p.add_argument("--out", required=True,
+                   help="output directory; stores go to OUT/train, OUT/valid, OUT/test")
+    p.add_argument("--min-freq", type=cli_type(PositiveInt), default=1,
+                   help="values seen fewer times map to id 1 (rare)")
+    p.add_argument("--max-vocab", type=cli_type(MaxVocab), default=None,
+                   help="cap every vocabulary at this many ids")
     p.add_argument("--max-vocab-mode", choices=MODES, default="hash",
                    help="hash: id = raw 32-bit value %% max_vocab, missing 0 (MLPerf / torchrec max_ind_range); "
                         "cap: the first values keep their ids")
     p.add_argument("--split", default=None,
                    help="train,valid,test fractions (default: last day file = test, else 0.8,0.1,0.1)")
-    p.add_argument("--valid-from-test", action="store_true", help="day files: halve the last day into valid/test")
-    p.add_argument("--seed", type=int, default=0, help="seed of the split and the shuffle")
-    p.add_argument("--block-rows", type=int, default=1 << 14, help="rows per read block (memory vs speed)")
-    p.add_argument("--max-bad-fraction", type=float, default=0.001,
+    p.add_argument("--valid-from-test", action="store_true",
+                   help="day files: halve the last day into valid/test")
+    p.add_argument("--seed", type=cli_type(Seed), default=0, help="seed of the split and the shuffle")
+    p.add_argument("--block-rows", type=cli_type(PositiveInt), default=1 << 14,
+                   help="rows per read block (memory vs speed)")
+    p.add_argument("--max-bad-fraction", type=cli_type(Fraction), default=0.001,
                    help="fail when more than this fraction of a file's rows are malformed")
-    p.add_argument("--vocab-from", default=None, help="store whose vocabularies to reuse (unseen values -> 1)")
-    p.add_argument("--embedding-dim", default="16",
+    p.add_argument("--vocab-from", default=None,
+                   help="store whose vocabularies to reuse (unseen values -> 1)")
+    p.add_argument("--embedding-dim", type=cli_type(EmbeddingDim), default="16",
                    help="embedding dim of every feature (one dim: what every model of the zoo takes), or 'auto' "
                         "(per feature, by vocabulary size: dlrm, FM-style and attention models refuse mixed dims)")
     p.add_argument("--overwrite", action="store_true", help="replace existing output stores")
-    p.add_argument("--workers", type=int, default=None,
+    p.add_argument("--workers", type=cli_type(PositiveInt), default=None,
                    help="run as count / encode tasks on this many local processes (same output for any number; "
                         "a stopped run resumes)")
     p.add_argument("--scheduler", default=None,
                    help="run the tasks on the Dask cluster at this address (tcp://host:8786); inputs and --out "
                         "on a path every worker sees (pip install 'ctrkit[cluster]')")
-    p.add_argument("--task-mb", type=int, default=64, help="MiB of a plain input file per task (gzip: one per file)")
+    p.add_argument("--task-mb", type=cli_type(PositiveInt), default=64,
+                   help="MiB of a plain input file per task (gzip: one per file)")
     return p
 
 

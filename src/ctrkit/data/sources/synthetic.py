@@ -29,6 +29,7 @@ import gzip
 import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 import pyarrow as pa
@@ -39,6 +40,7 @@ from ctrkit.data.storage.store import StoreWriter, check_replaceable
 from ctrkit.errors import DataError, StoreError
 from ctrkit.io import atomic_file, make_dir
 from ctrkit.schema import DenseFeature, Schema, SparseFeature
+from ctrkit.typecheck import Bound, EmbeddingDim, NonNegativeInt, PositiveFloat, Seed, cli_type
 
 log = logging.getLogger(__name__)
 
@@ -287,16 +289,20 @@ def output_format(out: str | Path) -> str:
 
 
 def add_synth_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument("--rows", type=int, required=True, help="number of rows to generate")
+    parser.add_argument("--rows", type=cli_type(NonNegativeInt), required=True,
+                        help="number of rows to generate")
     parser.add_argument("--out", required=True,
                         help="output path: a Criteo TSV file when it ends in .tsv or .gz (gzip-compressed when .gz: "
                              "x.tsv.gz, day_0.gz), else a store directory")
     parser.add_argument("--format", choices=("tsv", "store"), default=None,
                         help="raw Criteo TSV or a store, whatever --out is called (default: from --out's suffix)")
-    parser.add_argument("--seed", type=int, default=0, help="row sampling seed (the planted signal is fixed)")
-    parser.add_argument("--scale", type=float, default=1.0, help="multiply the Kaggle cardinalities by this")
-    parser.add_argument("--max-cardinality", type=int, default=None, help="cap every cardinality at this")
-    parser.add_argument("--embedding-dim", type=_dim, default=None,
+    parser.add_argument("--seed", type=cli_type(Seed), default=0,
+                        help="row sampling seed (the planted signal is fixed)")
+    parser.add_argument("--scale", type=cli_type(PositiveFloat), default=1.0,
+                        help="multiply the Kaggle cardinalities by this")
+    parser.add_argument("--max-cardinality", type=cli_type(Annotated[int, Bound(lo=2)]), default=None,
+                        help="cap every cardinality at this")
+    parser.add_argument("--embedding-dim", type=cli_type(EmbeddingDim), default=None,
                         help="the store schema's embedding dim of every table: an integer or 'auto' (default; a "
                              "model may choose its own with model.params.embedding_dim)")
     parser.add_argument("--overwrite", action="store_true",

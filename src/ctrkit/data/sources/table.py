@@ -61,6 +61,7 @@ from ctrkit.data.sources.driver import Chunk, Frontend, Input, Summary, preproce
 from ctrkit.data.sources.table_read import header, iter_batches
 from ctrkit.data.storage.spill import RawSpill
 from ctrkit.errors import DataError
+from ctrkit.typecheck import EmbeddingDim, Fraction, MaxVocab, PositiveInt, Seed, cli_type
 
 log = logging.getLogger(__name__)
 
@@ -243,22 +244,29 @@ def add_preprocess_table_args(p: argparse.ArgumentParser) -> argparse.ArgumentPa
     """Options of ``ctrkit preprocess table``."""
     p.add_argument("input", help="CSV (with header; plain or compressed: .csv.gz) or Parquet file")
     p.add_argument("--schema", required=True, help="YAML feature spec (see examples/movielens_100k.yaml)")
-    p.add_argument("--out", required=True, help="output directory; stores go to OUT/train, OUT/valid, OUT/test")
+    p.add_argument("--out", required=True,
+                   help="output directory; stores go to OUT/train, OUT/valid, OUT/test")
     p.add_argument("--split", default=None,
                    help=f"train,valid,test fractions of INPUT (default {DEFAULT_SPLIT}; '1' = train only)")
     p.add_argument("--valid", default=None, metavar="FILE",
                    help="validation file (same columns as INPUT), mapped with the pipeline fitted on INPUT; "
                         "INPUT is then all train (not with --split or a spec split_column)")
     p.add_argument("--test", default=None, metavar="FILE", help="test file, as --valid")
-    p.add_argument("--seed", type=int, default=0, help="seed of the split and the shuffle")
-    p.add_argument("--min-freq", type=int, default=None, help="values seen fewer times map to id 1 (rare)")
-    p.add_argument("--max-vocab", type=int, default=None, help="cap every vocabulary at this many ids")
+    p.add_argument("--seed", type=cli_type(Seed), default=0, help="seed of the split and the shuffle")
+    p.add_argument("--min-freq", type=cli_type(PositiveInt), default=None,
+                   help="values seen fewer times map to id 1 (rare)")
+    p.add_argument("--max-vocab", type=cli_type(MaxVocab), default=None,
+                   help="cap every vocabulary at this many ids")
     p.add_argument("--max-vocab-mode", choices=MODES, default=None,
                    help="hash or cap (default: the spec's options, else hash)")
-    p.add_argument("--embedding-dim", default=None, help="default embedding dim, or 'auto'")
-    p.add_argument("--block-rows", type=int, default=1 << 16, help="rows per read block (memory vs speed)")
-    p.add_argument("--max-bad-fraction", type=float, default=0.001, help="fail above this fraction of bad rows")
-    p.add_argument("--vocab-from", default=None, help="store whose vocabularies to reuse (unseen values -> 1)")
+    p.add_argument("--embedding-dim", type=cli_type(EmbeddingDim), default=None,
+                   help="default embedding dim, or 'auto'")
+    p.add_argument("--block-rows", type=cli_type(PositiveInt), default=1 << 16,
+                   help="rows per read block (memory vs speed)")
+    p.add_argument("--max-bad-fraction", type=cli_type(Fraction), default=0.001,
+                   help="fail above this fraction of bad rows")
+    p.add_argument("--vocab-from", default=None,
+                   help="store whose vocabularies to reuse (unseen values -> 1)")
     p.add_argument("--overwrite", action="store_true", help="replace existing output stores")
     return p
 

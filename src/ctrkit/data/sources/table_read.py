@@ -4,7 +4,6 @@ batches of the requested columns, the physical line number of every row, and the
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -114,9 +113,22 @@ def header(path: Path) -> list[str]:
             return list(pq.ParquetFile(path).schema_arrow.names)
         except (pa.ArrowInvalid, OSError) as e:
             raise DataError(f"{path}: not a readable Parquet file ({e})") from None
-    try:  # pyarrow decompresses by extension (.csv.gz, .csv.bz2, ...) and drops a UTF-8 BOM
-        with pa.input_stream(str(path)) as fh:
-            first = fh.read(1 << 20).split(b"\n", 1)[0]
-        return pacsv.read_csv(io.BytesIO(first.rstrip(b"\r") + b"\n")).schema.names
+    try:
+        return csv_header(path)
     except (pa.ArrowInvalid, OSError, EOFError) as e:
         raise DataError(f"{path}: cannot read the CSV header ({e})") from None
+
+
+def csv_header(path: Path, delimiter: str = ",") -> list[str]:
+    """The names on the first line of a CSV, plain or compressed (pyarrow decompresses by extension: .csv.gz,
+    .csv.bz2, ... and drops a UTF-8 BOM); pyarrow's errors pass through.
+
+    Parsed on this thread (``use_threads=False``): a threaded read returns while Arrow's pool still holds the
+    line's Python buffer, and a pool thread that releases it once the interpreter is exiting aborts the process
+    (exit 134, "terminate called without an active exception") after the clean error of a failed command.
+    """
+    with pa.input_stream(str(path)) as fh:
+        first = fh.read(1 << 20).split(b"\n", 1)[0]
+    return pacsv.read_csv(pa.py_buffer(first.rstrip(b"\r") + b"\n"),
+                          read_options=pacsv.ReadOptions(use_threads=False),
+                          parse_options=pacsv.ParseOptions(delimiter=delimiter)).schema.names
