@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ctrkit.errors import CheckpointError, StoreError
+from ctrkit.errors import CheckpointError, DataError, StoreError
 
 
 def path_exists(p: Path) -> bool:
@@ -242,6 +242,27 @@ def file_checksum(path: Path, full: bool = False) -> str:
             f.seek(max(1 << 20, size - (1 << 20)))
             h.update(f.read(1 << 20))
     return "quick:" + h.hexdigest()
+
+
+def check_distinct_inputs(named: Iterable[tuple[str, Path]]) -> None:
+    """:class:`DataError` when two of the ``(what, path)`` inputs are one file: the same path twice, a symlink
+    and its target, or two hard links (compared by device and inode). Every row would be read twice, and in a
+    split by fractions most rows of one copy would land in train and the other copy's in valid / test."""
+    seen: dict[tuple[int, int], tuple[str, Path]] = {}
+    for what, path in named:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue  # a missing file is the reader's error, with its own message
+        key = (st.st_dev, st.st_ino)
+        if key not in seen:
+            seen[key] = (what, Path(path))
+            continue
+        first = seen[key]
+        same = "the same path" if first[1] == Path(path) else f"the same file ({Path(path).resolve()})"
+        raise DataError(f"{first[0]} {first[1]} and {what} {path} are {same}: every row would be read twice "
+                        "(and rows of one copy would land in train, their twins in valid / test); give each "
+                        "input once")
 
 
 def link_tree(src: Path, dst: Path) -> None:

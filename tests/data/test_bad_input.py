@@ -114,14 +114,16 @@ def test_criteo_pipeline_rows_with_non_finite_text(caplog: pytest.LogCaptureFixt
     f = criteo_lines(1)[0].split("\t")
     row = dict(zip(["label", *DENSE_NAMES, *SPARSE_NAMES], f))
     pipe = FeaturePipeline.criteo().fit([row])
-    rows = [row, {**row, "I2": "1e400"}, {**row, "I3": "-inf"}, {**row, "I4": "1e300"}]
+    rows = [row, {**row, "I2": "1e400"}, {**row, "I3": "-inf"}, {**row, "I4": "9" * 18}, {**row, "I5": "1e300"}]
     bad = BadRows("rows")
     enc = pipe.encode(rows, bad=bad)
-    assert enc.keep.tolist() == [0, 3] and bad.bad == 2
-    assert "'I2'" in bad.first[0][1] and "'I3'" in bad.first[1][1]
+    # Criteo counts follow the block parser's rule (an integer of at most 18 digits): text a file would refuse
+    # ("1e400", "-inf", and "1e300", finite but not a count) is a bad row here too
+    assert enc.keep.tolist() == [0, 3] and bad.bad == 3
+    assert "'I2'" in bad.first[0][1] and "'I3'" in bad.first[1][1] and "'I5'" in bad.first[2][1]
     out = pipe.finalize(enc.parts())
-    assert out["I4"][1] == pytest.approx(math.log(1e300 + 3))  # large but finite: ln keeps it in range
-    with pytest.raises(DataError, match=r"row 2: dense 'I2' is not finite"):
+    assert out["I4"][1] == pytest.approx(math.log(1e18 - 1 + 3))  # the largest count: ln keeps it in range
+    with pytest.raises(DataError, match=r"row 2: dense 'I2' is not an integer \(optional '-', at most 18 digits\)"):
         pipe.transform(rows)
 
 

@@ -17,7 +17,7 @@ from ctrkit.cli import main
 from ctrkit.data.sources.behaviour import preprocess_behaviour
 from ctrkit.data.storage.loader import BatchLoader
 from ctrkit.data.storage.store import Store
-from ctrkit.errors import JobError, RetrievalError
+from ctrkit.errors import JobError, RetrievalError, StoreError
 from ctrkit.jobs.recall import raw_keys, recall, row_sources
 from ctrkit.jobs.train import train_from_config
 from ctrkit.retrieval.catalogue import ItemCatalogue, SeenItems
@@ -216,4 +216,19 @@ def test_a_ranking_store_given_to_recall_names_the_features(trained, tmp_path, c
                    str(tmp_path / "c.csv")])
     assert rc == 2 and len(caplog.records) == 1
     assert "has other features than checkpoint" in caplog.text and "missing from the store: user, item" in caplog.text
+    assert not (tmp_path / "c.csv").exists()
+
+
+def test_recall_refuses_a_store_of_other_vocabularies(trained, tmp_path):
+    """Query rows preprocessed on their own (not with --vocab-from): their ids name other users and items, so
+    `ctrkit recall --data` is refused as `ctrkit evaluate` refuses it, and nothing is written (issue 27, 3)."""
+    _, _out, ckpt_path, _summary = trained
+    write_log(tmp_path / "log.csv", n_users=60, n_items=40, per_user=8, seed=7)
+    other = preprocess_behaviour(tmp_path / "log.csv", tmp_path / "st", attr_cols=["cat:cate"], time_col="time",
+                                 negatives="none", embedding_dim=8)
+    args = ["recall", "--checkpoint", str(ckpt_path), "--data", str(other["test"]), "--k", "3",
+            "--out", str(tmp_path / "c.csv")]
+    with pytest.raises(StoreError, match="--data: .* other vocabularies .*--vocab-from"):
+        recall(ckpt_path, other["test"], tmp_path / "c.csv", k=3)
+    assert main(args) == 2
     assert not (tmp_path / "c.csv").exists()

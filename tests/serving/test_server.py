@@ -128,13 +128,17 @@ def test_criteo_scores_equal_predictor_predict(criteo):
     want = predictor.predict(ROWS)
     np.testing.assert_allclose(out["scores"], want, rtol=1e-6, atol=1e-7)
     assert len(np.unique(want)) > 1
-    # the same rows as {"rows": [...]}, dense values as numeric strings, keys as decoded integers, extra fields
-    alt = [{**row, **{f"I{i}": "" if row[f"I{i}"] is None else f" {row[f'I{i}']} " for i in range(1, 14)},
-            **{f"C{i}": int(row[f"C{i}"], 16) for i in range(1, 27) if row[f"C{i}"] is not None},
+    # the same rows as {"rows": [...]}, counts as their text (as in a file), upper-case keys, extra fields
+    alt = [{**row, **{f"I{i}": "" if row[f"I{i}"] is None else f"{row[f'I{i}']}" for i in range(1, 14)},
+            **{f"C{i}": row[f"C{i}"].upper() for i in range(1, 27) if row[f"C{i}"] is not None},
             "my_request_id": k, "label": None} for k, row in enumerate(ROWS)]
     r = post(client, {"rows": alt, "ignored": True})
     assert r.status_code == 200, r.text
     np.testing.assert_allclose(r.json()["scores"], want, rtol=1e-6, atol=1e-7)
+    # what `ctrkit predict` refuses in a file is refused here too: a count with spaces, a key as an integer
+    for field, value in (("I1", " 5 "), ("C1", 0x68FD1E64), ("C1", "0x68fd1e")):
+        r = post(client, [{**ROWS[0], field: value}])
+        assert r.status_code == 422 and f"field {field!r}" in r.text, (field, value, r.text)
     # empty strings as missing values and upper-case hex
     alt = [{**row, "C3": "", "I2": None, "C9": row["C9"].upper()} for row in ROWS[:9]]
     r = post(client, alt)
@@ -263,21 +267,27 @@ def without(field: str) -> list[dict]:
 
 @pytest.mark.parametrize("body, field, message", [
     (without("C7"), "C7", "row 1 lacks the required field 'C7'; send null for a missing value"),
-    (with_value("I3", '{"a": 1}'), "I3", "must be a number, a numeric string, \"\" or null (missing); got an object"),
+    (with_value("I3", '{"a": 1}'), "I3", ("must be an integer of at most 18 digits (a JSON integer, or its digits in a "
+                                          "string: \"42\", \"-1\"), \"\" or null (missing); got an object")),
     (with_value("I3", "[1, 2]"), "I3", "got a list"),
     (with_value("I3", "true"), "I3", "got true"),
     (with_value("I3", '"12abc"'), "I3", 'got the string "12abc"'),
-    (with_value("I3", '"1e400"'), "I3", "too large for a 64-bit float"),
-    (with_value("I3", "NaN"), "I3", "is NaN, not a finite number (JSON has no NaN / Infinity)"),
-    (with_value("I3", "Infinity"), "I3", "is Infinity, not a finite number"),
-    (with_value("I3", "-Infinity"), "I3", "is -Infinity, not a finite number"),
-    (with_value("I3", "1e400"), "I3", "is inf (a number too large for a 64-bit float)"),
-    (with_value("I3", "1" * 400), "I3", "an integer too large for a 64-bit float"),
-    (with_value("C2", '"68fd1e6g"'), "C2", "must be 8 hex digits (e.g. \"68fd1e64\")"),
+    (with_value("I3", '"1e400"'), "I3", 'got the string "1e400"'),
+    (with_value("I3", '" 7 "'), "I3", 'got the string " 7 "'),  # `ctrkit predict` refuses it in a file too
+    (with_value("I3", "2.5"), "I3", "got the number 2.5"),
+    (with_value("I3", "NaN"), "I3", "got NaN (not a finite number; JSON has no NaN / Infinity)"),
+    (with_value("I3", "Infinity"), "I3", "got Infinity (not a finite number"),
+    (with_value("I3", "-Infinity"), "I3", "got -Infinity (not a finite number"),
+    (with_value("I3", "1e400"), "I3", "got inf (a number too large for a 64-bit float)"),
+    (with_value("I3", "1" * 400), "I3", "more than 18 digits; a Criteo count has at most 18"),
+    (with_value("C2", '"68fd1e6g"'), "C2", "must be 8 hex digits in a string (e.g. \"68fd1e64\")"),
+    (with_value("C2", '"0x8fd1e6"'), "C2", "must be 8 hex digits"),  # int(..., 16) would take it
     (with_value("C2", '"68fd1e6"'), "C2", 'got the string "68fd1e6"'),
     (with_value("C2", '"+8fd1e64"'), "C2", "must be 8 hex digits"),
     (with_value("C2", '"\\u0668\\u0668fd1e64"'), "C2", "must be 8 hex digits"),
-    (with_value("C2", "4294967296"), "C2", "an integer in [0, 2^32); got the number 4294967296"),
+    (with_value("C2", "4294967296"), "C2", ("8 hex digits in a string (e.g. \"68fd1e64\"), \"\" or null (missing); got the "
+                                           "number 4294967296")),
+    (with_value("C2", "1759059556"), "C2", "got the number 1759059556"),  # not the key the text "1759059556" is
     (with_value("C2", "[\"68fd1e64\"]"), "C2", "got a list"),
     (with_value("C2", "NaN"), "C2", "got NaN (not a finite number; JSON has no NaN / Infinity)"),
 ])
@@ -405,9 +415,9 @@ def test_concurrent_requests_share_model_calls_and_get_their_own_scores(criteo_c
     app = create_app(predictor, max_batch_wait_ms=20)
     bodies = [sample_rows(k + 1, start=40 * k) for k in range(16)]
     bad = [{**bodies[3][0], "C4": "nothex!!"}]
-    # one request gives its keys as integers and its counts as text: merged with the others, all read the same
+    # one request gives its keys in upper case and its counts as text: merged with the others, all read the same
     sent = [*bodies[:8], bad, *bodies[8:]]
-    sent[5] = [{**r, **{f"C{i}": int(r[f"C{i}"], 16) for i in range(1, 27) if r[f"C{i}"]},
+    sent[5] = [{**r, **{f"C{i}": r[f"C{i}"].upper() for i in range(1, 27) if r[f"C{i}"]},
                 **{f"I{i}": str(r[f"I{i}"]) for i in range(1, 14) if r[f"I{i}"] is not None}} for r in sent[5]]
 
     async def run() -> list[httpx.Response]:
@@ -490,7 +500,7 @@ def test_healthz_and_metadata(criteo, criteo_ckpt):
     assert meta["checkpoint_sha256"] == "sha256:" + hashlib.sha256(criteo_ckpt.read_bytes()).hexdigest()
     assert meta["model"] == "dlrm" and meta["model_params"]["dense_arch"] == [8]
     assert meta["input_columns"] == [f"I{i}" for i in range(1, 14)] + [f"C{i}" for i in range(1, 27)]
-    assert [f["kind"] for f in meta["input_fields"]] == ["dense"] * 13 + ["hex"] * 26
+    assert [f["kind"] for f in meta["input_fields"]] == ["count"] * 13 + ["hex"] * 26
     assert meta["server"]["limits"] == {"max_rows": 50, "max_body_bytes": 64 << 10, "max_batch_wait_ms": 2.0,
                                         "max_batch_rows": 4096, "max_errors": 1000}
     assert meta["server"]["batching"]["requests"] >= 1

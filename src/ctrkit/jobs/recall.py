@@ -12,6 +12,8 @@ row's user has there (the same exclusion as evaluation). Cold start, per row, sa
 * ``popular``: an unknown user with an empty history, or any row of a model that reads no user feature and
   has no history to read -> the most popular training items, seen ones excluded.
 
+The query store must also hold the checkpoint's vocabularies (as ``ctrkit evaluate`` checks): ids of other
+vocabularies would name other users and items, and their candidates would be wrong.
 An index saved with ``--index-path`` carries the checkpoint's checksum; reusing it with another checkpoint or
 a model of another dimension is refused. Output CSV (LF line ends): ``row, user, rank, item, score, source``
 (raw user and item keys through the checkpoint's vocabularies; K rows per query row). The user is the store's
@@ -34,11 +36,17 @@ import torch
 
 from ctrkit.checkpoint import Checkpoint
 from ctrkit.data.pipeline.vocab import GROUP_TABLE
+from ctrkit.data.storage.agree import check_same_vocabulary
 from ctrkit.data.storage.loader import BatchLoader
 from ctrkit.data.storage.store import Store
 from ctrkit.errors import JobError
 from ctrkit.io import atomic_file, file_checksum
-from ctrkit.jobs.common import SCORING_BATCH_HELP, check_same_features, checkpoint_config
+from ctrkit.jobs.common import (
+    SCORING_BATCH_HELP,
+    check_same_features,
+    checkpoint_config,
+    checkpoint_vocabularies,
+)
 from ctrkit.models.base import TwoTowerModel
 from ctrkit.retrieval.catalogue import ItemCatalogue, SeenItems, encode_catalogue, exclusion_pairs, history_of
 from ctrkit.serving.index import INDEX_KINDS, VectorIndex
@@ -139,14 +147,16 @@ def recall(checkpoint: str | Path, data: str | Path | None, out: str | Path, *, 
 
 
 def _query_store(ckpt: Checkpoint, checkpoint: str | Path, data: str | Path | None, cfg: Any) -> Store:
-    """The store of query rows (``--data``, else the checkpoint's test store), holding the checkpoint's features: a
-    ranking (Criteo) store is refused, naming the features that differ."""
+    """The store of query rows (``--data``, else the checkpoint's test store), holding the checkpoint's features (a
+    ranking (Criteo) store is refused, naming the features that differ) with its vocabularies."""
     path = data or (cfg.data.test if cfg is not None else None)
     if not path:
         raise JobError("no query rows: pass --data STORE (the checkpoint's config names no test store)")
     store = Store(path)
     check_same_features(ckpt.schema, store.schema, f"{'--data' if data else 'data.test'} {path}",
                         f"checkpoint {checkpoint}")
+    check_same_vocabulary(checkpoint_vocabularies(ckpt, checkpoint), store,  # as `ctrkit evaluate`: other ids
+                          "--data" if data else "the checkpoint's data.test")  # name other users and items
     return store
 
 

@@ -14,9 +14,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ctrkit.data.pipeline.rows import BadRows
-from ctrkit.data.pipeline.rules import F32_MAX, NUMBER, decode_hex8
+from ctrkit.data.pipeline.rules import COUNT_LIMIT, COUNT_TEXT, F32_MAX, NUMBER, decode_hex8
 
 _NUMBER = f"^{NUMBER}$"
+_COUNT_OR_EMPTY = f"^({COUNT_TEXT})?$"
+NOT_A_COUNT = "is not an integer (optional '-', at most 18 digits)"  # the block parser's reason, word for word
 
 
 def to_string(col: pa.Array | np.ndarray, lines: np.ndarray, bad_rows: np.ndarray, bad: BadRows, name: str,
@@ -77,6 +79,34 @@ def numeric(col: pa.Array, lines: np.ndarray, bad_rows: np.ndarray, bad: BadRows
     return x
 
 
+def counts(col: Any, lines: np.ndarray, bad_rows: np.ndarray, bad: BadRows, what: str, column: str) -> np.ndarray:
+    """Criteo's dense counts (the rule ``COUNT_TEXT``) as int64 [n], missing (empty / null, a float NaN) -> 0 as
+    the block parser reads an empty field. Text must be an optional '-' and 1-18 digits; a number must be such
+    an integer; anything else marks the row bad (read as 0)."""
+    if isinstance(col, np.ndarray) and col.dtype.kind in "iu":  # the block parser's and the server's form
+        x = col.astype(np.int64, copy=False)
+        wrong = (x <= -COUNT_LIMIT) | (x >= COUNT_LIMIT)
+    else:
+        col = col if isinstance(col, pa.Array) else pa.array(col)
+        if pa.types.is_integer(col.type) or pa.types.is_floating(col.type):
+            f = pc.cast(col, pa.float64(), safe=False).fill_null(math.nan).to_numpy(zero_copy_only=False)
+            with np.errstate(invalid="ignore"):
+                wrong = ~np.isnan(f) & ~((np.floor(f) == f) & (np.abs(f) < COUNT_LIMIT))
+            if pa.types.is_integer(col.type):  # exact, not through float64
+                x = pc.fill_null(col, 0).to_numpy(zero_copy_only=False).astype(np.int64)
+            else:
+                x = np.where(np.isnan(f) | wrong, 0, f).astype(np.int64)
+        else:
+            s = to_string(col, lines, bad_rows, bad, what, column).fill_null("")
+            wrong = ~pc.match_substring_regex(s, _COUNT_OR_EMPTY).to_numpy(zero_copy_only=False)
+            text = pc.if_else(pa.array(wrong), "", s)
+            x = pc.cast(pc.if_else(pc.equal(text, ""), "0", text), pa.int64()).to_numpy(zero_copy_only=False)
+    if wrong.any():
+        bad.flag(wrong, lines, f"{what} {NOT_A_COUNT}", bad_rows, column)
+        x = np.where(wrong, 0, x)
+    return x
+
+
 def within_f32(x: np.ndarray, lines: np.ndarray, bad_rows: np.ndarray, bad: BadRows, reason: str, column: str,
                fill: float) -> np.ndarray:
     """``x`` with values beyond +-float32 max (they would be +-inf in a store) replaced by ``fill``, their rows
@@ -90,11 +120,15 @@ def within_f32(x: np.ndarray, lines: np.ndarray, bad_rows: np.ndarray, bad: BadR
 
 def hex_keys(col: Any, lines: np.ndarray, bad_rows: np.ndarray, bad: BadRows, name: str) -> np.ndarray:
     """Criteo categoricals -> 32-bit keys int64 [n], -1 = missing. Text must be empty or 8 hex digits
-    (else the row is bad); integers (already decoded, e.g. by the block parser) pass, negative = missing."""
+    (else the row is bad); a numpy integer array is the block parser's decoded keys (negative = missing). Raw
+    integers (a pyarrow integer column: rows given as numbers) are not keys: the integer 12345678 is not the
+    key the text "12345678" names, so such a row is bad, as it is in a file and at the server."""
     if isinstance(col, np.ndarray) and col.dtype.kind in "iu":
         return col.astype(np.int64, copy=False)
-    if isinstance(col, pa.Array) and pa.types.is_integer(col.type):
-        return pc.fill_null(col, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+    if isinstance(col, pa.Array) and (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)):
+        bad.flag(col.is_valid().to_numpy(zero_copy_only=False), lines, f"categorical {name!r} is a number, not "
+                 "8 hex digits in text", bad_rows, name)
+        return np.full(len(col), -1, np.int64)
     s = to_string(col if isinstance(col, pa.Array) else pa.array(col, pa.string()), lines, bad_rows, bad, name)
     s = s.cast(pa.string()).fill_null("")  # 32-bit offsets (large_string has 64-bit ones), read below
     n8 = pc.equal(pc.binary_length(s), 8).to_numpy(zero_copy_only=False)

@@ -4,6 +4,9 @@ Lines are tokenised by numpy on whole blocks (tab / newline positions -> a [rows
 starts); each 8-hex-digit field and each integer of up to 8 digits is read as one unaligned
 little-endian uint64 and decoded with SWAR bit arithmetic, so no Python runs per field or per row.
 Malformed lines are reported back with their reason, not raised. Used by :mod:`ctrkit.data.sources.criteo`.
+The value rules are those of :mod:`ctrkit.data.pipeline.rules` (``COUNT_TEXT`` for I1..I13, 8 hex digits for
+C1..C26), which the server's validation and the in-memory encoder apply too (``tests/serving/test_rules_agree.py``
+checks the three agree).
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from ctrkit.data.pipeline.rules import COUNT_DIGITS
 
 NUM_DENSE, NUM_SPARSE = 13, 26
 NUM_FIELDS = 1 + NUM_DENSE + NUM_SPARSE
@@ -224,8 +229,8 @@ def _row_reasons(t: _Tokens, lab_ok: np.ndarray, dense_ok: np.ndarray, cat_ok: n
 
 def _parse_long_ints(body: np.ndarray, start: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Integers of 9+ digits (rare), vectorised over fields, looping over digit positions (<= 18)."""
-    ok = length <= 18  # larger would overflow int64
-    width = int(min(length.max(), 18))
+    ok = length <= COUNT_DIGITS  # the rule's limit (larger would overflow int64)
+    width = int(min(length.max(), COUNT_DIGITS))
     val = np.zeros(len(start), np.int64)
     for k in range(width):
         live = (k < length) & ok

@@ -36,11 +36,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ctrkit.data.pipeline.collate import keep_last
-from ctrkit.data.pipeline.columns import hex_keys, list_tokens, numeric, to_string, tokens, within_f32
+from ctrkit.data.pipeline.columns import counts, hex_keys, list_tokens, numeric, to_string, tokens, within_f32
 from ctrkit.data.pipeline.criteo_parse import dense_transform
 from ctrkit.data.pipeline.raw_columns import Raw, as_columns
 from ctrkit.data.pipeline.rows import BadRows, jagged_take
 from ctrkit.data.pipeline.rules import (
+    COUNT,
     CRITEO,
     F32_MAX,
     HEX,
@@ -234,6 +235,8 @@ class RowEncoder:
         clamped = np.zeros(len(rules), np.int64)
         for j, r in enumerate(rules):
             col = c.cols[r.column]
+            if r.kind == COUNT and not validated:  # Criteo's integer counts, by the block parser's rule
+                col = counts(col, c.lines, c.badm, c.bad, f"dense {r.name!r}", r.column)
             if r.transform == "log" and isinstance(col, np.ndarray) and col.dtype.kind in "iu":
                 dense[:, j], clamped[j] = dense_transform(col)  # integer counts: lookup-table fast path
                 continue

@@ -5,13 +5,19 @@ whole columns at a time, via :mod:`ctrkit.data.pipeline.columns`), the per-value
 (:mod:`ctrkit.data.pipeline.values`, used by the server's validation) and the file readers. The constants
 below are the value rules themselves:
 
-=============  ==========================================================================================
-``NUMBER``     what text is a number: optional sign, digits with an optional point (or a point and digits),
-               an optional exponent, ASCII whitespace around; empty / blank text is a missing value
-``F32_MAX``    the largest |dense value| or |weight| a store holds (float32); beyond it the row is bad
-``KEY_LIMIT``  Criteo categoricals: 8 hex digits (either case) or the decoded key in [0, 2^32); "" missing
-``SPLITS``     split-column codes: "train" -> 0, "valid" -> 1, "test" -> 2; anything else is a bad row
-=============  ==========================================================================================
+==============  ==========================================================================================
+``NUMBER``      what text is a number: optional sign, digits with an optional point (or a point and digits),
+                an optional exponent, ASCII whitespace around; empty / blank text is a missing value
+``F32_MAX``     the largest |dense value| or |weight| a store holds (float32); beyond it the row is bad
+``COUNT_TEXT``  Criteo's dense counts: an integer of at most 18 digits, as text an optional '-' and the digits
+                and nothing else (no '+', point, exponent or space: the block parser's rule); a number (JSON,
+                numpy) whose value is such an integer; "" / null missing
+``KEY_LIMIT``   Criteo categoricals: 8 hex digits (either case) in text, nothing else; "" / null missing. The
+                decoded key (an integer in [0, 2^32)) is the internal form of the block parser and the
+                server's canonical columns, never a raw value: the integer 12345678 would not be the key that
+                the text "12345678" names
+``SPLITS``      split-column codes: "train" -> 0, "valid" -> 1, "test" -> 2; anything else is a bad row
+==============  ==========================================================================================
 """
 
 from __future__ import annotations
@@ -28,13 +34,17 @@ from ctrkit.data.pipeline.spec import SPLITS, TableSpecYaml
 from ctrkit.data.pipeline.vocab import GROUP_TABLE
 
 # kinds of feature columns (what the server's /metadata reports as "kind") and of the other roles
-DENSE, HEX, CATEGORY, TOKENS, ID, ID_TOKENS = "dense", "hex", "category", "tokens", "id", "id_tokens"
+DENSE, COUNT, HEX, CATEGORY = "dense", "count", "hex", "category"
+TOKENS, ID, ID_TOKENS = "tokens", "id", "id_tokens"
 LABEL, WEIGHT, GROUP, SPLIT = "label", "weight", "group", "split"
-FEATURE_KINDS = (DENSE, HEX, CATEGORY, TOKENS, ID, ID_TOKENS)
+FEATURE_KINDS = (DENSE, COUNT, HEX, CATEGORY, TOKENS, ID, ID_TOKENS)
 CRITEO, TABLE, IDS = "criteo", "table", "ids"  # pipeline kinds: how categorical values are read
 
 # the number rule, in the syntax both RE2 (pyarrow) and Python's re read alike (ASCII \d and \s spelled out)
 NUMBER = r"[ \t\n\f\r]*[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?[ \t\n\f\r]*"
+COUNT_DIGITS = 18  # Criteo counts: at most 18 digits (int64)
+COUNT_TEXT = r"-?[0-9]{1,18}"  # the text of a Criteo count (RE2 and Python's re alike)
+COUNT_LIMIT = 10 ** COUNT_DIGITS  # |count| < COUNT_LIMIT
 INT_KEY = r"[+-]?[0-9]{1,18}"  # a key column of a behaviour log is read as int64 when every value is one
 F32_MAX = float(np.finfo(np.float32).max)
 KEY_LIMIT = 1 << 32
@@ -79,7 +89,7 @@ class ColumnRule:
     def bound(self) -> float:
         """The largest |raw value| a dense or weight column takes: float32 max, unless ln(x + 3) brings every
         finite value below it (then inf: any finite number)."""
-        if self.kind in (DENSE, WEIGHT):
+        if self.kind in (DENSE, WEIGHT):  # counts: ln(x + 3) of any integer of 18 digits is finite
             return math.inf if self.transform == "log" else F32_MAX
         return math.inf
 
@@ -91,7 +101,9 @@ class ColumnRule:
         """What a JSON request may send for this column (the server's /metadata)."""
         return {
             DENSE: "a number, a numeric string, \"\" or null (missing)",
-            HEX: "8 hex digits (e.g. \"68fd1e64\"), \"\" or null (missing), or the key as an integer in [0, 2^32)",
+            COUNT: "an integer of at most 18 digits (a JSON integer, or its digits in a string: \"42\", \"-1\"), "
+                   "\"\" or null (missing)",
+            HEX: "8 hex digits in a string (e.g. \"68fd1e64\"), \"\" or null (missing)",
             CATEGORY: "a string, an integer or null (missing)",
             TOKENS: f"a list of strings / integers, a {self.delimiter!r}-delimited string, or null (no values)",
             ID: f"an integer id in [0, {self.table_size}) or null (id 0, missing)",
@@ -143,7 +155,8 @@ def compile_rules(spec: TableSpecYaml, kind: str, table_of: dict[str, str],
                           delimiter=e.get("delimiter", "|"), max_len=max_len, table=table,
                           table_size=sizes.get(table, 0) if kind == IDS else 0)
 
-    dense = tuple(ColumnRule(e["name"], e["column"], DENSE, "<f8" if e["transform"] == "standardize" else "<f4",
+    dense_kind = COUNT if kind == CRITEO else DENSE  # Criteo's I1..I13: the block parser's integers
+    dense = tuple(ColumnRule(e["name"], e["column"], dense_kind, "<f8" if e["transform"] == "standardize" else "<f4",
                              transform=e["transform"]) for e in spec.dense)
     sparse_rules = [sparse(e, multi_kind if e.get("multi_valued") else single_kind, table_of[e["name"]])
                     for e in spec.sparse]

@@ -5,7 +5,7 @@ request validation (:mod:`ctrkit.serving.validation`) reads each value of a requ
 its canonical form (the form whose pipeline reading does not depend on the values beside it), raising
 :class:`Refused` with the reason otherwise; :func:`fast_column` and :func:`fast_hex_columns` read a whole
 column at once when every value is of the usual JSON type and well-formed. Both take the rules' constants
-(``NUMBER``, ``F32_MAX`` through ``ColumnRule.bound``, ``KEY_LIMIT``, the hex digits), so a value the server
+(``NUMBER``, ``COUNT_TEXT``, ``F32_MAX`` through ``ColumnRule.bound``, the hex digits), so a value the server
 accepts is one the encoder reads without error, and a value it refuses is a bad row there (tested by
 ``tests/serving/test_rules_agree.py``).
 
@@ -15,8 +15,13 @@ column                 accepted JSON values                             canonica
 dense                  number, numeric string (``"3"``, ``" 1e-3 "``),  float, NaN = missing (the pipeline reads
                        ``""`` or null (missing); finite only            it as 0 before its transform); a column
                                                                         of integers and nulls: int, null -> 0
-Criteo categorical     8 hex digits, ``""`` or null (missing), or the   int key (-1 = missing): the block
-                       decoded key as an integer in [0, 2^32)           parser's form, the pipeline's fast path
+Criteo count           an integer of at most 18 digits: a JSON number   int (missing -> 0, as the block parser
+(I1..I13)              of that value, or its text (``"42"``, ``"-1"``;  reads an empty field)
+                       no ``+``, point, exponent or space), ``""`` or
+                       null (missing): what a Criteo file may hold
+Criteo categorical     8 hex digits in a string, ``""`` or null         int key (-1 = missing): the block
+                       (missing); not an integer (12345678 would not    parser's form, the pipeline's fast path
+                       be the key the text ``"12345678"`` names)
 table categorical      string, integer (or an integral float), null     str or None
 multi-valued /         list of strings / integers, a delimited string   list[str] (tokens trimmed and empty ones
 sequence               (the spec's delimiter), or null (no values)      dropped later by the pipeline)
@@ -38,11 +43,13 @@ import numpy as np
 
 from ctrkit.data.pipeline.rules import (
     CATEGORY,
+    COUNT,
+    COUNT_LIMIT,
+    COUNT_TEXT,
     DENSE,
     HEX,
     ID,
     ID_TOKENS,
-    KEY_LIMIT,
     NUMBER,
     TOKENS,
     ColumnRule,
@@ -50,7 +57,8 @@ from ctrkit.data.pipeline.rules import (
 )
 
 _NUMBER = re.compile(NUMBER)
-_KEY_LIMIT = KEY_LIMIT
+_COUNT = re.compile(COUNT_TEXT)
+_HEX8 = re.compile("[0-9a-fA-F]{8}")
 
 
 class NonFinite:
@@ -131,22 +139,33 @@ def _dense_within(bound: float) -> Callable[[Any], float]:
 
 
 def _hex(v: Any) -> int:
+    if type(v) is str:
+        if not v:
+            return -1
+        if _HEX8.fullmatch(v):
+            return int(v, 16)
+    elif v is None:
+        return -1
+    raise Refused(f"must be 8 hex digits in a string (e.g. \"68fd1e64\"), \"\" or null (missing); got {describe(v)}")
+
+
+def _count(v: Any) -> int:
+    """A Criteo count (``COUNT_TEXT``; a number whose value is such an integer) -> int, missing -> 0 (as the block
+    parser reads an empty field)."""
     t = type(v)
     if t is str:
-        if len(v) == 8 and v.isascii() and v.isalnum():
-            try:
-                return int(v, 16)
-            except ValueError:
-                pass
-        elif not v:
-            return -1
-        raise Refused(f"must be 8 hex digits (e.g. \"68fd1e64\"), \"\" or null (missing); got {describe(v)}")
-    if v is None:
-        return -1
-    if t is int and 0 <= v < _KEY_LIMIT:
-        return v
-    raise Refused("must be 8 hex digits (e.g. \"68fd1e64\"), \"\" or null (missing), or the key as an integer in "
-               f"[0, 2^32); got {describe(v)}")
+        if not v:
+            return 0
+        if _COUNT.fullmatch(v):
+            return int(v)
+    elif v is None:
+        return 0
+    elif t is int or (t is float and v - v == 0.0 and v == int(v)):
+        if -COUNT_LIMIT < v < COUNT_LIMIT:
+            return int(v)
+        raise Refused(f"is {describe(v)}, more than 18 digits; a Criteo count has at most 18")
+    raise Refused("must be an integer of at most 18 digits (a JSON integer, or its digits in a string: \"42\", "
+                  f"\"-1\"), \"\" or null (missing); got {describe(v)}")
 
 
 def _utf8(s: str) -> str:
@@ -236,13 +255,14 @@ def _id_tokens(size: int) -> Callable[[Any], list[int]]:
 
 def reader(rule: ColumnRule) -> Callable[[Any], Any]:
     """The per-value reader of ``rule``: one JSON value -> its canonical value, or :class:`Refused`."""
-    return {DENSE: lambda: _dense_within(rule.bound), HEX: lambda: _hex, CATEGORY: lambda: _category,
+    return {DENSE: lambda: _dense_within(rule.bound), COUNT: lambda: _count, HEX: lambda: _hex,
+            CATEGORY: lambda: _category,
             TOKENS: lambda: _tokens(rule.delimiter), ID: lambda: _id(rule.table_size),
             ID_TOKENS: lambda: _id_tokens(rule.table_size)}[rule.kind]()
 
 
 # ---- whole columns at once ------------------------------------------------------------------------------
-NUMPY = {DENSE: np.float64, HEX: np.int64, ID: np.int64}  # kinds whose canonical column is a numpy array
+NUMPY = {DENSE: np.float64, COUNT: np.int64, HEX: np.int64, ID: np.int64}  # kinds whose canonical column is a numpy array
 _NONE = type(None)
 _INTEGERS, _NUMBERS, _TEXT = {int, _NONE}, {int, float, _NONE}, {str, _NONE}
 
@@ -252,8 +272,16 @@ def fast_column(rule: ColumnRule, vals: list[Any]) -> Any:
     for dense, 8-hex-digit strings or null for Criteo keys, ASCII strings or null for categories); None
     otherwise (then every value is checked on its own, which also names the bad ones)."""
     types = set(map(type, vals))
-    if rule.kind == DENSE and types <= _INTEGERS:  # counts (Criteo's I1..I13): int64, null -> 0, as the pipeline
-        try:  # reads null; integer columns take its ln(x + 3) lookup table
+    if rule.kind == COUNT:  # Criteo's I1..I13: int64, null -> 0, as the block parser reads an empty field
+        if not types <= _INTEGERS:
+            return None
+        try:
+            x = np.array(vals if _NONE not in types else [0 if v is None else v for v in vals], np.int64)
+        except OverflowError:  # beyond int64: named value by value
+            return None
+        return x if ((x > -COUNT_LIMIT) & (x < COUNT_LIMIT)).all() else None
+    if rule.kind == DENSE and types <= _INTEGERS:  # integers: int64 (null -> 0, as the pipeline reads null)
+        try:
             return np.array(vals if _NONE not in types else [0 if v is None else v for v in vals], np.int64)
         except OverflowError:  # beyond int64: read as floats below
             pass

@@ -69,6 +69,7 @@ from ctrkit.data.sources.behaviour_samples import NEGATIVES, Samples, build_samp
 from ctrkit.data.sources.driver import Chunk, Frontend, Input, Summary, preprocess
 from ctrkit.data.storage.store import check_replaceable
 from ctrkit.errors import DataError
+from ctrkit.io import check_distinct_inputs
 from ctrkit.typecheck import (
     Delimiter,
     EmbeddingDim,
@@ -203,6 +204,8 @@ def preprocess_behaviour(input: str | Path, out: str | Path, *, format: str | No
                          overwrite: bool = False) -> dict[str, Path]:
     """Behaviour log -> stores ``out/{train,valid,test}`` + ``out/report.json``; returns {split: path}."""
     t0 = _time.perf_counter()
+    if item_attributes is not None:
+        check_distinct_inputs([("input", Path(input)), ("--item-attributes", Path(item_attributes))])
     for s in SPLITS:  # fail before the work (SplitOutput checks again before writing)
         check_replaceable(Path(out) / s, overwrite)
     check_options(negatives, aux_negatives, max_len, session_len, sessions, min_session_len,

@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 from ctrkit.data.pipeline.columns import numeric, to_string
 from ctrkit.data.pipeline.rows import BadRows
 from ctrkit.data.pipeline.rules import INT_KEY, NUMBER
+from ctrkit.data.sources.csv_lines import LineStream
 from ctrkit.data.sources.table_read import csv_header
 from ctrkit.errors import DataError
 
@@ -119,28 +120,31 @@ def _read_table(path: Path, fmt: str, cols: list[str], *, header: bool, names: l
         where = "--names" if names else "the CSV header"
         raise DataError(f"{path}: columns {missing} are not in {where} {have}; set --user-col, --item-col, "
                         "--attr-cols, --time-col, --type-col (or --no-header --names for a file without header)")
-    skipped: list[int] = []
+    stream = LineStream(path, delimiter)
+    skipped: list[int] = []  # pyarrow's record numbers of the rows it skipped (the first line is record 1)
 
     def handler(r: Any) -> str:
-        skipped.append(r.number if r.number is not None else -1)
-        bad.add(np.array([r.number or -1]), f"wrong field count: {r.text[:80]!r}")
+        rec = r.number if r.number is not None else -1
+        skipped.append(rec)
+        bad.add(stream.lines_of(np.array([rec])) if rec > 0 else np.array([-1]), f"wrong field count: {r.text[:80]!r}")
         return "skip"
 
     try:
-        t = pacsv.read_csv(
-            path,
-            read_options=pacsv.ReadOptions(use_threads=False, block_size=1 << 24, column_names=names,
-                                           skip_rows=1 if (names and header) else 0),
-            parse_options=pacsv.ParseOptions(delimiter=delimiter, invalid_row_handler=handler),
-            convert_options=pacsv.ConvertOptions(column_types={c: pa.binary() for c in cols}, include_columns=cols,
-                                                 strings_can_be_null=False, quoted_strings_can_be_null=False))
+        with stream:
+            t = pacsv.read_csv(
+                stream,
+                read_options=pacsv.ReadOptions(use_threads=False, block_size=1 << 24, column_names=names,
+                                               skip_rows=1 if (names and header) else 0),
+                parse_options=pacsv.ParseOptions(delimiter=delimiter, invalid_row_handler=handler),
+                convert_options=pacsv.ConvertOptions(column_types={c: pa.binary() for c in cols}, include_columns=cols,
+                                                     strings_can_be_null=False, quoted_strings_can_be_null=False))
     except (pa.ArrowInvalid, OSError, EOFError) as e:
         raise DataError(f"{path}: cannot parse the CSV ({e})") from None
     first = 2 if header else 1
     gaps = np.array(sorted(skipped), np.int64)
-    lines = np.setdiff1d(np.arange(first, first + t.num_rows + len(gaps)), gaps)[: t.num_rows]
+    records = np.setdiff1d(np.arange(first, first + t.num_rows + len(gaps)), gaps)[: t.num_rows]
     bad.total = t.num_rows + len(skipped)
-    return t, lines
+    return t, stream.lines_of(records)
 
 
 def _keys(col: pa.Array, lines: np.ndarray, badm: np.ndarray, bad: BadRows, name: str, required: bool) -> pa.Array:

@@ -16,7 +16,7 @@ import numpy as np
 from ctrkit.data.pipeline.criteo_parse import ParsedBlock
 from ctrkit.data.pipeline.feature_pipeline import DENSE_NAMES, SPARSE_NAMES
 from ctrkit.errors import DataError
-from ctrkit.io import missing_path
+from ctrkit.io import check_distinct_inputs, missing_path
 
 DAY_RE = re.compile(r"^day_(\d+)(\.[A-Za-z0-9]+)*$")
 _BOM = b"\xef\xbb\xbf"  # UTF-8 byte-order mark (files saved by some Windows editors)
@@ -187,6 +187,7 @@ def resolve_inputs(inputs: str | Path | Sequence[str | Path]) -> list[Path]:
             if twin != f:
                 raise DataError(f"{twin} and {f} are both day {day_number(f)}; keep one of them (a plain "
                                 "and a compressed copy of a day would both be read)")
+    check_distinct_inputs((f"input {i + 1}", f) for i, f in enumerate(files))  # also through a symlink
     return files
 
 

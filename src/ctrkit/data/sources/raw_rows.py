@@ -5,7 +5,9 @@ The file is read in the format the pipeline was fitted on: Criteo TSV (plain or 
 :mod:`ctrkit.data.pipeline.criteo_parse`) for ``criteo`` pipelines, CSV with a header or Parquet for the others.
 The label column is optional (Criteo lines of 39 fields, or a table without it). Every row is scored or
 the run fails: a malformed row is an error naming its file and line, never a row silently left out. Blank
-lines are not rows: they are counted (:class:`ReadStats`) and each row keeps its own line number.
+lines are not rows: they are counted (:class:`ReadStats`) and each row keeps its own (physical) line number.
+A line whose fields are all empty is a row of missing values: in a one-column CSV that is an empty line, and
+a Criteo line of tabs only.
 """
 
 from __future__ import annotations
@@ -60,12 +62,10 @@ def iter_raw(pipe: FeaturePipeline, path: str | Path, rows: int = 8192,
     s = pipe.spec
     optional = {s.label, s.weight, s.group_id, s.split_column}
     columns = [c for c in pipe.input_columns() if c in have or c not in optional]
-    bad, blank = BadRows(str(path), keep=5), []
-    for t, lines in iter_batches(path, columns, rows, bad, blank):
+    bad = BadRows(str(path), keep=5)
+    for t, lines in iter_batches(path, columns, rows, bad, stats):
         if bad.bad:
             _refuse(path, bad.first)
-        stats.blank_lines += len(blank)
-        blank.clear()
         yield RawChunk(t, lines)
 
 
@@ -88,7 +88,7 @@ def _criteo(path: Path, rows: int, stats: ReadStats) -> Iterator[RawChunk]:
     line0 = 0
     for buf, _ in iter_blocks(path, max(1 << 16, rows * _AVG_LINE_BYTES)):
         if labelled is None:  # the first non-empty line decides: 40 fields with a label, 39 without
-            first = next((ln for ln in buf.split(b"\n") if ln.strip()), None)
+            first = next((ln for ln in buf.split(b"\n") if ln.rstrip(b"\r")), None)  # tabs only: a row
             if first is None:
                 n = buf.count(b"\n")
                 line0 += n

@@ -22,7 +22,9 @@ delimited strings or Parquet lists; sequences keep their last ``max_len`` values
 the mean / std of the train rows (kept in ``preprocessing.dense_stats``). Malformed rows (wrong field
 count, label not 0/1, non-numeric dense, a dense value that is not finite or beyond the float32 range,
 non-UTF-8 bytes; :mod:`ctrkit.data.pipeline.encode`) are counted once each, skipped and reported with their
-line numbers (CSV: physical line, assuming no blank lines or quoted newlines; Parquet: 1-based row).
+line numbers (CSV: the physical line where the row starts, across blank lines and quoted newlines; Parquet:
+1-based row). The input file and --valid / --test must be three different files (a symlink or hard link to
+the same file is the same file).
 CSVs may be compressed (``.csv.gz``, by extension) and start with a UTF-8 byte-order mark. ``options:``
 holds the defaults of ``min_freq``, ``max_vocab``, ``max_vocab_mode`` and ``embedding_dim``; an unknown key
 there or in a feature entry is an error naming the closest valid key. The split stores are published
@@ -61,6 +63,7 @@ from ctrkit.data.sources.driver import Chunk, Frontend, Input, Summary, preproce
 from ctrkit.data.sources.table_read import header, iter_batches
 from ctrkit.data.storage.spill import RawSpill
 from ctrkit.errors import DataError
+from ctrkit.io import check_distinct_inputs
 from ctrkit.typecheck import EmbeddingDim, Fraction, MaxVocab, PositiveInt, Seed, cli_type
 
 log = logging.getLogger(__name__)
@@ -192,6 +195,7 @@ def preprocess_table(
     spec = load_spec(schema_yaml)
     path = Path(input)
     files = {name: Path(f) for name, f in (("valid", valid), ("test", test)) if f is not None}
+    check_distinct_inputs([("input", path), *((f"--{n}", f) for n, f in files.items())])
     split = _check_split(spec, split, files)
     o = spec.options
     min_freq = int(min_freq if min_freq is not None else o.get("min_freq", 1))

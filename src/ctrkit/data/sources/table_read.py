@@ -14,94 +14,88 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from ctrkit.data.pipeline.rows import BadRows
+from ctrkit.data.sources.csv_lines import LineStream
 from ctrkit.errors import DataError
 
 
 def iter_batches(path: Path, columns: list[str], block_rows: int, bad: BadRows,
-                 blank_lines: list[int] | None = None) -> Iterator[tuple[pa.Table, np.ndarray]]:
+                 stats: Any = None) -> Iterator[tuple[pa.Table, np.ndarray]]:
     """(batch table, 1-based line / row numbers [n]) for CSV (strings, header line 1; plain or compressed,
-    by extension: .csv.gz) or Parquet. A blank CSV line is not a row; with ``blank_lines`` (a list the blank
-    lines' numbers are put in, costing one more pass over the file) the rows after it keep their true numbers."""
+    by extension: .csv.gz) or Parquet. CSV rows keep their physical line numbers, the first line of a row
+    whose quoted fields hold newlines (:class:`~ctrkit.data.sources.csv_lines.LineStream`, in the same pass).
+    A blank CSV line is not a row, except in a one-column file, where it is a row whose only field is empty
+    (missing); ``stats.blank_lines`` (when given) is set to the number of blank lines skipped so far."""
     if not path.is_file():
         raise DataError(f"input file {path} does not exist")
     if path.stat().st_size == 0:
         raise DataError(f"input file {path} is empty")
     if path.suffix == ".parquet" or path.suffixes[-2:-1] == [".parquet"]:
-        try:
-            f = pq.ParquetFile(path)
-        except (pa.ArrowInvalid, OSError) as e:
-            raise DataError(f"{path}: not a readable Parquet file ({e})") from None
-        missing = [c for c in columns if c not in f.schema_arrow.names]
-        if missing:
-            raise DataError(f"{path}: columns {missing} named in the schema are not in the file; "
-                            f"it has {f.schema_arrow.names}")
-        row = 1
-        for b in f.iter_batches(batch_size=block_rows, columns=columns):
-            yield pa.Table.from_batches([b]), np.arange(row, row + b.num_rows)
-            row += b.num_rows
+        yield from _parquet_batches(path, columns, block_rows)
         return
-    skipped: list[int] = []
+    yield from _csv_batches(path, columns, block_rows, bad, stats)
 
-    def handler(r: Any) -> str:
-        skipped.append(r.number if r.number is not None else -1)
-        bad.total += 1
-        bad.add(np.array([r.number or -1]), f"wrong field count: {r.text[:80]!r}")
-        return "skip"
 
+def _parquet_batches(path: Path, columns: list[str], block_rows: int) -> Iterator[tuple[pa.Table, np.ndarray]]:
+    try:
+        f = pq.ParquetFile(path)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise DataError(f"{path}: not a readable Parquet file ({e})") from None
+    missing = [c for c in columns if c not in f.schema_arrow.names]
+    if missing:
+        raise DataError(f"{path}: columns {missing} named in the schema are not in the file; "
+                        f"it has {f.schema_arrow.names}")
+    row = 1
+    for b in f.iter_batches(batch_size=block_rows, columns=columns):
+        yield pa.Table.from_batches([b]), np.arange(row, row + b.num_rows)
+        row += b.num_rows
+
+
+def _csv_batches(path: Path, columns: list[str], block_rows: int, bad: BadRows,
+                 stats: Any) -> Iterator[tuple[pa.Table, np.ndarray]]:
     names = header(path)
     missing = [c for c in columns if c not in names]
     if missing:
         raise DataError(f"{path}: columns {missing} named in the schema are not in the CSV header {names}")
+    keep_blank = len(names) == 1  # one column: an empty line is a row whose only field is empty
+    stream = LineStream(path, ",", keep_blank=keep_blank)
+    skipped: list[int] = []  # pyarrow's record numbers of the rows it skipped
+
+    def handler(r: Any) -> str:
+        rec = r.number if r.number is not None else -1
+        skipped.append(rec)
+        bad.total += 1
+        bad.add(stream.lines_of(np.array([rec])) if rec > 0 else np.array([-1]), f"wrong field count: {r.text[:80]!r}")
+        return "skip"
+
     reader = pacsv.open_csv(
-        path,
+        stream,
         read_options=pacsv.ReadOptions(use_threads=False, block_size=max(1 << 20, block_rows * 64)),
-        parse_options=pacsv.ParseOptions(invalid_row_handler=handler),
+        parse_options=pacsv.ParseOptions(invalid_row_handler=handler, ignore_empty_lines=not keep_blank),
         convert_options=pacsv.ConvertOptions(column_types={c: pa.binary() for c in names}, include_columns=columns,
                                              strings_can_be_null=False, quoted_strings_can_be_null=False),
     )
-    line = 2
-    if blank_lines is not None:  # pyarrow skips blank lines without a word: find them to number rows truly
-        blanks = blank_line_numbers(path)
-        blank_lines.extend(blanks.tolist())
-        skipped.extend(blanks.tolist())
-    while True:
-        try:
-            b = reader.read_next_batch()
-        except StopIteration:
-            return
-        except (pa.ArrowInvalid, OSError, EOFError) as e:
-            raise DataError(f"{path}: cannot parse after line {line} ({e})") from None
-        n = b.num_rows
-        gaps = np.array(sorted(s for s in skipped if s >= line), np.int64)
-        lines = np.setdiff1d(np.arange(line, line + n + len(gaps)), gaps)[:n]
-        line = int(lines[-1]) + 1 if n else line
-        yield pa.Table.from_batches([b]), lines
-
-
-def blank_line_numbers(path: Path, block: int = 1 << 24) -> np.ndarray:
-    """1-based numbers of the empty lines ("" or "\\r") of a text file, plain or compressed (by extension),
-    in one vectorised pass over blocks of bytes."""
-    out, line0, carry = [], 0, b""
-    with pa.input_stream(str(path)) as fh:
+    record = 2  # the next data row's record number (the header is record 1)
+    with stream:
         while True:
-            data = fh.read(block)
-            buf = carry + data
-            if not data:
-                buf += b"\n" if carry else b""
-            a = np.frombuffer(buf, np.uint8)
-            nl = np.flatnonzero(a == 10)
-            if len(nl):
-                start = np.concatenate([[0], nl[:-1] + 1])  # first byte of each complete line
-                length = nl - start
-                blank = (length == 0) | ((length == 1) & (a[np.minimum(start, len(a) - 1)] == 13))
-                out.append(line0 + 1 + np.flatnonzero(blank))
-                line0 += len(nl)
-                carry = buf[nl[-1] + 1:]
-            else:
-                carry = buf
-            if not data:
+            try:
+                b = reader.read_next_batch()
+            except StopIteration:
                 break
-    return np.concatenate(out) if out else np.zeros(0, np.int64)
+            except (pa.ArrowInvalid, OSError, EOFError) as e:
+                line = int(stream.lines_of(np.array([record]))[0])
+                raise DataError(f"{path}: cannot parse after line {line} ({e})") from None
+            n = b.num_rows
+            gaps = np.array(sorted(s for s in skipped if s >= record), np.int64)
+            records = np.setdiff1d(np.arange(record, record + n + len(gaps)), gaps)[:n]
+            lines = stream.lines_of(records)
+            record = int(records[-1]) + 1 if n else record
+            skipped[:] = [s for s in skipped if s >= record]
+            stream.forget_before(record)
+            if stats is not None:
+                stats.blank_lines = stream.blank_lines
+            yield pa.Table.from_batches([b]), lines
+        if stats is not None:
+            stats.blank_lines = stream.blank_lines
 
 
 def header(path: Path) -> list[str]:

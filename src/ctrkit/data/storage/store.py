@@ -3,8 +3,10 @@
 Layout::
 
     store/
-      manifest.json         schema, row count, per-column kind/dtype/shape/files/checksums,
+      manifest.json         schema, row count, per-column kind/dtype/shape/files/checksums (a quick one:
+                            size + first and last MiB; and a CRC-32 of the whole content),
                             preprocessing options and statistics
+      .verified.json        which files were verified in full, and when (see verify.py)
       label.npy             float32 [N]
       I1.npy                float32 [N]          (dense; [N, dim] for vector features)
       C1.npy                int32|int64 [N]      (single-valued sparse ids)
@@ -18,7 +20,8 @@ concatenated, which is why the loader needs no per-row work.
 Writing streams: :class:`StoreWriter` appends chunks to ``.npy`` files whose header is rewritten
 with the final row count on commit. Everything is written into a temporary sibling directory that
 is renamed into place only after the manifest is complete, so a failure never leaves a directory
-that opens as a valid store. The preprocessors write their split stores through :class:`~ctrkit.data.storage.splits.SplitOutput`:
+that opens as a valid store. Opening a store checks every column over its whole content
+(:mod:`ctrkit.data.storage.verify`: once per file while the file is unchanged). The preprocessors write their split stores through :class:`~ctrkit.data.storage.splits.SplitOutput`:
 all of them are staged and published together, so a failure or Ctrl-C leaves ``out`` as it was.
 
 Output paths: an existing path is replaced only with ``overwrite`` (``--overwrite``), and only if it is a
@@ -41,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from ctrkit.data.pipeline.rows import ColumnSpec
+from ctrkit.data.storage.verify import ContentHash, Part, record_written, verify_columns
 from ctrkit.errors import StoreError
 from ctrkit.io import file_checksum, is_empty_dir, path_exists, replace_path, temp_dir
 from ctrkit.schema import Schema
@@ -74,6 +78,7 @@ class _AppendArray:
 
     def __init__(self, path: Path, dtype: np.dtype, inner: tuple[int, ...] = ()) -> None:
         self.path, self.dtype, self.inner, self.rows = path, np.dtype(dtype), tuple(inner), 0
+        self.content = ContentHash()  # of every byte after the header, as written
         self.f = open(path, "wb")  # noqa: SIM115 - kept open while chunks are appended; closed in close()
         self.f.write(_npy_header(self.dtype, (0, *self.inner)))
 
@@ -81,7 +86,9 @@ class _AppendArray:
         a = np.ascontiguousarray(a, dtype=self.dtype)
         if a.shape[1:] != self.inner:
             raise StoreError(f"{self.path.name}: chunk has inner shape {a.shape[1:]}, expected {self.inner}")
-        self.f.write(a.tobytes())
+        data = a.tobytes()
+        self.content.update(data)
+        self.f.write(data)
         self.rows += a.shape[0]
 
     def close(self) -> tuple[int, ...]:
@@ -195,6 +202,7 @@ class StoreWriter:
                     "dtype": np.dtype(arr.dtype).str,
                     "shape": list(shape),
                     "checksum": file_checksum(arr.path, self.full),
+                    "content": arr.content.hexdigest(),
                 }
             cols[c.name] = {"kind": c.kind, "files": files}
         self._closed = True
@@ -208,6 +216,8 @@ class StoreWriter:
             **self.meta,
         }
         (self.tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, default=_json_default))
+        record_written(self.tmp, [Part(arr.path, _HEADER_BYTES, arr.content.hexdigest())
+                                  for parts in self._arrays.values() for arr in parts.values()])
         if path_exists(self.path):
             if not (self.overwrite or is_empty_dir(self.path)):
                 raise StoreError(f"output {self.path} appeared while writing; not replacing it")
@@ -280,9 +290,11 @@ def write_store(
 
 class Store:
     """A memory-mapped store. ``store["C1"]`` is a read-only array; jagged columns give
-    (values, offsets)."""
+    (values, offsets). ``verify`` (default): check every column over its whole content against the manifest's
+    CRC-32 (:mod:`~ctrkit.data.storage.verify`; a file is read once while it is unchanged); without it only the
+    size and the first and last MiB of each file are checked."""
 
-    def __init__(self, path: str | Path, verify: bool = False) -> None:
+    def __init__(self, path: str | Path, verify: bool = True) -> None:
         self.path = Path(path)
         mpath = self.path / "manifest.json"
         if not mpath.is_file():
@@ -297,6 +309,8 @@ class Store:
         self.num_rows: int = int(self.manifest["num_rows"])
         self.kinds: dict[str, str] = {n: c["kind"] for n, c in self.manifest["columns"].items()}
         self._cols: dict[str, Any] = {}
+        if verify:  # every byte of every column (the files unchanged since their last check are not read again)
+            verify_columns(self.path, self.manifest["columns"], _HEADER_BYTES)
         for name, col in self.manifest["columns"].items():
             parts = {}
             for part, spec in col["files"].items():
@@ -308,13 +322,13 @@ class Store:
                     "the store is damaged, re-run the preprocessing"
                 )
             self._cols[name] = parts
-
     def _open(self, spec: dict[str, Any], verify: bool) -> np.ndarray:
         f = self.path / spec["file"]
         if not f.is_file():
             raise StoreError(f"{f} listed in the manifest is missing; re-run the preprocessing")
         want = spec["checksum"]
-        if want.startswith("quick:") or verify:
+        whole = verify and "content" in spec  # every byte is checked by verify_columns instead
+        if not whole and (want.startswith("quick:") or verify):  # sha256 (full_checksums): read whole, uncached
             got = file_checksum(f, full=want.startswith("sha256:"))
             if got != want:
                 raise StoreError(
@@ -325,10 +339,10 @@ class Store:
             arr = np.load(f, mmap_mode="r")
         except ValueError as e:
             raise StoreError(f"{f} is not a readable .npy file ({e}); re-run the preprocessing") from e
-        if list(arr.shape) != spec["shape"] or arr.dtype.str != spec["dtype"]:
-            raise StoreError(
-                f"{f} holds {arr.dtype.str}{list(arr.shape)} but the manifest says {spec['dtype']}{spec['shape']}"
-            )
+        if list(arr.shape) != spec["shape"] or arr.dtype.str != spec["dtype"] or not arr.flags.c_contiguous:
+            order = "" if arr.flags.c_contiguous else " in Fortran order"
+            raise StoreError(f"{f} holds {arr.dtype.str}{list(arr.shape)}{order} but the manifest says "
+                             f"{spec['dtype']}{spec['shape']}; re-run the preprocessing")
         return arr
 
     def __len__(self) -> int:
