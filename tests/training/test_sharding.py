@@ -168,3 +168,34 @@ def test_the_trainer_trains_evaluates_checkpoints_and_resumes_sharded_tables(cri
     launch(trainer_run, 2, str(tmp_path), str(stores["train"]), str(stores["valid"]), 2, True, timeout_s=120)
     second = torch.load(tmp_path / "summary-2.pt", weights_only=False)
     assert second["steps"] == 2 * first["steps"] and second["epochs_completed"] == 2
+
+
+# ---- tables built on the meta device (issue 26 follow-up): a rank allocates its shards only ------------------
+@pytest.mark.slow
+def test_meta_built_tables_allocate_only_the_ranks_shards_and_equal_a_one_process_build(tmp_path):
+    import hashlib
+
+    from training.sharding_workers import build_big, launch, meta_step
+
+    rows, fields, dim = 2_000_000, 4, 16
+    full = rows * fields * dim * 4  # bytes of all tables
+    launch(meta_step, 2, str(tmp_path), rows, "table_wise", timeout_s=150)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    assert set(ranks[0]["plan"].values()) == {"table_wise"}, ranks[0]["plan"]
+    assert sum(r["local"] for r in ranks) == full and all(r["local"] == full // 2 for r in ranks), \
+        [r["local"] for r in ranks]  # 2 of the 4 tables on each rank
+    one = build_big(rows)  # the one-process build of the same seed: whole tables
+    want = one.state_dict()
+    for r, got in enumerate(ranks):
+        grown = got["after"] - got["before"]
+        print(f"rank {r}: resident +{grown / 2**20:.0f} MiB for tables of {full / 2**20:.0f} MiB "
+              f"({grown / full:.2f}); shards {got['local'] / 2**20:.0f} MiB; built and sharded in "
+              f"{got['start_s']:.2f} s; loss {got['loss']:.4f}; stages {[x >> 20 for x in got['stages']]}")
+        assert np.isfinite(got["loss"])
+        # its shards are resident, and little else: building the whole tables first would add `full` again
+        assert got["local"] * 0.9 < grown < got["local"] + 0.2 * full, (grown, got["local"], full)
+        for (key, r0, c0, n, c), digest in got["hashes"].items():
+            part = want[key.removeprefix("model.")][r0: r0 + n, c0: c0 + c].contiguous()
+            assert hashlib.sha256(part.numpy().tobytes()).hexdigest() == digest, f"rank {r}: {key} rows {r0}+"
+        for key, value in got["dense"].items():  # the dense part: as the one-process build draws it
+            torch.testing.assert_close(value, want[key.removeprefix("model.")], rtol=0, atol=0, msg=key)

@@ -43,6 +43,7 @@ from ctrkit.jobs.common import (
 from ctrkit.jobs.scoring import score_rows
 from ctrkit.jobs.tasks import TaskKind, task_kind
 from ctrkit.models.registry import check_model_params, create_model
+from ctrkit.nn.embedding_torchrec import meta_tables
 from ctrkit.training.config import Config, config_to_dict, load_config
 from ctrkit.training.distributed import DistContext, init_distributed, shutdown
 from ctrkit.training.memory import keep_freed_memory
@@ -117,7 +118,8 @@ def _train(cfg: Config, resume: str | None, progress: bool | None, callbacks: li
     cfg = eval_cadence(cfg, len(train))
     store = train.store
     seed_everything(cfg.train.seed)  # the model's initial weights
-    model = create_model(cfg.model.name, store.schema, **cfg.model.params)
+    with meta_tables(ctx is not None):  # torchrec tables, sharded on several processes: each rank allocates its shards
+        model = create_model(cfg.model.name, store.schema, **cfg.model.params)
     kind = task_kind(model)
     cfg = kind.configure(cfg)
     if isinstance(train, DayStreamLoader) and kind.name != "ranking":

@@ -20,11 +20,21 @@ the features a call does not read).
 
 The state dict names tables as the fused backend does, ``<prefix>tables.<table>`` -> ``[rows, D]`` (a
 ``ShardedTensor`` once sharded), so a checkpoint of either backend loads into the other.
+
+Initial values: each table's come from :class:`~ctrkit.nn.table_init.TableInit` -- blocks of rows drawn from
+(``table_seed``, table name), ``table_seed`` being one draw of the global RNG when the collection is built -- never
+from the global RNG row by row. Within :func:`meta_tables` the torchrec modules are built on the meta device
+(nothing allocated; a run on several processes builds its model so, and DistributedModelParallel allocates each
+rank's shards, which :func:`ctrkit.training.sharding.shard` fills from the same blocks); outside it they are
+allocated here and filled whole. Either way the tables hold the same values, and the rest of the model draws the
+same numbers from the global RNG (building on meta draws nothing, and the allocation's own draws are undone).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -33,10 +43,24 @@ from torch import nn
 from ctrkit.batch import KeyedJagged
 from ctrkit.errors import IdOutOfRangeError, LayerConfigError, UnknownKeyError
 from ctrkit.nn.embedding_interface import EmbeddingCollection, PooledEmbeddings, PoolGroup
+from ctrkit.nn.table_init import TableInit
 from ctrkit.nn.table_memory import check_tables_fit
 from ctrkit.schema import TableSpec
 
-__all__ = ["TorchrecEmbeddingCollection", "ctrkit_name", "torchrec_available"]
+__all__ = ["TorchrecEmbeddingCollection", "ctrkit_name", "meta_tables", "torchrec_available"]
+
+_ON_META: ContextVar[bool] = ContextVar("ctrkit_torchrec_tables_on_meta", default=False)
+
+
+@contextmanager
+def meta_tables(on: bool = True) -> Iterator[None]:
+    """Within the block (``on``), :class:`TorchrecEmbeddingCollection` builds its tables on the meta device: no
+    memory, no values, until DistributedModelParallel allocates the shards (module docstring)."""
+    token = _ON_META.set(bool(on))
+    try:
+        yield
+    finally:
+        _ON_META.reset(token)
 
 INSTALL_HINT = ("install the optional extra: pip install --no-deps torchrec==1.9.2 fbgemm-gpu-cpu==1.8.0 and "
                 "pip install 'ctrkit[distributed]' (see the Makefile's install step)")
@@ -91,7 +115,11 @@ class TorchrecEmbeddingCollection(EmbeddingCollection):
         self.sequence_keys: dict[str, tuple[str, int]] = {k: (t, int(n)) for k, (t, n) in sequence_keys.items()}
         self.validate = bool(validate)
         self.dims: list[int] = [self.tables[self.feature_to_table[k]].embedding_dim for k in self.keys]
-        check_tables_fit(list(self.tables.values()))
+        # the tables' initial values: blocks drawn from this seed (module docstring); one global draw either way
+        self.table_seed = int(torch.randint(0, 2**62, (1,)).item())
+        self.on_meta = _ON_META.get()  # tables on the meta device: sharding allocates them (training/sharding.py)
+        if not self.on_meta:
+            check_tables_fit(list(self.tables.values()))
         self._place_tables()
         self._build(trec)
         self._register_state_dict_hook(_rename_saved)
@@ -115,30 +143,35 @@ class TorchrecEmbeddingCollection(EmbeddingCollection):
             self._ec_keys.setdefault(self.tables[name].embedding_dim, []).extend(feats)
             self._ec_table.update({f: name for f in feats})
 
-    def _init_fn(self) -> Any:
-        if self.init == "normal":
-            std = float(self.std)  # type: ignore[arg-type]
-            return lambda w: torch.nn.init.normal_(w, 0.0, std)
-        if self.init == "zeros":
-            return torch.nn.init.zeros_
-        return None  # torchrec's default: U(-sqrt(1/rows), sqrt(1/rows)), the fused backend's "uniform"
+    def table_inits(self) -> dict[str, TableInit]:
+        """table -> how its initial values are made (:class:`~ctrkit.nn.table_init.TableInit`)."""
+        return {n: TableInit(self.table_seed, n, t.num_embeddings, t.embedding_dim, self.init, self.std)
+                for n, t in self.tables.items()}
 
     def _build(self, trec: Any) -> None:
-        init_fn = self._init_fn()
+        """The torchrec modules, on the meta device within :func:`meta_tables`, else allocated and filled by
+        :meth:`table_inits` (torchrec calls each table's ``init_fn``); the global RNG is left as it was."""
+        inits = self.table_inits()
+        device = torch.device("meta") if self.on_meta else None
+        with torch.random.fork_rng(devices=[]):  # nn.EmbeddingBag's own normal_ init, overwritten by init_fn
+            self._build_modules(trec, device, lambda name: _filler(inits[name], self.on_meta))
+
+    def _build_modules(self, trec: Any, device: torch.device | None, init_fn: Callable[[str], Any]) -> None:
         bags = []
         for name in self._bag_tables:
             t = self.tables[name]
             feats = [k for k in self._ebc_feats if self._feat_table[k] == name]
             bags.append(trec.EmbeddingBagConfig(name=self.torchrec_name(name), num_embeddings=t.num_embeddings,
                                                 embedding_dim=t.embedding_dim, feature_names=feats,
-                                                pooling=trec.PoolingType.SUM, init_fn=init_fn))
-        self.ebc = trec.EmbeddingBagCollection(tables=bags) if bags else None
+                                                pooling=trec.PoolingType.SUM, init_fn=init_fn(name)))
+        self.ebc = trec.EmbeddingBagCollection(tables=bags, device=device) if bags else None
         ecs = {}
         for d, keys in self._ec_keys.items():
-            cfgs = [trec.EmbeddingConfig(name=self.torchrec_name(n), num_embeddings=self.tables[n].num_embeddings, embedding_dim=d,
-                                         feature_names=[k for k in keys if self._ec_table[k] == n], init_fn=init_fn)
+            cfgs = [trec.EmbeddingConfig(name=self.torchrec_name(n), num_embeddings=self.tables[n].num_embeddings,
+                                         embedding_dim=d, feature_names=[k for k in keys if self._ec_table[k] == n],
+                                         init_fn=init_fn(n))
                     for n in self._seq_tables if self.tables[n].embedding_dim == d]
-            ecs[f"d{d}"] = trec.EmbeddingCollection(tables=cfgs)
+            ecs[f"d{d}"] = trec.EmbeddingCollection(tables=cfgs, device=device)
         self.ecs = nn.ModuleDict(ecs)
 
     def torchrec_name(self, table: str) -> str:
@@ -150,16 +183,17 @@ class TorchrecEmbeddingCollection(EmbeddingCollection):
 
     # ---- parameters ----------------------------------------------------------------------------
     def reset_parameters(self) -> None:
-        """Every table by ``init`` (see the fused backend; uniform bound sqrt(1/rows))."""
-        with torch.no_grad():
-            for name, w in self.table_weights().items():
-                if self.init == "normal":
-                    w.normal_(0.0, self.std)
-                elif self.init == "zeros":
-                    w.zero_()
-                else:
-                    bound = (1.0 / self.tables[name].num_embeddings) ** 0.5
-                    w.uniform_(-bound, bound)
+        """Every table back to its initial values (:meth:`table_inits`: ``init`` as the fused backend's, uniform
+        bound sqrt(1/rows)); tables on the meta device stay there."""
+        inits = self.table_inits()
+        for name, w in self.table_weights().items():
+            if not w.is_meta:
+                inits[name].fill(w)
+
+    def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> TorchrecEmbeddingCollection:
+        """``.to()`` / ``.cuda()`` / ``.float()`` ... leave tables on the meta device there (DistributedModelParallel
+        allocates their shards on its device); every other tensor as nn.Module does."""
+        return super()._apply(lambda t: t if t.is_meta else fn(t), recurse)
 
     def table_weights(self) -> dict[str, torch.Tensor]:
         """table -> its weight ``[rows, D]`` (unsharded modules only)."""
@@ -260,6 +294,20 @@ class TorchrecEmbeddingCollection(EmbeddingCollection):
     def extra_repr(self) -> str:
         ts = ", ".join(f"{t.name}({t.num_embeddings}x{t.embedding_dim})" for t in self.tables.values())
         return f"keys={self.keys}, tables=[{ts}], init={self.init}, bag_tables={self._bag_tables}"
+
+
+def _filler(init: TableInit, on_meta: bool) -> Callable[[torch.Tensor], torch.Tensor]:
+    """torchrec's ``init_fn`` of a table: the whole weight from :class:`TableInit`. torchrec's sharded modules call it
+    too, on each rank's local shard (a slice whose offsets it does not pass) or on an empty placeholder: only a
+    weight of the whole table's shape is filled here; tables built on the meta device are never filled here, as
+    :func:`ctrkit.training.sharding.copy_weights` fills every rank's shards once, at their offsets, after sharding."""
+
+    def fill(w: torch.Tensor) -> torch.Tensor:
+        if on_meta or w.is_meta or tuple(w.shape) != (init.rows, init.dim):
+            return w
+        return init.fill(w.data)
+
+    return fill
 
 
 def ctrkit_name(torchrec_name: str) -> str:

@@ -16,8 +16,13 @@
 - Tables whose width is not a multiple of 4 (first-order weights of dim 1, ...) are always data_parallel: fbgemm's
   fused kernels take widths in multiples of 4 only.
 - The dense part is data parallel (DDP inside DistributedModelParallel).
-- DistributedModelParallel initialises the sharded tables afresh; :func:`shard` copies every rank's shards
-  from the unsharded weights instead, so a sharded model starts from the weights it was built with.
+- Initial weights. A model built within :func:`ctrkit.nn.embedding_torchrec.meta_tables` (as the train job builds
+  it on several processes) has its tables on the meta device: no rank ever holds a whole table. DistributedModelParallel
+  allocates each rank's shards; :func:`shard` fills them from the tables' :class:`~ctrkit.nn.table_init.TableInit`
+  (blocks of rows drawn from (seed, table)), each rank only the rows and columns of its own shards, one block of
+  memory at a time -- the same values a one-process build of the same seed holds, whatever the world size and the
+  plan. A model built with its tables allocated (weights loaded into it, say) has its shards copied from those
+  weights instead. DistributedModelParallel's own initialisation of the shards is overwritten either way.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ctrkit.errors import ConfigError
+from ctrkit.nn.table_init import TableInit
+from ctrkit.nn.table_memory import check_tables_fit
 from ctrkit.training.optim import OptimizerSet, RowWiseAdagrad, build_dense_optimizer
 
 log = logging.getLogger(__name__)
@@ -174,15 +181,17 @@ def shard(module: nn.Module, *, sharding: str = "auto", sparse_optimizer: str = 
     pg = process_group or dist.GroupMember.WORLD
     constraints = _constraints(module, allowed_sharding(sharding, device))
     opt_cls, opt_args = fused_optimizer(sparse_optimizer, embedding_lr)
-    full = module.state_dict()  # the unsharded weights (ctrkit's names), copied into the shards below
+    full = module.state_dict()  # the unsharded weights (ctrkit's names; meta tensors for meta tables)
+    inits = table_inits(module)  # how each table's values are made, for the tables on the meta device
     modules = _torchrec_modules(module)
     tables = [p for path in modules for p in module.get_submodule(path).parameters()]
     apply_optimizer_in_backward(opt_cls, tables, opt_args)
     sharders = [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()]
     topology = Topology(world_size=dist.get_world_size(pg), compute_device=device.type)
     plan = EmbeddingShardingPlanner(topology=topology, constraints=constraints).collective_plan(module, sharders, pg)
+    check_shards_fit(module, plan, dist.get_rank(pg))
     dmp = DistributedModelParallel(module, env=None, device=device, plan=plan, sharders=sharders)
-    copy_weights(dmp.state_dict(), full)
+    copy_weights(dmp.state_dict(), full, inits)
     unpooled = {(path, t): u for path, ts in modules.items() for t, u, _ in ts}
     replicated = [f"{path}.{'embeddings' if unpooled[path, t] else 'embedding_bags'}.{t}.weight"
                   for path, m in plan.plan.items() for t, ps in m.items() if ps.sharding_type == "data_parallel"]
@@ -190,23 +199,71 @@ def shard(module: nn.Module, *, sharding: str = "auto", sparse_optimizer: str = 
     return ShardedModel(dmp, plan, replicated, sparse_optimizer, embedding_lr)
 
 
+def table_inits(module: nn.Module) -> dict[str, TableInit]:
+    """State-dict name (``<path>.tables.<table>``) -> :class:`TableInit` of every torchrec-backend table in
+    ``module``."""
+    from ctrkit.nn.embedding_torchrec import TorchrecEmbeddingCollection
+
+    return {f"{path}.tables.{t}" if path else f"tables.{t}": init for path, m in module.named_modules()
+            if isinstance(m, TorchrecEmbeddingCollection) for t, init in m.table_inits().items()}
+
+
+def check_shards_fit(module: nn.Module, plan: Any, rank: int) -> None:
+    """A LayerConfigError (:func:`~ctrkit.nn.table_memory.check_tables_fit`) when the shards ``plan`` puts on
+    ``rank`` (replicated tables whole) of ``module``'s torchrec tables do not fit in the memory this process can
+    get: a model built on the meta device is checked here, shard by shard, instead of whole when it is built."""
+    shards = []
+    for path, m in plan.plan.items():
+        for t, ps in m.items():
+            if ps.sharding_spec is None:  # data_parallel: the whole table on every rank
+                w = module.get_submodule(path).state_dict(keep_vars=True)
+                weight = next(v for k, v in w.items() if k.endswith(f".{t}.weight"))
+                shards.append(_Part(f"{t} (replicated)", *weight.shape))
+                continue
+            shards += [_Part(f"{t} rows {s.shard_offsets[0]}+ columns {s.shard_offsets[1]}+", *s.shard_sizes)
+                       for s in ps.sharding_spec.shards if s.placement.rank() == rank]
+    check_tables_fit(shards)
+
+
+@dataclass(frozen=True)
+class _Part:
+    """A shard as :func:`~ctrkit.nn.table_memory.check_tables_fit` reads a table."""
+
+    name: str
+    num_embeddings: int
+    embedding_dim: int
+
+
 @torch.no_grad()
-def copy_weights(target: Mapping[str, Any], full: Mapping[str, torch.Tensor]) -> None:
+def copy_weights(target: Mapping[str, Any], full: Mapping[str, torch.Tensor],
+                 inits: Mapping[str, TableInit] | None = None) -> None:
     """Fill ``target`` (a sharded state dict: ShardedTensor, DTensor or plain tensors, in place) from full tensors of
-    the same names; each rank copies the slices of its own shards."""
+    the same names, each rank the slices of its own shards; a full tensor on the meta device (a table never
+    allocated) by its ``inits`` entry instead, block by block (module docstring)."""
     from torch.distributed._shard.sharded_tensor import ShardedTensor
 
+    inits = inits or {}
     for key, value in target.items():
         src = full[key]
+        if src.is_meta and key not in inits:
+            raise ConfigError(f"{key} is on the meta device and is not a torchrec-backend table: only tables may be "
+                              "built on meta (ctrkit.nn.embedding_torchrec.meta_tables)")
+        init = inits[key] if src.is_meta else None
         if isinstance(value, ShardedTensor):
             for shard in value.local_shards():
                 r0, c0 = shard.metadata.shard_offsets
                 r, c = shard.metadata.shard_sizes
-                shard.tensor.copy_(src[r0: r0 + r, c0: c0 + c])
+                if init is not None:
+                    init.fill(shard.tensor, r0, c0)
+                else:
+                    shard.tensor.copy_(src[r0: r0 + r, c0: c0 + c])
         elif hasattr(value, "to_local") and hasattr(value, "placements"):  # DTensor
             raise ConfigError(f"{key}: a DTensor shard layout is not handled by ctrkit's weight copy yet")
         elif isinstance(value, torch.Tensor):
-            value.copy_(src)
+            if init is not None:
+                init.fill(value)
+            else:
+                value.copy_(src)
 
 
 # ---- the trainer's side (training/distributed.py's hook, the Trainer's optimizer set, writer and evaluation) ----

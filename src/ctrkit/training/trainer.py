@@ -104,7 +104,8 @@ class Trainer:
                               "(derive it from ctrkit.models.base.CTRModel)")
         self.config = config
         self.model: CTRModel = model  # unwrapped: checkpoints, param groups, tables
-        self.device = next((t.device for t in [*model.parameters(), *model.buffers()]), torch.device("cpu"))
+        self.device = next((t.device for t in [*model.parameters(), *model.buffers()] if not t.is_meta),
+                           torch.device("cpu"))  # meta: tables that sharding allocates (training/sharding.py)
         self.dist = dist
         self.train_loader, self.valid_loader = train_loader, valid_loader
         self.callbacks = list(callbacks or [])
