@@ -64,3 +64,23 @@ def test_a_meta_build_holds_the_values_of_an_allocated_build_of_the_same_seed():
             w.add_(1.0)
     emb.reset_parameters()  # back to the initial values
     assert all(torch.equal(w, before[k]) for k, w in emb.table_weights().items())
+
+
+def test_a_rank_checks_only_its_own_shards_and_the_replicated_tables_against_its_memory(monkeypatch):
+    from types import SimpleNamespace as NS
+
+    from ctrkit.errors import LayerConfigError
+    from ctrkit.nn import table_memory
+    from ctrkit.training.sharding import check_shards_fit
+
+    def part(rank: int, r0: int, rows: int) -> NS:
+        return NS(placement=NS(rank=lambda: rank), shard_offsets=[r0, 0], shard_sizes=[rows, 16])
+
+    big = NS(sharding_spec=NS(shards=[part(0, 0, 1_000_000), part(1, 1_000_000, 1_000_000)]))
+    small = NS(sharding_spec=NS(shards=[part(1, 0, 1000)]))
+    plan = NS(plan={"model.ebc": {"big#b16": big, "small#b16": small}})
+    monkeypatch.setattr(table_memory, "available_memory", lambda: 100 * 2**20)  # 100 MiB
+    check_shards_fit(torch.nn.Module(), plan, 0)  # 61 MiB of shards: fits
+    monkeypatch.setattr(table_memory, "available_memory", lambda: 50 * 2**20)
+    with pytest.raises(LayerConfigError, match=r"big#b16 rows 1000000\+ columns 0\+: 1,000,000 rows x 16"):
+        check_shards_fit(torch.nn.Module(), plan, 1)
