@@ -154,6 +154,12 @@ def shutdown() -> None:
     _OWNED.clear()
 
 
+def model_device(model: nn.Module) -> torch.device:
+    """The device of ``model``'s first parameter or buffer (CPU without any); tensors on the meta device -- torchrec
+    tables that sharding allocates later (:mod:`ctrkit.training.sharding`) -- do not count."""
+    return next((t.device for t in [*model.parameters(), *model.buffers()] if not t.is_meta), torch.device("cpu"))
+
+
 class TaskStep(nn.Module):
     """The task's loss of the model on a batch, as a module: what DDP wraps, so that every task's forward (a
     retrieval task's query and item towers included) runs through the wrapper."""

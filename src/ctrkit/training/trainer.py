@@ -71,7 +71,7 @@ from ctrkit.training.callbacks import (
     track_evaluation,
 )
 from ctrkit.training.config import TrainConfig, config_to_dict
-from ctrkit.training.distributed import DistContext, wrap_for_training
+from ctrkit.training.distributed import DistContext, model_device, wrap_for_training
 from ctrkit.training.optim import OptimizerSet, build_optimizers
 from ctrkit.training.rundir import RunLock, RunRecords, open_run_dir
 from ctrkit.training.sharding import even_forwards, sharded_optimizers, sharded_writer
@@ -104,8 +104,7 @@ class Trainer:
                               "(derive it from ctrkit.models.base.CTRModel)")
         self.config = config
         self.model: CTRModel = model  # unwrapped: checkpoints, param groups, tables
-        self.device = next((t.device for t in [*model.parameters(), *model.buffers()] if not t.is_meta),
-                           torch.device("cpu"))  # meta: tables that sharding allocates (training/sharding.py)
+        self.device = model_device(model)
         self.dist = dist
         self.train_loader, self.valid_loader = train_loader, valid_loader
         self.callbacks = list(callbacks or [])
