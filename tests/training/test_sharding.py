@@ -192,8 +192,9 @@ def test_meta_built_tables_allocate_only_the_ranks_shards_and_equal_a_one_proces
               f"({grown / full:.2f}); shards {got['local'] / 2**20:.0f} MiB; built and sharded in "
               f"{got['start_s']:.2f} s; loss {got['loss']:.4f}; stages {[x >> 20 for x in got['stages']]}")
         assert np.isfinite(got["loss"])
-        # its shards are resident, and little else: building the whole tables first would add `full` again
-        assert got["local"] * 0.9 < grown < got["local"] + 0.2 * full, (grown, got["local"], full)
+        # its shards are resident, and little else (measured: shards + 30 to 80 MiB of optimizer state and allocator
+        # slack); building the whole tables first, the former path, grew by shards + 1.15 x full (819 MiB)
+        assert got["local"] * 0.9 < grown < got["local"] + 0.35 * full, (grown, got["local"], full)
         for (key, r0, c0, n, c), digest in got["hashes"].items():
             part = want[key.removeprefix("model.")][r0: r0 + n, c0: c0 + c].contiguous()
             assert hashlib.sha256(part.numpy().tobytes()).hexdigest() == digest, f"rank {r}: {key} rows {r0}+"
