@@ -240,6 +240,31 @@ def test_disk_full_is_one_line_and_removes_partial_output(tmp_path: Path, monkey
         assert len(left) == 1 and left[0].startswith(".criteo-stage-") and left[0] in msg
 
 
+def test_exact_vocabularies_spilled_to_disk_give_the_same_stores(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    days = _days(tmp_path / "in", card=5000)
+    opts = {"min_freq": 2, "valid_from_test": True, "shard_bytes": 100_000, "progress": False}
+    want = preprocess_criteo(days, tmp_path / "mem", **opts)
+    runs: list[int] = []
+    real = criteo_tasks.count_task
+    monkeypatch.setattr("ctrkit.data.sources.criteo_parallel.count_task",
+                        lambda *a: (r := real(*a), runs.append(r.runs))[0])
+    # ~300 KiB budget (26 columns): a run every few blocks of 64 rows, keys repeated across runs of a task and across tasks
+    got = preprocess_criteo(days, tmp_path / "spill", vocab_memory_mb=0.3, block_rows=64, task_bytes=200_000,
+                            **opts)
+    assert len(runs) > len(days) and max(runs) > 2 and not list((tmp_path / "spill").glob(".criteo-*"))
+    assert_same_stores(want, got)
+    vocabs = load_pipeline(got["train"]).vocabs_
+    for j in (0, 20):
+        assert vocabs[SPARSE_NAMES[j]].keys.tolist() == _naive_first_appearance(days, j, 2)
+
+
+def test_bad_vocab_memory_is_one_clear_error(tmp_path: Path) -> None:
+    days = _days(tmp_path / "in", rows=20)
+    with pytest.raises(DataError, match=r"--vocab-memory-mb must be > 0 .* got 0"):
+        preprocess_criteo(days, tmp_path / "o", vocab_memory_mb=0, progress=False)
+
+
 def test_dask_local_cluster_gives_the_same_stores(tmp_path: Path) -> None:
     pytest.importorskip("distributed")
     from distributed import LocalCluster

@@ -25,7 +25,7 @@ class PipelineFitter(RowEncoder):
     def __init__(self, pipeline: FeaturePipeline) -> None:
         self.pipeline = pipeline
         self.spec, self.kind, self.table_of, self.rules = pipeline.spec, pipeline.kind, pipeline.table_of, pipeline.rules
-        self._builders: dict[str, VocabBuilder] = {}
+        self._builders: dict[str, VocabBuilder | Vocabulary] = {}
         self._n = 0  # training rows counted so far, their per-column mean and sum of squared deviations
         self._mean = np.zeros(len(self.spec.dense))
         self._m2 = np.zeros(len(self.spec.dense))
@@ -33,6 +33,8 @@ class PipelineFitter(RowEncoder):
 
     def _ids(self, table: str, values: Any, missing: np.ndarray | None = None) -> np.ndarray:
         b = self._builders.get(table)
+        if isinstance(b, Vocabulary):
+            raise DataError(f"vocabulary {table!r} was adopted fitted; it cannot count more values")
         if b is None:
             if self.kind == CRITEO or (isinstance(values, np.ndarray) and values.dtype.kind in "iu"):
                 kind = "int"
@@ -58,9 +60,10 @@ class PipelineFitter(RowEncoder):
         self._mean += delta * (m / self._n)
         self._m2 += m2 + delta ** 2 * (n * m / self._n)
 
-    def adopt(self, builders: dict[str, VocabBuilder]) -> None:
+    def adopt(self, builders: dict[str, VocabBuilder] | dict[str, Vocabulary]) -> None:
         """Take vocabularies counted elsewhere ({table: builder}, e.g. merged from parallel count tasks) in
-        place of those :meth:`encode` builds; :meth:`finish` then fits them."""
+        place of those :meth:`encode` builds; :meth:`finish` then fits them. A :class:`Vocabulary` (fitted
+        elsewhere, e.g. from counts spilled to disk) is kept as it is."""
         self._builders.update(builders)
 
     def finish(self) -> FeaturePipeline:
@@ -68,6 +71,9 @@ class PipelineFitter(RowEncoder):
         p, o = self.pipeline, self.pipeline.options
         vocabs: dict[str, Vocabulary] = {}
         for table, b in self._builders.items():
+            if isinstance(b, Vocabulary):
+                vocabs[table], self.luts[table] = b, None
+                continue
             vocabs[table], self.luts[table] = b.finish(
                 p.table_min_freq.get(table, 1), None if table == GROUP_TABLE else o["max_vocab"], o["max_vocab_mode"],
                 hash_fn="mod" if self.kind == CRITEO else "splitmix")

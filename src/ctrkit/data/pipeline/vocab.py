@@ -181,6 +181,11 @@ class VocabBuilder:
                 self._counts = grown
         return pid
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the arrays held (index, keys, counts): what a memory budget for counting compares."""
+        return self._index.nbytes + sum(k.nbytes for k in self._keys) + self._counts.nbytes
+
     def keys(self) -> np.ndarray:
         """Every value seen, in first-appearance (provisional id) order."""
         if not self._keys:

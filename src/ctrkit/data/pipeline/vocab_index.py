@@ -53,3 +53,7 @@ class SortedIndex:
 
     def __len__(self) -> int:
         return len(self.k[0]) + len(self.k[1])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (*self.k, *self.v))

@@ -77,7 +77,7 @@ from ctrkit.data.sources.criteo_tasks import RouteRule
 from ctrkit.data.sources.driver import Chunk, Frontend, Input, Summary, fit_or_reuse, preprocess
 from ctrkit.errors import DataError
 from ctrkit.progress import progress_bar
-from ctrkit.typecheck import EmbeddingDim, Fraction, MaxVocab, PositiveInt, Seed, cli_type
+from ctrkit.typecheck import EmbeddingDim, Fraction, MaxVocab, PositiveFloat, PositiveInt, Seed, cli_type
 
 log = logging.getLogger(__name__)
 
@@ -196,6 +196,9 @@ def _options(args: dict[str, Any], day_mode: bool) -> dict[str, Any]:
         raise DataError(f"block_rows must be >= 1, got {args['block_rows']}")
     if args["task_bytes"] < 1:
         raise DataError(f"task_bytes must be >= 1, got {args['task_bytes']}")
+    if args["vocab_memory_mb"] is not None and not args["vocab_memory_mb"] > 0:
+        raise DataError(f"--vocab-memory-mb must be > 0 (MiB of vocabulary counts per worker), got "
+                        f"{args['vocab_memory_mb']}")
     split = "days"
     if not day_mode:
         split = ",".join(f"{f:g}" for f in parse_split("0.8,0.1,0.1" if args["split"] is None else args["split"]))
@@ -238,6 +241,7 @@ def preprocess_criteo(
     workers: int | None = None,
     scheduler: str | None = None,
     task_bytes: int = 64 << 20,
+    vocab_memory_mb: float | None = None,  # MiB
 ) -> dict[str, Path]:
     """Preprocess Criteo TSV file(s) into one store per split under ``out`` -> {split: store path}.
 
@@ -254,11 +258,11 @@ def preprocess_criteo(
     ``max_vocab`` (with ``max_vocab_mode`` 'hash' (default, torchrec's max_ind_range) or 'cap') and
     ``min_freq`` are described in :mod:`ctrkit.data.pipeline.vocab`. ``block_rows`` sets the read block
     (about block_rows * 256 bytes; ``chunk_rows`` is its deprecated old name); ``shard_bytes`` the size of one
-    shuffle shard in memory.
-    ``shuffle=False`` keeps train in input order too (scoring raw rows in order, e.g. ``predict``).
-
+    shuffle shard in memory. ``shuffle=False`` keeps train in input order too (e.g. ``predict``).
     ``workers`` (local processes) or ``scheduler`` (a Dask address): count / encode tasks per day file and
     ``task_bytes`` of a plain one, resumable, the same stores for any N (:mod:`~.criteo_parallel`).
+    ``vocab_memory_mb``: spill exact vocabularies' counts past that many MiB per worker to disk (sorted runs,
+    merged at the end; the same stores); runs as tasks (one in-process worker unless ``workers`` is given).
     """
     if chunk_rows is not None:
         warnings.warn("preprocess_criteo(chunk_rows=...) is deprecated; use block_rows=", DeprecationWarning, 2)
@@ -274,19 +278,22 @@ def preprocess_criteo(
     front = _Criteo(files, pipe, options=options, day_mode=day_mode, fractions=fractions, shuffle=shuffle,
                     progress=progress)
     return _run(front, out, overwrite=overwrite, shard_bytes=shard_bytes, workers=workers, scheduler=scheduler,
-                task_bytes=task_bytes)
+                task_bytes=task_bytes, vocab_memory_mb=vocab_memory_mb)
 
 
 def _run(front: _Criteo, out: str | Path, *, overwrite: bool, shard_bytes: int, workers: int | None,
-         scheduler: str | None, task_bytes: int) -> dict[str, Path]:
-    """One process through the driver, or count / encode tasks (``workers`` / ``scheduler``); logs a summary."""
-    if workers is None and scheduler is None:
+         scheduler: str | None, task_bytes: int, vocab_memory_mb: float | None = None) -> dict[str, Path]:
+    """One process through the driver, or count / encode tasks (``workers`` / ``scheduler``, or a vocabulary
+    memory budget: only the tasks spill the counts); logs a summary."""
+    vocab_bytes = None if vocab_memory_mb is None else int(vocab_memory_mb * (1 << 20))
+    if workers is None and scheduler is None and vocab_bytes is None:
         result, summary = preprocess(front, out, overwrite=overwrite, shard_bytes=shard_bytes)
     else:
         if front.vocab_from is not None:
             fit_or_reuse(front.pipe, front.vocab_from)
         result, summary = preprocess_tasks(front, out, workers=workers or 1, scheduler=scheduler,
-                                           task_bytes=task_bytes, overwrite=overwrite, shard_bytes=shard_bytes)
+                                           task_bytes=task_bytes, overwrite=overwrite, shard_bytes=shard_bytes,
+                                           vocab_bytes=vocab_bytes)
     elapsed = time.perf_counter() - front._t0
     n_in, n_bad = sum(s.bad.total for s in front.inputs), sum(s.bad.bad for s in front.inputs)
     log.info("criteo: %d rows (%d bad) -> %s in %.1fs (read+parse %.1fs, %.0f rows/s)", n_in, n_bad,
@@ -335,6 +342,9 @@ def add_preprocess_criteo_args(p: argparse.ArgumentParser) -> argparse.ArgumentP
                         "on a path every worker sees (pip install 'ctrkit[cluster]')")
     p.add_argument("--task-mb", type=cli_type(PositiveInt), default=64,
                    help="MiB of a plain input file per task (gzip: one per file)")
+    p.add_argument("--vocab-memory-mb", type=cli_type(PositiveFloat), default=None,
+                   help="exact vocabularies (--min-freq): past this many MiB of counts per worker, spill them to "
+                        "disk as sorted runs merged at the end (same output; runs as tasks)")
     return p
 
 
@@ -346,6 +356,7 @@ def run_preprocess_criteo(args: argparse.Namespace) -> dict[str, Path]:
         seed=args.seed, block_rows=args.block_rows, max_bad_fraction=args.max_bad_fraction,
         vocab_from=args.vocab_from, embedding_dim=args.embedding_dim, overwrite=args.overwrite,
         workers=args.workers, scheduler=args.scheduler, task_bytes=args.task_mb << 20,
+        vocab_memory_mb=args.vocab_memory_mb,
     )
     for name, path in result.items():
         m = json.loads((path / "manifest.json").read_text())

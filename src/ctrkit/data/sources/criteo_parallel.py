@@ -18,6 +18,13 @@ paths, sizes and modification times and of every option that changes the output)
 all; a run stopped by an error or Ctrl-C and started again with the same inputs and options redoes only the
 unfinished tasks (so never a finished day). The stores are published only when complete. Disk space: the
 staging directory holds about one encoded copy of the data until the stores are published.
+
+Memory: exact vocabularies (``--min-freq``, fitted here) hold every distinct value with its count while they
+are counted. With ``vocab_bytes`` (``--vocab-memory-mb``) a count task writes what it holds as a sorted run of
+(key, count, first appearance) under ``<stage>/count/t<index>/`` whenever it passes that many bytes, and the
+runs of every task are merged per column at the end (:mod:`ctrkit.data.storage.count_runs`): memory is then
+the budget, the merge buffers and the kept keys (what the encode step looks up anyway), not every distinct
+value; the vocabularies, and so the stores, are the in-memory ones.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ import numpy as np
 from ctrkit.data.pipeline.feature_pipeline import SPARSE_NAMES
 from ctrkit.data.pipeline.persist import PIPELINE_DIR, save_pipeline
 from ctrkit.data.pipeline.spec import SPLITS
-from ctrkit.data.pipeline.vocab import VocabBuilder
+from ctrkit.data.pipeline.vocab import VocabBuilder, Vocabulary, check_vocab_options
 from ctrkit.data.sources.criteo_tasks import (
     EncodeContext,
     EncodeResult,
@@ -43,10 +50,12 @@ from ctrkit.data.sources.criteo_tasks import (
     count_task,
     encode_task,
     plan_tasks,
+    run_paths,
     task_dir,
 )
 from ctrkit.data.sources.driver import Frontend, Summary
 from ctrkit.data.sources.task_runner import TaskRunner
+from ctrkit.data.storage.count_runs import RECORD, merge_runs
 from ctrkit.data.storage.spill import read_parts, shard_count
 from ctrkit.data.storage.splits import SplitOutput
 from ctrkit.data.storage.store import StoreWriter
@@ -59,17 +68,18 @@ STAGE_PREFIX = ".criteo-stage-"
 
 def preprocess_tasks(front: Any, out: str | Path, *, workers: int = 1, scheduler: str | None = None,
                      task_bytes: int = 64 << 20, overwrite: bool = False,
-                     shard_bytes: int = 256 << 20) -> tuple[dict[str, Path], Summary]:
+                     shard_bytes: int = 256 << 20, vocab_bytes: int | None = None) -> tuple[dict[str, Path], Summary]:
     """The steps of the module docstring for the Criteo front-end ``front`` (its files, pipeline, split rule
-    and manifest record) -> ({split: store path}, rows and positives per split)."""
+    and manifest record) -> ({split: store path}, rows and positives per split). ``vocab_bytes``: spill the
+    counted vocabularies to disk past that many bytes per worker (see "Memory" above)."""
     row_bytes = front.row_bytes
     k_train = shard_count(front.est_rows, row_bytes, shard_bytes) if front.shuffle_train else 1
     roll = max(1, shard_bytes // row_bytes)
     tasks = plan_tasks(front.files, task_bytes)
-    stage = Path(out) / (STAGE_PREFIX + _stage_key(front, task_bytes, k_train, roll))
+    stage = Path(out) / (STAGE_PREFIX + _stage_key(front, task_bytes, k_train, roll, vocab_bytes))
     try:
         return _run(front, out, tasks, stage, runner_args=(workers, scheduler), overwrite=overwrite,
-                    k_train=k_train, roll=roll)
+                    k_train=k_train, roll=roll, vocab_bytes=vocab_bytes)
     except StoreError as e:
         if stage.is_dir() and any((stage / "encode").glob("t*/result.json")):
             raise StoreError(f"{e}; finished tasks stay in {stage} so that the same command resumes (delete it "
@@ -79,7 +89,7 @@ def preprocess_tasks(front: Any, out: str | Path, *, workers: int = 1, scheduler
 
 
 def _run(front: Any, out: str | Path, tasks: list[Task], stage: Path, *, runner_args: tuple[int, str | None],
-         overwrite: bool, k_train: int, roll: int) -> tuple[dict[str, Path], Summary]:
+         overwrite: bool, k_train: int, roll: int, vocab_bytes: int | None) -> tuple[dict[str, Path], Summary]:
     pipe = front.pipe
     with SplitOutput(out, SPLITS, overwrite=overwrite, prefix=f".{front.kind}-tmp-") as output, \
             TaskRunner(*runner_args) as runner:
@@ -88,7 +98,7 @@ def _run(front: Any, out: str | Path, tasks: list[Task], stage: Path, *, runner_
         if done:
             log.info("resuming from %s: %d of %d tasks already done", stage, done, len(tasks))
         block_bytes = max(1 << 16, int(front.options["block_rows"]) * 256)
-        line0 = _count(runner, tasks, front, stage, block_bytes)
+        line0 = _count(runner, tasks, front, stage, block_bytes, vocab_bytes)
         _save_pipeline_once(pipe, stage / "pipeline")
         ctx = EncodeContext(str(stage), block_bytes, front.rule, k_train, roll, front.shuffle_train)
         results = _encode(runner, tasks, line0, ctx, front)
@@ -106,32 +116,41 @@ def _run(front: Any, out: str | Path, tasks: list[Task], stage: Path, *, runner_
     return result, summary
 
 
-def _stage_key(front: Any, task_bytes: int, k_train: int, roll: int) -> str:
+def _stage_key(front: Any, task_bytes: int, k_train: int, roll: int, vocab_bytes: int | None = None) -> str:
     """Digest of what decides every task's result: the inputs (path, size, mtime) and the options."""
     files = [(str(Path(f).resolve()), Path(f).stat().st_size, Path(f).stat().st_mtime_ns) for f in front.files]
     opts = {k: v for k, v in front.options.items() if k != "block_rows"}  # the read block changes no result
     vocab_from = front.options.get("vocab_from")
     if vocab_from:
         opts["vocab_from_mtime"] = (Path(vocab_from) / PIPELINE_DIR / "pipeline.json").stat().st_mtime_ns
-    blob = json.dumps([1, files, opts, task_bytes, k_train, roll, front.shuffle_train], sort_keys=True, default=str)
+    blob = [1, files, opts, task_bytes, k_train, roll, front.shuffle_train] + ([vocab_bytes] if vocab_bytes else [])
+    blob = json.dumps(blob, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def _count(runner: TaskRunner, tasks: list[Task], front: Any, stage: Path, block_bytes: int) -> list[int]:
+def _count(runner: TaskRunner, tasks: list[Task], front: Any, stage: Path, block_bytes: int,
+           vocab_bytes: int | None = None) -> list[int]:
     """Run the count step where needed, fit the vocabularies when fitting -> first line (0-based) of each task."""
     pipe = front.pipe
     fitting = not pipe.fitted
     per_file = np.bincount([t.file_index for t in tasks], minlength=len(front.files))
     need = [t for t in tasks if fitting or per_file[t.file_index] > 1]  # offsets of plain files cut in ranges
-    builders = [VocabBuilder(c, "int") for c in SPARSE_NAMES] if fitting else []
+    builders = [VocabBuilder(c, "int") for c in SPARSE_NAMES] if fitting and vocab_bytes is None else []
     n_lines = np.zeros(len(tasks), np.int64)
-    for res in runner.ordered(count_task, [(t, block_bytes, fitting, str(stage)) for t in need]):
+    spilled, missing = [], np.zeros(len(SPARSE_NAMES), np.int64)
+    for res in runner.ordered(count_task, [(t, block_bytes, fitting, str(stage), vocab_bytes) for t in need]):
         n_lines[res.index] = res.n_lines
         for j, b in enumerate(builders):
             b.merge(res.keys[j], res.counts[j], res.missing[j])
+        if res.runs:
+            spilled.append((res.index, res.runs))
+            missing += res.missing
     if fitting:
         fitter = pipe.fitter()
-        fitter.adopt(dict(zip(SPARSE_NAMES, builders)))
+        if vocab_bytes is None:
+            fitter.adopt(dict(zip(SPARSE_NAMES, builders)))
+        else:
+            fitter.adopt(_merge_spilled(pipe, stage, spilled, missing, vocab_bytes))
         fitter.finish()
     line0, at, prev = [], 0, -1
     for t in tasks:
@@ -139,6 +158,29 @@ def _count(runner: TaskRunner, tasks: list[Task], front: Any, stage: Path, block
         line0.append(int(at))
         at, prev = at + n_lines[t.index], t.file_index
     return line0
+
+
+def _merge_spilled(pipe: Any, stage: Path, spilled: list[tuple[int, int]], missing: np.ndarray,
+                   memory_bytes: int) -> dict[str, Vocabulary]:
+    """The vocabularies of the count tasks' spilled runs ((task, runs) each): per column the runs merged in key
+    order, the kept keys (count >= min_freq) put in first-appearance order -> exactly what the in-memory merge
+    of :class:`VocabBuilder` fits. Memory: the merge's buffers and the kept keys, not every distinct key."""
+    o, scratch, vocabs = pipe.options, stage / "vocab-merge", {}
+    for j, name in enumerate(SPARSE_NAMES):
+        min_freq, seen, kept = pipe.table_min_freq.get(name, 1), 0, []
+        paths = [p for index, runs in spilled for p in run_paths(stage, index, j, runs)]
+        shutil.rmtree(scratch, ignore_errors=True)
+        for rec in merge_runs(paths, scratch, memory_bytes=memory_bytes):
+            seen += len(rec)
+            kept.append(rec[rec["count"] >= min_freq])
+        rec = np.concatenate(kept) if kept else np.empty(0, RECORD)
+        rec = rec[np.argsort(rec["first"], kind="stable")]
+        check_vocab_options(min_freq, o["max_vocab"], o["max_vocab_mode"], name)
+        vocabs[name] = Vocabulary.build(name, "int", rec["key"].copy(), rec["count"].copy(), min_freq=min_freq,
+                                        max_vocab=o["max_vocab"], mode=o["max_vocab_mode"], seen=seen,
+                                        missing=int(missing[j]), hash_fn="mod")
+    shutil.rmtree(scratch, ignore_errors=True)
+    return vocabs
 
 
 def _save_pipeline_once(pipe: Any, directory: Path) -> None:

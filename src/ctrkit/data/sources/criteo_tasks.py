@@ -33,7 +33,9 @@ from ctrkit.data.pipeline.rows import BadRows, assign_split, row_uniform, splitm
 from ctrkit.data.pipeline.spec import SPLITS
 from ctrkit.data.pipeline.vocab import VocabBuilder
 from ctrkit.data.sources.criteo_read import block_columns, is_gzip, iter_blocks, line_ranges
+from ctrkit.data.storage.count_runs import write_run
 from ctrkit.data.storage.spill import ShardSpill
+from ctrkit.errors import DataError
 
 
 @dataclass(frozen=True)
@@ -89,34 +91,71 @@ class RouteRule:
 @dataclass
 class CountResult:
     """What :func:`count_task` found: physical lines, and per categorical column (``SPARSE_NAMES`` order) the
-    distinct keys in first-appearance order, their counts and the missing count (empty lists: not counted)."""
+    distinct keys in first-appearance order, their counts and the missing count (empty lists: not counted).
+    ``runs`` > 0: the keys were spilled instead, as that many sorted runs per column (:func:`run_paths`)."""
 
     index: int
     n_lines: int
     keys: list[np.ndarray] = field(default_factory=list)
     counts: list[np.ndarray] = field(default_factory=list)
     missing: list[int] = field(default_factory=list)
+    runs: int = 0
 
     def save(self, path: Path) -> None:
         arrays = {f"k{j}": k for j, k in enumerate(self.keys)} | {f"c{j}": c for j, c in enumerate(self.counts)}
-        np.savez(path, n_lines=np.int64(self.n_lines), missing=np.asarray(self.missing, np.int64), **arrays)
+        np.savez(path, n_lines=np.int64(self.n_lines), missing=np.asarray(self.missing, np.int64),
+                 runs=np.int64(self.runs), **arrays)
 
     @classmethod
     def load(cls, index: int, path: Path) -> CountResult:
         with np.load(path, allow_pickle=False) as z:
-            m = z["missing"].tolist()
-            return cls(index, int(z["n_lines"]), [z[f"k{j}"] for j in range(len(m))],
-                       [z[f"c{j}"] for j in range(len(m))], m)
+            m, runs = z["missing"].tolist(), int(z["runs"])
+            n = 0 if runs else len(m)
+            return cls(index, int(z["n_lines"]), [z[f"k{j}"] for j in range(n)], [z[f"c{j}"] for j in range(n)], m,
+                       runs)
 
 
-def count_task(task: Task, block_bytes: int, vocab: bool, stage: str) -> CountResult:
-    """Count step of ``task`` (``vocab``: also count the categorical values); saved to ``stage`` for a resumed
-    run, and loaded from there when an earlier run finished it."""
+FIRST_BITS = 40  # a spilled key's first appearance: task index << FIRST_BITS | its rank in the task
+
+
+def run_paths(stage: str | Path, index: int, column: int, runs: int) -> list[Path]:
+    """The sorted runs (:mod:`ctrkit.data.storage.count_runs`) of column ``column`` spilled by task ``index``."""
+    return [Path(stage) / "count" / f"t{index:06d}" / f"c{column:02d}-r{r:04d}.bin" for r in range(runs)]
+
+
+class _RunSpill:
+    """A count task's vocabularies written as sorted runs whenever they pass the memory budget."""
+
+    def __init__(self, stage: str, index: int) -> None:
+        self.stage, self.index, self.runs = stage, index, 0
+        shutil.rmtree(run_paths(stage, index, 0, 1)[0].parent, ignore_errors=True)  # left by a stopped run
+        self.pos = [0] * len(SPARSE_NAMES)
+        self.missing = [0] * len(SPARSE_NAMES)
+
+    def flush(self, builders: list[VocabBuilder]) -> list[VocabBuilder]:
+        """Write every column's keys, counts and first appearances as one more run -> fresh builders."""
+        for j, b in enumerate(builders):
+            keys = b.keys()
+            if self.pos[j] + len(keys) >= 1 << FIRST_BITS:
+                raise DataError(f"{SPARSE_NAMES[j]}: more than 2^{FIRST_BITS} distinct values in one task")
+            first = (self.index << FIRST_BITS) + self.pos[j] + np.arange(len(keys), dtype=np.int64)
+            write_run(run_paths(self.stage, self.index, j, self.runs + 1)[-1], keys, b.counts(), first)
+            self.pos[j] += len(keys)
+            self.missing[j] += b.missing
+        self.runs += 1
+        return [VocabBuilder(c, "int") for c in SPARSE_NAMES]
+
+
+def count_task(task: Task, block_bytes: int, vocab: bool, stage: str, vocab_bytes: int | None = None) -> CountResult:
+    """Count step of ``task`` (``vocab``: also count the categorical values; ``vocab_bytes``: spill them as
+    sorted runs whenever they hold more bytes); saved to ``stage`` for a resumed run, and loaded from there
+    when an earlier run finished it."""
     path = Path(stage) / "count" / f"t{task.index:06d}.npz"
     if path.is_file():
         return CountResult.load(task.index, path)
     res = CountResult(task.index, 0)
     builders = [VocabBuilder(c, "int") for c in SPARSE_NAMES] if vocab else []
+    spill = _RunSpill(stage, task.index) if vocab and vocab_bytes is not None else None
     blocks = iter_blocks(Path(task.path), block_bytes, start=task.start, stop=task.stop, damage=[])
     for buf, _ in blocks:
         if not builders:
@@ -127,11 +166,17 @@ def count_task(task: Task, block_bytes: int, vocab: bool, stage: str) -> CountRe
         for j, b in enumerate(builders):
             keys = blk.keys[:, j]
             b.add(keys, keys < 0)
-    for b in builders:
-        res.keys.append(b.keys())
-        res.counts.append(b.counts())
-        res.missing.append(b.missing)
-    _atomic(path, res.save)
+        if spill is not None and sum(b.nbytes for b in builders) > vocab_bytes:  # type: ignore[operator]
+            builders = spill.flush(builders)
+    if spill is not None:
+        spill.flush(builders)
+        res.runs, res.missing = spill.runs, spill.missing
+    else:
+        for b in builders:
+            res.keys.append(b.keys())
+            res.counts.append(b.counts())
+            res.missing.append(b.missing)
+    _atomic(path, res.save)  # after the runs: a result on disk means its runs are complete
     return res
 
 
