@@ -188,11 +188,18 @@ def test_missing_day_in_the_middle_is_an_error(tmp_path: Path) -> None:
         preprocess_criteo(d, tmp_path / "o", workers=1, progress=False)  # the directory: same check
 
 
-def test_interrupted_run_resumes_without_redoing_finished_days(tmp_path: Path,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("how", [{"workers": 1}, {"resumable": True}, {"resumable": True, "min_freq": 2}],
+                         ids=["workers1", "one-process", "one-process-exact"])
+def test_interrupted_run_resumes_without_redoing_finished_days(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               how: dict[str, Any]) -> None:
     days = _days(tmp_path / "in", gz_day=None)
-    kw: dict[str, Any] = {"workers": 1, "shard_bytes": 100_000, "progress": False}  # one task per day (64 MiB)
-    want = preprocess_criteo(days, tmp_path / "ref", **kw)
+    kw: dict[str, Any] = {**how, "shard_bytes": 100_000, "progress": False, "task_bytes": 60_000}
+    if how.get("resumable"):  # whole days as tasks, whatever task_bytes says; the plain one-process stores
+        want = preprocess_criteo(days, tmp_path / "ref", min_freq=how.get("min_freq", 1), shard_bytes=100_000,
+                                 progress=False)
+    else:
+        kw["task_bytes"] = 64 << 20  # one task per day
+        want = preprocess_criteo(days, tmp_path / "ref", **kw)
     done: list[str] = []
     real = criteo_tasks._encode_rows
 

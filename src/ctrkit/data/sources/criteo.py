@@ -242,6 +242,7 @@ def preprocess_criteo(
     scheduler: str | None = None,
     task_bytes: int = 64 << 20,
     vocab_memory_mb: float | None = None,  # MiB
+    resumable: bool = False,
 ) -> dict[str, Path]:
     """Preprocess Criteo TSV file(s) into one store per split under ``out`` -> {split: store path}.
 
@@ -259,10 +260,9 @@ def preprocess_criteo(
     ``min_freq`` are described in :mod:`ctrkit.data.pipeline.vocab`. ``block_rows`` sets the read block
     (about block_rows * 256 bytes; ``chunk_rows`` is its deprecated old name); ``shard_bytes`` the size of one
     shuffle shard in memory. ``shuffle=False`` keeps train in input order too (e.g. ``predict``).
-    ``workers`` (local processes) or ``scheduler`` (a Dask address): count / encode tasks per day file and
-    ``task_bytes`` of a plain one, resumable, the same stores for any N (:mod:`~.criteo_parallel`).
-    ``vocab_memory_mb``: spill exact vocabularies' counts past that many MiB per worker to disk (sorted runs,
-    merged at the end; the same stores); runs as tasks (one in-process worker unless ``workers`` is given).
+    ``workers`` (local processes), ``scheduler`` (a Dask address), ``resumable`` (one process, a task per file),
+    ``vocab_memory_mb`` (spill exact vocabularies' counts past it, per worker): count / encode tasks, resumable,
+    the same stores (:mod:`~.criteo_parallel`); ``task_bytes`` of a plain file per task.
     """
     if chunk_rows is not None:
         warnings.warn("preprocess_criteo(chunk_rows=...) is deprecated; use block_rows=", DeprecationWarning, 2)
@@ -278,15 +278,18 @@ def preprocess_criteo(
     front = _Criteo(files, pipe, options=options, day_mode=day_mode, fractions=fractions, shuffle=shuffle,
                     progress=progress)
     return _run(front, out, overwrite=overwrite, shard_bytes=shard_bytes, workers=workers, scheduler=scheduler,
-                task_bytes=task_bytes, vocab_memory_mb=vocab_memory_mb)
+                task_bytes=task_bytes, vocab_memory_mb=vocab_memory_mb, tasks=resumable)
 
 
 def _run(front: _Criteo, out: str | Path, *, overwrite: bool, shard_bytes: int, workers: int | None,
-         scheduler: str | None, task_bytes: int, vocab_memory_mb: float | None = None) -> dict[str, Path]:
-    """One process through the driver, or count / encode tasks (``workers`` / ``scheduler``, or a vocabulary
-    memory budget: only the tasks spill the counts); logs a summary."""
+         scheduler: str | None, task_bytes: int, vocab_memory_mb: float | None = None,
+         tasks: bool = False) -> dict[str, Path]:
+    """One process through the driver, or count / encode tasks (``workers`` / ``scheduler``, ``tasks``, or a
+    vocabulary memory budget: only the tasks spill the counts); logs a summary."""
     vocab_bytes = None if vocab_memory_mb is None else int(vocab_memory_mb * (1 << 20))
-    if workers is None and scheduler is None and vocab_bytes is None:
+    if tasks and workers is None and scheduler is None:  # whole days: no line count to place the tasks
+        task_bytes = max([task_bytes, *(f.stat().st_size for f in front.files)])
+    if workers is None and scheduler is None and vocab_bytes is None and not tasks:
         result, summary = preprocess(front, out, overwrite=overwrite, shard_bytes=shard_bytes)
     else:
         if front.vocab_from is not None:
@@ -345,6 +348,9 @@ def add_preprocess_criteo_args(p: argparse.ArgumentParser) -> argparse.ArgumentP
     p.add_argument("--vocab-memory-mb", type=cli_type(PositiveFloat), default=None,
                    help="exact vocabularies (--min-freq): past this many MiB of counts per worker, spill them to "
                         "disk as sorted runs merged at the end (same output; runs as tasks)")
+    p.add_argument("--resumable", action="store_true",
+                   help="one process as one task per day file: a stopped run resumes where it stopped, finished "
+                        "days are not redone (same output; slower than the plain one-process run)")
     return p
 
 
@@ -356,7 +362,7 @@ def run_preprocess_criteo(args: argparse.Namespace) -> dict[str, Path]:
         seed=args.seed, block_rows=args.block_rows, max_bad_fraction=args.max_bad_fraction,
         vocab_from=args.vocab_from, embedding_dim=args.embedding_dim, overwrite=args.overwrite,
         workers=args.workers, scheduler=args.scheduler, task_bytes=args.task_mb << 20,
-        vocab_memory_mb=args.vocab_memory_mb,
+        vocab_memory_mb=args.vocab_memory_mb, resumable=args.resumable,
     )
     for name, path in result.items():
         m = json.loads((path / "manifest.json").read_text())
