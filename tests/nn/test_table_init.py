@@ -8,6 +8,7 @@ import pytest
 import torch
 from conftest import contract_schema
 
+from ctrkit.errors import LayerConfigError
 from ctrkit.nn.embedding_torchrec import TorchrecEmbeddingCollection, meta_tables, torchrec_available
 from ctrkit.nn.table_init import BLOCK_ROWS, TableInit
 
@@ -30,7 +31,7 @@ def test_any_part_equals_that_part_of_the_whole_table(init, std):
         assert not whole.any()
     other = TableInit(7, "user", rows, dim, init, std).fill(torch.empty(rows, dim))
     assert torch.equal(other, whole) == (init == "zeros")  # another table, other values
-    with pytest.raises(ValueError, match="table 'item'"):
+    with pytest.raises(LayerConfigError, match="table 'item'"):
         t.fill(torch.empty(4, dim), rows - 2)
 
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ctrkit.errors import LayerConfigError
+
 BLOCK_ROWS = 1 << 16  # 65,536 rows: 4 MiB per block at D = 16, 32 MiB at D = 128
 
 
@@ -56,7 +58,7 @@ class TableInit:
         table, one block at a time (the blocks it overlaps only)."""
         r, c = out.shape
         if row0 < 0 or col0 < 0 or row0 + r > self.rows or col0 + c > self.dim:
-            raise ValueError(f"table {self.name!r} ({self.rows} x {self.dim}) has no part of shape ({r}, {c}) at "
+            raise LayerConfigError(f"table {self.name!r} ({self.rows} x {self.dim}) has no part of shape ({r}, {c}) at "
                              f"row {row0}, column {col0}")
         if self.init == "zeros":
             return out.zero_()
