@@ -274,3 +274,14 @@ def test_a_full_disk_while_training_is_one_line_and_keeps_the_run(stores, tmp_pa
     assert "cannot write the checkpoint" in lines[0] and "File too large" in lines[0]
     assert {n: (run / n).read_bytes() for n in before} == before
     assert not [x for x in run.iterdir() if ".tmp-" in x.name or ".kept-" in x.name]
+
+
+def test_launcher_refuses_a_global_batch_that_does_not_split_before_starting_workers(stores, caplog):
+    """`ctrkit train --nproc-per-node 2` with data.batch_size=255: one line, exit 2, no worker started (no run
+    directory)."""
+    d, st = stores
+    rc = main(["train", "--config", "configs/criteo/deepfm.yaml", "--quiet", "--nproc-per-node", "2",
+               f"data.train={st['train']}", f"run.dir={d / 'runs'}", "run.name=unsplit", "data.batch_size=255"])
+    assert rc == 2
+    assert "does not split evenly over 2 processes" in caplog.text
+    assert not (d / "runs" / "unsplit").exists()

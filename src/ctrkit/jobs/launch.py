@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from ctrkit.errors import JobError
+from ctrkit.jobs.common import rank_batch_size
+from ctrkit.models.registry import check_model_params
 from ctrkit.training.config import Config
 from ctrkit.training.distributed import launched
 from ctrkit.typecheck import Bound, NonNegativeInt, PositiveInt, cli_type
@@ -91,6 +93,9 @@ def launch_train(args: argparse.Namespace, cfg: Config) -> int:
     from torch.distributed.run import get_args_parser, run
 
     _check(args)
+    rank_batch_size(cfg, args.nproc_per_node * args.nnodes)  # a global batch that does not split: before launching
+    if cfg.model.name:
+        check_model_params(cfg.model.name, cfg.model.params)
     run_name = cfg.run.name or (Path(args.resume).resolve().parent.name if args.resume else
                                 f"{cfg.model.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir = Path(args.resume).resolve().parent if args.resume else Path(cfg.run.dir) / run_name
@@ -111,11 +116,14 @@ def _failure_line(e: Any, run_dir: Path) -> str:
     rank, failure = e.get_first_failure()
     how = (f"was killed by signal {failure.signal_name()}" if failure.exitcode < 0 else
            f"exited with code {failure.exitcode}")
-    message = str(failure.message or "").strip().splitlines()
-    why = f" ({message[-1][:200]})" if message and message[-1] != "<NONE>" else ""
-    return (f"rank {rank} {how}{why}; the job stopped at {_last_step(run_dir)}. Run the same command with "
-            f"--resume {run_dir / 'last.pt'} to go on from the last checkpoint (or --max-restarts K to restart "
-            "by itself)")
+    message = [line for line in str(failure.message or "").strip().splitlines()
+               if line != "<NONE>" and not line.startswith("To enable traceback")]  # torchrun's boilerplate
+    why = (f" ({message[-1][:200]})" if message else
+           " (its error is the line logged above by that rank)" if failure.exitcode == 2 else "")
+    last = run_dir / "last.pt"
+    again = (f"Run the same command with --resume {last} to go on from the last checkpoint (or --max-restarts K to "
+             "restart by itself)" if last.exists() else "No checkpoint was written")
+    return f"rank {rank} {how}{why}; the job stopped at {_last_step(run_dir)}. {again}"
 
 
 def _last_step(run_dir: Path) -> str:
