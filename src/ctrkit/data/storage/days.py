@@ -29,12 +29,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ctrkit.background import background
 from ctrkit.batch import Batch
 from ctrkit.data.pipeline.collate import collate, gather_jagged
 from ctrkit.data.storage.agree import check_same_vocabulary
 from ctrkit.data.storage.loader import BatchLoader
-from ctrkit.data.storage.shares import rank_shares
+from ctrkit.data.storage.shares import RoundLoader
 from ctrkit.data.storage.store import Store
 from ctrkit.errors import ConfigError, StoreError
 from ctrkit.io import missing_path
@@ -83,9 +82,11 @@ def resolve_day_stores(spec: str | Sequence[str], what: str = "data.train") -> l
     return out
 
 
-class DayStreamLoader:
+class DayStreamLoader(RoundLoader):
     """Iterable of :class:`Batch` over day stores in day order (module docstring); the options are those of
     :class:`~ctrkit.data.storage.loader.BatchLoader`. ``what`` names the option that chose the stores."""
+
+    _prefetch_thread = "ctrkit-day-prefetch"
 
     def __init__(
         self, stores: Sequence[Store | str | Path], batch_size: int, *, shuffle: bool = True, seed: int = 0,
@@ -133,18 +134,6 @@ class DayStreamLoader:
             check_same_vocabulary(self.store, s, f"{what} (day store {i})")
 
     # ---- epoch plan ----------------------------------------------------------------------------
-    def __len__(self) -> int:
-        """Batches per epoch (of this rank)."""
-        return len(self._shares(warn=False))
-
-    def _shares(self, warn: bool = True) -> list[tuple[int, int]]:
-        return rank_shares(self.num_rows, self.batch_size, rank=self.rank, world_size=self.world_size,
-                           drop_last=self.drop_last, even_tail=self.even_tail, warn=warn)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Use the order of ``epoch`` from its start (a resume position loaded earlier is dropped)."""
-        self.epoch, self.batches_yielded, self._resume_from = int(epoch), 0, 0
-
     def _plan(self, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(day of each window [W], its index within the day [W], window start positions [W + 1]) of ``epoch``."""
         if self._plan_cache is not None and self._plan_cache[0] == epoch:
@@ -239,22 +228,8 @@ class DayStreamLoader:
                        weights=cat(lambda v: v.weights), groups=cat(lambda v: v.groups), stage=self.batch_stage)
 
     # ---- iteration -----------------------------------------------------------------------------
-    def __iter__(self) -> Iterator[Batch]:
-        epoch, start = self.epoch, self._resume_from
-        self._resume_from = 0
-        self.batches_yielded = start
-        batches = (self._build(self._parts(epoch, a, b)) for a, b in self._shares()[start:])
-        source = background(batches, self.prefetch, "ctrkit-day-prefetch") if self.prefetch > 0 else batches
-        try:
-            for batch in source:
-                self.batches_yielded += 1
-                yield batch
-        finally:
-            close = getattr(source, "close", None)
-            if close is not None:
-                close()
-        if self.epoch == epoch and self.batches_yielded == len(self):
-            self.epoch, self.batches_yielded = epoch + 1, 0
+    def _epoch_batches(self, epoch: int, start: int) -> Iterator[Batch]:  # iterated by RoundLoader.__iter__
+        return (self._build(self._parts(epoch, a, b)) for a, b in self._shares()[start:])
 
     def state_dict(self) -> dict[str, Any]:
         """Exact position: the epoch and how many of its batches (rounds) the consumer has received."""
@@ -266,25 +241,9 @@ class DayStreamLoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next iteration yields batches ``batches_yielded`` .. ``len - 1`` of ``epoch``; a state
         saved at another world size resumes when the global batch is the same."""
-        mine = self.state_dict()
-        world = int(state.get("world_size", 1))
-        if world != self.world_size:
-            if int(state["batch_size"]) * world != self.batch_size * self.world_size or not self.even_tail:
-                raise ValueError(
-                    f"loader state was saved by {world} process(es) with batch_size={state['batch_size']} each; this "
-                    f"loader has {self.world_size} x {self.batch_size}: resume with the same global batch "
-                    f"({int(state['batch_size']) * world} rows) to resume exactly")
-            state = {**state, "batch_size": self.batch_size}
-        for key in ("seed", "shuffle", "batch_size", "drop_last", "block_size", "blocks_per_window", "num_rows",
-                    "day_rows"):
-            if key not in state or state[key] != mine[key]:
-                raise ValueError(
-                    f"loader state has {key}={state.get(key)!r} but this day-stream loader has {key}={mine[key]!r}; "
-                    "build it with the same options and the same day stores to resume exactly")
-        done = int(state["batches_yielded"])
-        if not 0 <= done <= len(self):
-            raise ValueError(f"loader state batches_yielded={done} is outside [0, {len(self)}]")
-        self.epoch, self.batches_yielded, self._resume_from = int(state["epoch"]), done, done
+        self._resume(state, ("seed", "shuffle", "batch_size", "drop_last", "block_size", "blocks_per_window",
+                             "num_rows", "day_rows"), strict=True, what="day-stream loader",
+                     fix="build it with the same options and the same day stores to resume exactly")
 
     def __repr__(self) -> str:
         return (f"DayStreamLoader({len(self.stores)} days from {self.store.path}, rows={self.num_rows}, "

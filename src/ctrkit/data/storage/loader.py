@@ -40,10 +40,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ctrkit.background import background
 from ctrkit.batch import Batch
 from ctrkit.data.pipeline.collate import JaggedRows, collate
-from ctrkit.data.storage.shares import rank_shares
+from ctrkit.data.storage.shares import RoundLoader, rank_shares
 from ctrkit.data.storage.store import Store
 from ctrkit.schema import SequenceFeature
 
@@ -94,7 +93,7 @@ class _View:
         )
 
 
-class BatchLoader:
+class BatchLoader(RoundLoader):
     """Iterable of :class:`Batch` over a store (see module docstring).
 
     ``rows`` restricts the loader to a contiguous row range (e.g. a train / validation split).
@@ -195,19 +194,6 @@ class BatchLoader:
         return np.asarray(self.store[name])  # plain ndarray view of the memmap (cheaper indexing)
 
     # ---- epoch plan ----------------------------------------------------------------------------
-    def __len__(self) -> int:
-        """Batches per epoch (of this rank: the rounds with a batch for it)."""
-        return len(self._shares(warn=False))
-
-    def _shares(self, warn: bool = True) -> list[tuple[int, int]]:
-        """This rank's (first, end) positions in the epoch order, one per batch it reads (module docstring)."""
-        return rank_shares(self.num_rows, self.batch_size, rank=self.rank, world_size=self.world_size,
-                           drop_last=self.drop_last, even_tail=self.even_tail, warn=warn)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Use the order of ``epoch`` from its start (a resume position loaded earlier is dropped)."""
-        self.epoch, self.batches_yielded, self._resume_from = int(epoch), 0, 0
-
     def _plan(self, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(permuted block ids, window start positions [W + 1], block sizes) of ``epoch``."""
         bs, n = self.block_size, self.num_rows
@@ -282,23 +268,9 @@ class BatchLoader:
                        weights=None if view.weights is None else view.weights[sel],
                        groups=None if view.groups is None else view.groups[sel], stage=self.batch_stage)
 
-    # ---- iteration -----------------------------------------------------------------------------
-    def __iter__(self) -> Iterator[Batch]:
-        epoch, start = self.epoch, self._resume_from
-        self._resume_from = 0
-        self.batches_yielded = start
-        batches = (self._build(view, sel) for view, sel in self._batches(epoch, start))
-        source = background(batches, self.prefetch, "ctrkit-batch-prefetch") if self.prefetch > 0 else batches
-        try:
-            for batch in source:
-                self.batches_yielded += 1
-                yield batch
-        finally:
-            close = getattr(source, "close", None)
-            if close is not None:
-                close()
-        if self.epoch == epoch and self.batches_yielded == len(self):
-            self.epoch, self.batches_yielded = epoch + 1, 0
+    # ---- iteration (RoundLoader.__iter__) -----------------------------------------------------
+    def _epoch_batches(self, epoch: int, start: int) -> Iterator[Batch]:
+        return (self._build(view, sel) for view, sel in self._batches(epoch, start))
 
     def state_dict(self) -> dict[str, Any]:
         """Exact position: the epoch and how many of its batches the consumer has received."""
@@ -318,26 +290,9 @@ class BatchLoader:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next iteration yields batches ``batches_yielded`` .. ``len - 1`` of ``epoch``."""
-        mine = self.state_dict()
-        world = int(state.get("world_size", 1))
-        if world != self.world_size and "batch_size" in state:  # the same global batch resumes at another size
-            if int(state["batch_size"]) * world != self.batch_size * self.world_size or not self.even_tail:
-                raise ValueError(
-                    f"loader state was saved by {world} process(es) with batch_size={state['batch_size']} each; this "
-                    f"loader has {self.world_size} x {self.batch_size}: resume with the same global batch "
-                    f"({int(state['batch_size']) * world} rows) to resume exactly")
-            state = {**state, "batch_size": self.batch_size}
-        for key in ("seed", "shuffle", "batch_size", "drop_last", "block_size", "blocks_per_window",
-                    "row_start", "num_rows"):
-            if key in state and state[key] != mine[key]:
-                raise ValueError(
-                    f"loader state has {key}={state[key]!r} but this loader has {key}={mine[key]!r}; "
-                    "build the loader with the same options (and store) to resume exactly"
-                )
-        done = int(state["batches_yielded"])
-        if not 0 <= done <= len(self):
-            raise ValueError(f"loader state batches_yielded={done} is outside [0, {len(self)}]")
-        self.epoch, self.batches_yielded, self._resume_from = int(state["epoch"]), done, done
+        self._resume(state, ("seed", "shuffle", "batch_size", "drop_last", "block_size", "blocks_per_window",
+                             "row_start", "num_rows"), strict=False, what="loader",
+                     fix="build the loader with the same options (and store) to resume exactly")
 
     def __repr__(self) -> str:
         return (f"BatchLoader({self.store.path}, rows={self.num_rows}, batch_size={self.batch_size}, "
