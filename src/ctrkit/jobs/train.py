@@ -196,7 +196,8 @@ def _finish(cfg: Config, trainer: Trainer, kind: TaskKind, data: _Data, fit: dic
         return run_summary(cfg, trainer, fit, test_metrics, None, time.perf_counter() - t0)
     predictions = None
     if rows is not None and kind.scores_rows:
-        whole = BatchLoader(rows.store, rows.batch_size, shuffle=False, prefetch=rows.prefetch, pipeline=rows.pipeline)
+        whole = rows if rows.world_size == 1 else BatchLoader(  # rank 0 scores every row, not its share
+            rows.store, rows.batch_size, shuffle=False, prefetch=rows.prefetch, pipeline=rows.pipeline)
         batches = trainer.on_device(whole)
         if sharded_of(trainer.module) is not None:  # rank 0 alone: the tables gathered, as the fused backend (CPU)
             model, batches = Checkpoint.load(best if best.exists() else run_dir / "last.pt").build_model(), iter(whole)
