@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import random
+import time
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,11 @@ def training_pipeline(store: Store, cfg: Config) -> FeaturePipeline:
     if d.multi_hot_size:
         pipeline = pipeline.with_multi_hot(d.multi_hot_size, d.multi_hot_min_table_size, d.multi_hot_distribution)
     return pipeline
+
+
+def default_run_name(cfg: Config, stamp: str | None = None) -> str:
+    """The name of a run whose config sets no ``run.name``: the model and ``stamp`` (default: the time now)."""
+    return f"{cfg.model.name}-{stamp or time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def config_loader(path: str | list[str] | None, cfg: Config, *, train: bool, what: str,

@@ -18,12 +18,11 @@ import argparse
 import json
 import logging
 import os
-import time
 from pathlib import Path
 from typing import Annotated, Any
 
 from ctrkit.errors import JobError
-from ctrkit.jobs.common import rank_batch_size
+from ctrkit.jobs.common import default_run_name, rank_batch_size
 from ctrkit.models.registry import check_model_params
 from ctrkit.training.config import Config
 from ctrkit.training.distributed import launched
@@ -87,8 +86,7 @@ def launch_train(args: argparse.Namespace, cfg: Config) -> int:
     rank_batch_size(cfg, args.nproc_per_node * args.nnodes)  # a global batch that does not split: before launching
     if cfg.model.name:
         check_model_params(cfg.model.name, cfg.model.params)
-    run_name = cfg.run.name or (Path(args.resume).resolve().parent.name if args.resume else
-                                f"{cfg.model.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_name = cfg.run.name or (Path(args.resume).resolve().parent.name if args.resume else default_run_name(cfg))
     run_dir = Path(args.resume).resolve().parent if args.resume else Path(cfg.run.dir) / run_name
     targs = get_args_parser().parse_args(torchrun_argv(args, run_name))
     # a restart must not read the last attempt's process-group addresses from a rendezvous store it shares

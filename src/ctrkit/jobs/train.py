@@ -35,6 +35,7 @@ from ctrkit.io import atomic_file
 from ctrkit.jobs.common import (
     checkpoint_vocabularies,
     config_loader,
+    default_run_name,
     fmt_metrics,
     resolve_device,
     seed_everything,
@@ -297,8 +298,8 @@ def _run_dir(cfg: Config, resume: str | None, ctx: DistContext | None = None) ->
         return run_dir
     run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
     restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0)
-    stamp = run_id if restarts > 0 and run_id != "none" else time.strftime("%Y%m%d-%H%M%S")
-    run_dir = Path(cfg.run.dir) / (cfg.run.name or f"{cfg.model.name}-{stamp}")
+    stamp = run_id if restarts > 0 and run_id != "none" else None
+    run_dir = Path(cfg.run.dir) / (cfg.run.name or default_run_name(cfg, stamp))
     return ctx.broadcast_object(run_dir) if ctx is not None else run_dir
 
 
