@@ -192,3 +192,12 @@ def write_log(path, n_users=30, n_items=25, per_user=7, seed=0):
             lines.append(f"u{u},i{i},c{i % 4},{1000 * u + t}")
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def store_rows(path: Path) -> np.ndarray:
+    """A Criteo store's rows [n, 40] (label, the 13 dense values, the 26 ids) as float64, in stored order."""
+    from ctrkit.data.pipeline.feature_pipeline import DENSE_NAMES, SPARSE_NAMES
+    from ctrkit.data.storage.store import Store
+    s = Store(path)
+    cols = [s["label"]] + [s[n] for n in DENSE_NAMES] + [s[c] for c in SPARSE_NAMES]
+    return np.stack([np.asarray(c, np.float64) for c in cols], axis=1)

@@ -21,6 +21,7 @@ from ctrkit.data.sources.criteo import (
 )
 from ctrkit.data.storage.store import Store
 from ctrkit.errors import DataError
+from tests.conftest import store_rows
 
 # The bundled sample: a copy of shared/data/criteo_dac/criteo_kaggle_merged_unique.tsv.gz (the same bytes), so
 # these tests need no shared data and run on every clone.
@@ -66,12 +67,6 @@ def reference(lines: list[str], min_freq: int = 1) -> np.ndarray:
             row.append(0 if not v else ids[j].get(v, 1))
         rows.append(row)
     return np.array(rows, dtype=np.float64)
-
-
-def store_rows(path: Path) -> np.ndarray:
-    s = Store(path)
-    cols = [s["label"]] + [s[n] for n in DENSE_NAMES] + [s[c] for c in SPARSE_NAMES]
-    return np.stack([np.asarray(c, np.float64) for c in cols], axis=1)
 
 
 def sort_rows(a: np.ndarray) -> np.ndarray:
@@ -253,11 +248,10 @@ def test_day_files_split(tmp_path: Path, valid_from_test: bool) -> None:
     ref = reference([ln for chunk in days for ln in chunk])  # vocab fitted over all days in day order
     train = store_rows(res["train"])
     np.testing.assert_array_equal(sort_rows(train), sort_rows(ref[:1100]))
-    if valid_from_test:
+    if valid_from_test:  # torchrec / MLPerf: the last day's first half is valid, its second half test
         assert set(res) == {"train", "valid", "test"}
-        test = np.concatenate([store_rows(res["valid"]), store_rows(res["test"])])
-        assert 20 < Store(res["valid"]).num_rows < 80
-        np.testing.assert_array_equal(sort_rows(test), sort_rows(ref[1100:]))
+        np.testing.assert_array_equal(store_rows(res["valid"]), ref[1100:1150])
+        np.testing.assert_array_equal(store_rows(res["test"]), ref[1150:])
     else:
         assert set(res) == {"train", "test"}
         np.testing.assert_array_equal(store_rows(res["test"]), ref[1100:])  # test keeps day order

@@ -23,6 +23,7 @@ from ctrkit.data.sources.synthetic import write_criteo_tsv
 from ctrkit.data.storage.spill import ShardSpill
 from ctrkit.data.storage.store import Store, _AppendArray
 from ctrkit.errors import DataError, StoreError
+from tests.conftest import store_rows
 
 
 def _days(d: Path, rows: int = 2000, gz_day: int | None = 1, card: int = 400) -> list[Path]:
@@ -108,6 +109,22 @@ def test_finishing_order_does_not_matter(tmp_path: Path, monkeypatch: pytest.Mon
     assert_same_stores(want, got)
 
 
+@pytest.mark.parametrize("gz_day", [2, None])
+def test_valid_from_test_is_the_first_half_of_the_last_day(tmp_path: Path, gz_day: int | None) -> None:
+    """torchrec / MLPerf: valid = the first ceil(n / 2) rows of the last day, test = the rest, in day order; also
+    where nothing else needs a count step (modulo ids, no fit) and the last day is cut into several tasks."""
+    days = _days(tmp_path / "in", rows=301, gz_day=gz_day)
+    opts = {"max_vocab": 1000, "valid_from_test": True, "progress": False}
+    serial = preprocess_criteo(days, tmp_path / "serial", **opts)
+    two = preprocess_criteo(days, tmp_path / "w2", workers=2, task_bytes=20_000, **opts)
+    assert_same_stores(serial, two)
+    whole = preprocess_criteo(days, tmp_path / "whole", **{**opts, "valid_from_test": False})
+    rows = store_rows(whole["test"])  # the last day in order (modulo ids: no fit, the same ids)
+    assert len(rows) == 301
+    np.testing.assert_array_equal(store_rows(serial["valid"]), rows[:151])
+    np.testing.assert_array_equal(store_rows(serial["test"]), rows[151:])
+
+
 class _FakeFront:
     """Just what the count step reads of a front-end: files and an already fitted (no-count) pipeline."""
 
@@ -116,6 +133,7 @@ class _FakeFront:
         self.files = files
         self.pipe = FeaturePipeline.criteo()
         self.pipe.vocabs_ = {}
+        self.rule = criteo_tasks.RouteRule(0, True, len(files))
 
 
 def test_mlperf_modulo_ids_match_the_formula() -> None:

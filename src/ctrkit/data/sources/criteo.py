@@ -46,6 +46,7 @@ import time
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import closing
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +74,7 @@ from ctrkit.data.sources.criteo_read import (
     iter_blocks,
     resolve_inputs,
 )
-from ctrkit.data.sources.criteo_tasks import RouteRule
+from ctrkit.data.sources.criteo_tasks import RouteRule, file_lines
 from ctrkit.data.sources.driver import Chunk, Frontend, Input, Summary, fit_or_reuse, preprocess
 from ctrkit.errors import DataError
 from ctrkit.progress import progress_bar
@@ -141,8 +142,8 @@ class _Criteo(Frontend):
         self.t_read = time.perf_counter() - self._t0
 
     def route(self, chunk: Chunk, enc: Encoded) -> np.ndarray:
-        """Day files: the last day is test (halved at random into valid / test with ``valid_from_test``), the
-        others train; else a seeded ratio split per line (:class:`RouteRule`, which the parallel tasks share)."""
+        """Day files: the last day is test (its first and second half valid / test with ``valid_from_test``),
+        the others train; else a seeded ratio split per line (:class:`RouteRule`, which the parallel tasks share)."""
         return self.rule.codes(chunk.source.index, enc.lines - 1)  # type: ignore[union-attr]
 
     def shard_keys(self, chunk: Chunk, enc: Encoded) -> np.ndarray:
@@ -247,9 +248,9 @@ def preprocess_criteo(
     """Preprocess Criteo TSV file(s) into one store per split under ``out`` -> {split: store path}.
 
     Splits: with ``split=None`` and day files (``day_<n>[.gz]``, at least two) the last day is the
-    test set and the others are shuffled into train (``valid_from_test`` halves the last day at random
-    into valid and test); otherwise ``split`` (default "0.8,0.1,0.1", "train,valid,test" fractions)
-    assigns rows at random (seeded, independent of chunking). Train is shuffled; valid and test keep
+    test set and the others are shuffled into train (``valid_from_test``: the last day's first ceil(n/2)
+    lines are valid, the rest test, as torchrec and MLPerf split day_23); otherwise ``split`` (default
+    "0.8,0.1,0.1", "train,valid,test" fractions) assigns rows at random (seeded, independent of chunking). Train is shuffled; valid and test keep
     input order. Empty splits are not written.
 
     Vocabularies are fitted on all input rows in input order (seed 000: first appearance over all
@@ -290,6 +291,8 @@ def _run(front: _Criteo, out: str | Path, *, overwrite: bool, shard_bytes: int, 
     if tasks and workers is None and scheduler is None:  # whole days: no line count to place the tasks
         task_bytes = max([task_bytes, *(f.stat().st_size for f in front.files)])
     if workers is None and scheduler is None and vocab_bytes is None and not tasks:
+        if front.rule.valid_from_test:  # the halves of the last day need its length before its rows are routed
+            front.rule = replace(front.rule, last_day_lines=file_lines(front.files[-1]))
         result, summary = preprocess(front, out, overwrite=overwrite, shard_bytes=shard_bytes)
     else:
         if front.vocab_from is not None:
@@ -325,7 +328,7 @@ def add_preprocess_criteo_args(p: argparse.ArgumentParser) -> argparse.ArgumentP
     p.add_argument("--split", default=None,
                    help="train,valid,test fractions (default: last day file = test, else 0.8,0.1,0.1)")
     p.add_argument("--valid-from-test", action="store_true",
-                   help="day files: halve the last day into valid/test")
+                   help="day files: the last day's first half is valid, its second half test (torchrec / MLPerf)")
     p.add_argument("--seed", type=cli_type(Seed), default=0, help="seed of the split and the shuffle")
     p.add_argument("--block-rows", type=cli_type(PositiveInt), default=1 << 14,
                    help="rows per read block (memory vs speed)")

@@ -34,6 +34,7 @@ import json
 import logging
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -134,7 +135,10 @@ def _count(runner: TaskRunner, tasks: list[Task], front: Any, stage: Path, block
     pipe = front.pipe
     fitting = not pipe.fitted
     per_file = np.bincount([t.file_index for t in tasks], minlength=len(front.files))
-    need = [t for t in tasks if fitting or per_file[t.file_index] > 1]  # offsets of plain files cut in ranges
+    halves = front.rule.valid_from_test and front.rule.last_day_lines is None
+    last = len(front.files) - 1
+    # offsets of plain files cut in ranges; the last day's length where --valid-from-test halves it
+    need = [t for t in tasks if fitting or per_file[t.file_index] > 1 or (halves and t.file_index == last)]
     builders = [VocabBuilder(c, "int") for c in SPARSE_NAMES] if fitting and vocab_bytes is None else []
     n_lines = np.zeros(len(tasks), np.int64)
     spilled, missing = [], np.zeros(len(SPARSE_NAMES), np.int64)
@@ -152,6 +156,9 @@ def _count(runner: TaskRunner, tasks: list[Task], front: Any, stage: Path, block
         else:
             fitter.adopt(_merge_spilled(pipe, stage, spilled, missing, vocab_bytes))
         fitter.finish()
+    if halves:
+        front.rule = replace(front.rule, last_day_lines=int(sum(n_lines[t.index] for t in tasks
+                                                                if t.file_index == last)))
     line0, at, prev = [], 0, -1
     for t in tasks:
         at = 0 if t.file_index != prev else at

@@ -62,14 +62,16 @@ def plan_tasks(files: list[Path], task_bytes: int) -> list[Task]:
 @dataclass(frozen=True)
 class RouteRule:
     """Which split each row goes to and its shuffle key, from its file and 0-based line number only (so the
-    same for any task cut): day files -> the last one test (halved into valid / test with
-    ``valid_from_test``), the others train; else a seeded ratio split per line."""
+    same for any task cut): day files -> the last one test, the others train; else a seeded ratio split per
+    line. ``valid_from_test`` halves the last day as torchrec and MLPerf do: its first ceil(n / 2) lines are
+    valid, the rest test, with ``last_day_lines`` = n, the physical lines of that day (:func:`file_lines`)."""
 
     seed: int
     day_mode: bool
     n_files: int
     valid_from_test: bool = False
     fractions: tuple[float, float, float] | None = None
+    last_day_lines: int | None = None
 
     def codes(self, file_index: int, lines0: np.ndarray) -> np.ndarray:
         """Split code per row [n] int8 (0 train, 1 valid, 2 test)."""
@@ -79,7 +81,9 @@ class RouteRule:
         if file_index != self.n_files - 1:
             return np.zeros(len(lines0), np.int8)
         if self.valid_from_test:
-            return np.where(row_uniform(key, lines0) < 0.5, 1, 2).astype(np.int8)
+            if self.last_day_lines is None:
+                raise RuntimeError("RouteRule.valid_from_test needs last_day_lines (count the last day first)")
+            return np.where(np.asarray(lines0) < (self.last_day_lines + 1) // 2, 1, 2).astype(np.int8)
         return np.full(len(lines0), 2, np.int8)
 
     def shard_keys(self, file_index: int, lines0: np.ndarray) -> np.ndarray:
@@ -144,6 +148,12 @@ class _RunSpill:
             self.missing[j] += b.missing
         self.runs += 1
         return [VocabBuilder(c, "int") for c in SPARSE_NAMES]
+
+
+def file_lines(path: str | Path, block_bytes: int = 1 << 24) -> int:
+    """Physical lines of a Criteo file as the readers see them (a last line without a newline counts; a damaged
+    gzip day counts its lines before the damage), without parsing them."""
+    return sum(buf.count(b"\n") for buf, _ in iter_blocks(Path(path), block_bytes, damage=[]))
 
 
 def count_task(task: Task, block_bytes: int, vocab: bool, stage: str, vocab_bytes: int | None = None) -> CountResult:
