@@ -160,6 +160,10 @@ class EmbeddingBagCollection(EmbeddingCollection):
         o = self.row_offset[table]
         return self._fused(t.embedding_dim)[o : o + t.num_embeddings]
 
+    def table_rows(self) -> list[tuple[nn.Parameter, dict[str, int]]]:
+        return [(self._fused(d), {n: self.row_offset[n] for n, t in self.tables.items() if t.embedding_dim == d})
+                for d in dict.fromkeys(t.embedding_dim for t in self.tables.values())]
+
     def _fused(self, dim: int) -> nn.Parameter:
         return self._parameters[_fused_name(dim)]  # type: ignore[return-value]
 

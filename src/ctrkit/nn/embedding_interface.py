@@ -11,7 +11,7 @@ are declared here.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -165,6 +165,36 @@ class EmbeddingCollection(nn.Module, abc.ABC):
     @abc.abstractmethod
     def embedding_parameters(self) -> Iterator[nn.Parameter]:
         """The table weights (rows updated from sparse gradients), for the sparse optimizer group."""
+
+    @abc.abstractmethod
+    def table_weight(self, table: str) -> torch.Tensor:
+        """The rows of ``table``, ``[num_embeddings, D]`` (a view into the parameter that holds them)."""
+
+    @abc.abstractmethod
+    def table_rows(self) -> list[tuple[nn.Parameter, dict[str, int]]]:
+        """Each table parameter with the tables it holds -> the first row of each in it (the fused backend: all
+        tables of one dim in one weight; torchrec: one weight per table). Optimizer states are laid out alike."""
+
+    @torch.no_grad()
+    def load_grown(self, weights: Mapping[str, torch.Tensor], prefix: str = "") -> dict[str, tuple[int, int]]:
+        """Warm start: each table's rows from ``weights[prefix + "tables.<table>"]``, a table of the same dim with as
+        many or fewer rows (a parent vocabulary's: its ids kept, new ids appended), copied into the first rows; the
+        rows after them keep the values this collection holds (its fresh initial values). Returns {table: (old
+        rows, new rows)}; a table missing, of another dim or with more rows is a LayerConfigError naming it."""
+        sizes: dict[str, tuple[int, int]] = {}
+        for name, spec in self.tables.items():
+            key = f"{prefix}tables.{name}"
+            old = weights.get(key)
+            if old is None:
+                raise LayerConfigError(f"table {name!r}: the checkpoint has no {key!r}; it is of another model")
+            n, d = spec.num_embeddings, spec.embedding_dim
+            if old.dim() != 2 or old.shape[1] != d or old.shape[0] > n:
+                what = (f"{old.shape[0]} rows, more than the {n} of the new vocabulary: the table shrank"
+                        if old.dim() == 2 and old.shape[1] == d else f"shape {tuple(old.shape)}, not (rows, {d})")
+                raise LayerConfigError(f"table {name!r}: the checkpoint's {key!r} has {what}")
+            self.table_weight(name)[: old.shape[0]].copy_(old)
+            sizes[name] = (int(old.shape[0]), n)
+        return sizes
 
     @property
     def out_features(self) -> int:

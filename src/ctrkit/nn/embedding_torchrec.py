@@ -204,6 +204,12 @@ class TorchrecEmbeddingCollection(EmbeddingCollection):
             out.update({ctrkit_name(n): m.weight for n, m in ec.embeddings.items()})
         return out
 
+    def table_weight(self, table: str) -> torch.Tensor:
+        return self.table_weights()[table]
+
+    def table_rows(self) -> list[tuple[nn.Parameter, dict[str, int]]]:
+        return [(w, {n: 0}) for n, w in self.table_weights().items()]  # type: ignore[misc]
+
     def embedding_parameters(self) -> Iterator[nn.Parameter]:
         if self.ebc is not None:
             yield from self.ebc.parameters()
