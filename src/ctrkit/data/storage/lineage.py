@@ -53,7 +53,7 @@ def parent_problem(parent: Vocabulary, child: Vocabulary) -> str | None:
     if len(moved):
         i = int(moved[0])
         return (f"{len(moved)} of its {len(parent.keys)} known values have other ids (e.g. value "
-                f"{parent.keys[i]!r}: id {int(parent.ids[i])} -> {int(got[i])})")
+                f"{parent.keys[i].item()!r}: id {int(parent.ids[i])} -> {int(got[i])})")
     return None
 
 
