@@ -132,6 +132,9 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train a model from a YAML config")
     p.add_argument("--config", required=True, help="YAML config (see configs/)")
     p.add_argument("--resume", help="checkpoint to resume from (exact, mid-epoch)")
+    p.add_argument("--warm-start", metavar="CHECKPOINT",
+                   help="start a new run from this checkpoint's weights and optimizer states, its tables grown to "
+                        "the training store's grown vocabulary (train.warm_start; see docs/warm-start.md)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--log", action="append", choices=["tensorboard"],
                    help="a logger besides metrics.jsonl (run.log): tensorboard writes RUN_DIR/tensorboard")

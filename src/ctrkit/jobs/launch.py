@@ -61,6 +61,8 @@ def worker_argv(args: argparse.Namespace, run_name: str) -> list[str]:
     argv = ["train", "--config", str(args.config)]
     if args.resume:
         argv += ["--resume", str(args.resume)]
+    if getattr(args, "warm_start", None):
+        argv += ["--warm-start", str(args.warm_start)]
     if args.quiet:
         argv.append("--quiet")
     for logger in args.log or []:

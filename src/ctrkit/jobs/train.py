@@ -30,7 +30,7 @@ from ctrkit.data.pipeline.persist import to_payload
 from ctrkit.data.storage.agree import check_same_vocabulary
 from ctrkit.data.storage.days import DayStreamLoader
 from ctrkit.data.storage.loader import BatchLoader
-from ctrkit.errors import JobError
+from ctrkit.errors import JobError, StoreError
 from ctrkit.io import atomic_file
 from ctrkit.jobs.common import (
     checkpoint_vocabularies,
@@ -43,6 +43,7 @@ from ctrkit.jobs.common import (
 )
 from ctrkit.jobs.scoring import score_rows
 from ctrkit.jobs.tasks import TaskKind, task_kind
+from ctrkit.jobs.warm_start import read_warm_start, warm_optimizer, warm_weights
 from ctrkit.models.registry import check_model_params, create_model
 from ctrkit.nn.embedding_torchrec import meta_tables
 from ctrkit.training.config import Config, config_to_dict, load_config
@@ -118,8 +119,10 @@ def _train(cfg: Config, resume: str | None, progress: bool | None, callbacks: li
     train = config_loader(cfg.data.train, cfg, train=True, what="train", rank=rank, world_size=world)
     cfg = eval_cadence(cfg, len(train))
     store = train.store
-    seed_everything(cfg.train.seed)  # the model's initial weights
-    with meta_tables(ctx is not None):  # torchrec tables, sharded on several processes: each rank allocates its shards
+    warm = read_warm_start(cfg, resume, store)  # train.warm_start: checked before the model is built
+    seed_everything(cfg.train.seed)  # the model's initial weights (a warm start's new rows)
+    # torchrec tables, sharded on several processes: each rank allocates its shards (a warm start grows whole tables)
+    with meta_tables(ctx is not None and warm is None):
         model = create_model(cfg.model.name, store.schema, **cfg.model.params)
     kind = task_kind(model)
     cfg = kind.configure(cfg)
@@ -128,7 +131,9 @@ def _train(cfg: Config, resume: str | None, progress: bool | None, callbacks: li
                        f"{kind.name} model ({cfg.model.name}) takes its item catalogue from one store: give one")
     task, extra = kind.training_task(cfg, store)
     data = _Data(train, *_held_out(cfg, train, resume, rank, world))
-    if model.needs_prefit:  # e.g. GBDT+LR fits its trees on the training rows first, DIN counts ids
+    if warm is not None:  # the fitted parts (trees, counts) come from the checkpoint with the other weights
+        warm_weights(model, warm, cfg)
+    elif model.needs_prefit:  # e.g. GBDT+LR fits its trees on the training rows first, DIN counts ids
         model.prefit(train if ctx is None else config_loader(cfg.data.train, cfg, train=True, what="train"))
     run_dir = _run_dir(cfg, resume, ctx)
     resume = _restarted_from(run_dir, ctx) or resume  # a restarted job goes on from its own last.pt
@@ -145,6 +150,8 @@ def _train(cfg: Config, resume: str | None, progress: bool | None, callbacks: li
     trainer = Trainer(model, train, cfg.train, valid_loader=data.valid, run_dir=run_dir, resume_from=resume,
                       run_config=cfg, writer=writer, task=task, overwrite=cfg.run.overwrite, callbacks=callbacks,
                       dist=ctx)
+    if warm is not None and resume is None:  # (a restarted torchrun job resumed from its own last.pt instead)
+        warm_optimizer(trainer.optimizer, model, warm, cfg)
     try:
         fit = trainer.fit()
     finally:
@@ -179,8 +186,12 @@ def _held_out(cfg: Config, train: BatchLoader | DayStreamLoader, resume: str | N
         if loader is not None:
             check_same_vocabulary(train.store, loader.store, what)
     if resume:  # a resumed run goes on with the ids it started with
-        check_same_vocabulary(checkpoint_vocabularies(Checkpoint.load(resume), resume), train.store,
-                              "data.train (--resume)")
+        try:
+            check_same_vocabulary(checkpoint_vocabularies(Checkpoint.load(resume), resume), train.store,
+                                  "data.train (--resume)")
+        except StoreError as e:  # the sanctioned way onto a grown vocabulary is a new run
+            raise StoreError(f"{e}; or, to train on a grown vocabulary (known ids kept, new ones appended), start a "
+                             f"new run with --warm-start {resume} instead of --resume") from None
     return valid, test
 
 
@@ -320,6 +331,8 @@ def run_train(args: argparse.Namespace) -> int:
     overrides = list(getattr(args, "overrides", []) or [])
     if getattr(args, "log", None):  # --log tensorboard is the override run.log=[tensorboard], after the others
         overrides.append(f"run.log=[{','.join(dict.fromkeys(args.log))}]")
+    if getattr(args, "warm_start", None):  # --warm-start X is the override train.warm_start=X
+        overrides.append(f"train.warm_start={args.warm_start}")
     cfg = load_config(args.config, overrides)
     if getattr(args, "nproc_per_node", None) is not None:
         from ctrkit.jobs.launch import launch_train

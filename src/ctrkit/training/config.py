@@ -175,6 +175,9 @@ class TrainConfig:
     # glibc: reuse freed tensor memory across steps instead of fresh page-faulted mmaps (train/memory.py)
     keep_freed_memory: bool = True
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    # start from this checkpoint's weights and optimizer states on a grown vocabulary (`ctrkit train --warm-start`;
+    # training/warm_start.py): a new run, its tables grown, new ids' rows initialised as a fresh table's
+    warm_start: str | None = None
 
 
 @dataclass

@@ -86,10 +86,11 @@ def check_grown(parent: Vocabularies, child: Vocabularies, what: str) -> list[Ta
                  if n in child.sizes and b < a and not any(p.startswith(f"table {n!r}") for p in problems)]
     if problems:
         shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+        src = str(parent.store) if parent.store is not None else "<the checkpoint's training store>"
         raise StoreError(
             f"{what}: the vocabularies of {child.source} are not a grown version of those of {parent.source} "
             f"({shown}). A warm start needs every known value to keep its id (new values appended): preprocess "
-            f"the new data with `ctrkit preprocess ... --vocab-from <the checkpoint's training store> --grow`")
+            f"the new data with `ctrkit preprocess ... --vocab-from {src} --grow`")
     return [TableGrowth(n, a, b) for n, (a, b) in sizes.items() if n in child.sizes]
 
 

@@ -1,0 +1,66 @@
+"""``ctrkit train --warm-start CHECKPOINT`` (``train.warm_start``): the job's side of a warm start
+(:mod:`ctrkit.training.warm_start`). Before the model is built, the checkpoint is read and checked against the run
+(same model, same schema but for vocabulary sizes, the training store's vocabularies a grown version of the
+checkpoint's: :mod:`ctrkit.data.storage.lineage`); after, the model's tables are grown and loaded, and once the
+Trainer has its optimizers, their states.
+
+This is the sanctioned way past the vocabulary agreement that ``--resume``, ``evaluate`` and ``predict`` keep
+(:func:`~ctrkit.data.storage.agree.check_same_vocabulary`): those continue or read a checkpoint on its own ids; a
+warm start begins a new run (its own run directory, progress from step 0) on the ids of a newer vocabulary.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ctrkit.checkpoint import Checkpoint
+from ctrkit.data.storage.agree import Vocabularies
+from ctrkit.data.storage.lineage import check_grown
+from ctrkit.data.storage.store import Store
+from ctrkit.errors import JobError
+from ctrkit.jobs.common import checkpoint_vocabularies
+from ctrkit.models.base import CTRModel
+from ctrkit.training.config import Config
+from ctrkit.training.warm_start import (
+    check_warm_start,
+    load_grown_optimizer,
+    load_grown_weights,
+    table_layout,
+)
+
+
+def what(cfg: Config) -> str:
+    return f"--warm-start {cfg.train.warm_start}"
+
+
+def read_warm_start(cfg: Config, resume: str | None, store: Store) -> Checkpoint | None:
+    """The checkpoint of ``train.warm_start``, checked against the run (module docstring); None without one."""
+    path = cfg.train.warm_start
+    if not path:
+        return None
+    if resume:
+        raise JobError(f"--resume {resume} and --warm-start {path} (train.warm_start) both say where the run starts: "
+                       "--resume continues a run on its own vocabulary, --warm-start begins a new run on a grown one; "
+                       "keep one")
+    ckpt = Checkpoint.load(path)
+    check_warm_start(ckpt, cfg.model.name, store.schema, what(cfg))
+    check_grown(checkpoint_vocabularies(ckpt, path), Vocabularies.of_store(store), what(cfg))
+    return ckpt
+
+
+def warm_weights(model: CTRModel, ckpt: Checkpoint, cfg: Config) -> None:
+    """``model`` (just built, on the CPU) <- the checkpoint's weights, its tables grown."""
+    load_grown_weights(model, ckpt, dict(cfg.model.params), what(cfg))
+
+
+def warm_optimizer(optimizer: Any, model: CTRModel, ckpt: Checkpoint, cfg: Config) -> list[str]:
+    """The Trainer's optimizer set <- the checkpoint's states, grown; each part ("dense", "sparse", "wide") only when
+    this run uses the optimizer the checkpoint's did (and, for the tables, the same embedding backend). Returns the
+    parts loaded."""
+    old = ((ckpt.config or {}).get("train") or {}) if isinstance(ckpt.config, dict) else {}
+    params = cfg.model.params
+    same_backend = (ckpt.model_params.get("embedding_backend", "fused") == params.get("embedding_backend", "fused"))
+    same = {"dense": old.get("dense_optimizer") == cfg.train.dense_optimizer,
+            "sparse": same_backend and old.get("sparse_optimizer") == cfg.train.sparse_optimizer,
+            "wide": old.get("wide_optimizer") == cfg.train.wide_optimizer}
+    return load_grown_optimizer(optimizer, ckpt, table_layout(model, ckpt.weights), same, what(cfg))
