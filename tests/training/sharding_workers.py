@@ -148,6 +148,32 @@ def checkpoint_phase(rank: int, world: int, ck: str, phase: str, sharding: str) 
         torch.save(scores, f"{ck}.{phase}-{world}.pt")
 
 
+def warm_phase(rank: int, world: int, ck: str, sharding: str) -> None:
+    """Warm start from the sharded checkpoint ``ck`` (read whole, as the single-process readers do): deepfm of other
+    initial weights built for a grown vocabulary (every table 3 + i rows more), its tables grown from ``ck``, then
+    sharded with ``sharding``; rank 0 saves the scores of :func:`score_batch` to ``<ck>.warm-<world>.pt``."""
+    from dataclasses import replace
+
+    from conftest import contract_schema
+
+    from ctrkit.checkpoint import Checkpoint
+    from ctrkit.models.registry import create_model
+    from ctrkit.training.sharding import shard
+    from ctrkit.training.warm_start import load_grown_weights
+
+    s = contract_schema()
+    grown = replace(s, sparse=[replace(f, vocab_size=f.vocab_size + 3 + i) for i, f in enumerate(s.sparse)])
+    torch.manual_seed(99)
+    model = create_model("deepfm", grown, embedding_backend="torchrec", dnn_hidden=(16,))  # tables allocated
+    sizes = load_grown_weights(model, Checkpoint.load(ck), {"embedding_backend": "torchrec", "dnn_hidden": [16]})
+    assert any(a < b for a, b in sizes.values()), sizes
+    sm = shard(LossOf(model), sharding=sharding, sparse_optimizer="rowwise_adagrad", embedding_lr=0.1)
+    with torch.no_grad():
+        scores = logits_of(sm.module.module.model.eval()(score_batch()))
+    if rank == 0:
+        torch.save(scores, f"{ck}.warm-{world}.pt")
+
+
 BATCH = 256  # per rank: a global batch of 512
 
 

@@ -147,6 +147,18 @@ def test_a_sharded_checkpoint_loads_at_another_world_size_and_as_the_fused_backe
 
 
 @pytest.mark.slow
+def test_a_sharded_checkpoint_warm_starts_sharded_tables_of_a_grown_vocabulary(tmp_path):
+    """Issue 28 item 2 on sharded tables: a checkpoint written by 2 ranks grows into a model of a grown vocabulary
+    that is then sharded column-wise on 2 ranks; rows of known ids score as the checkpoint's model."""
+    from training.sharding_workers import checkpoint_phase, launch, warm_phase
+
+    ck = tmp_path / "ck"
+    launch(checkpoint_phase, 2, str(ck), "save", "table_wise", timeout_s=90)
+    launch(warm_phase, 2, str(ck), "column_wise", timeout_s=90)
+    torch.testing.assert_close(torch.load(f"{ck}.warm-2.pt"), torch.load(f"{ck}.save-2.pt"), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.slow
 def test_the_trainer_trains_evaluates_checkpoints_and_resumes_sharded_tables(criteo, tmp_path):
     from training.sharding_workers import launch, trainer_run
 

@@ -43,7 +43,7 @@ from ctrkit.jobs.common import (
 )
 from ctrkit.jobs.scoring import score_rows
 from ctrkit.jobs.tasks import TaskKind, task_kind
-from ctrkit.jobs.warm_start import read_warm_start, warm_optimizer, warm_weights
+from ctrkit.jobs.warm_start import read_warm_start, warm_trainer, warm_weights
 from ctrkit.models.registry import check_model_params, create_model
 from ctrkit.nn.embedding_torchrec import meta_tables
 from ctrkit.training.config import Config, config_to_dict, load_config
@@ -151,7 +151,7 @@ def _train(cfg: Config, resume: str | None, progress: bool | None, callbacks: li
                       run_config=cfg, writer=writer, task=task, overwrite=cfg.run.overwrite, callbacks=callbacks,
                       dist=ctx)
     if warm is not None and resume is None:  # (a restarted torchrun job resumed from its own last.pt instead)
-        warm_optimizer(trainer.optimizer, model, warm, cfg)
+        warm_trainer(trainer, warm, cfg)
     try:
         fit = trainer.fit()
     finally:

@@ -11,9 +11,11 @@ warm start begins a new run (its own run directory, progress from step 0) on the
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
 from typing import Any
 
-from ctrkit.checkpoint import Checkpoint
+from ctrkit.checkpoint import SHARDED_META, Checkpoint
 from ctrkit.data.storage.agree import Vocabularies
 from ctrkit.data.storage.lineage import check_grown
 from ctrkit.data.storage.store import Store
@@ -21,12 +23,15 @@ from ctrkit.errors import JobError
 from ctrkit.jobs.common import checkpoint_vocabularies
 from ctrkit.models.base import CTRModel
 from ctrkit.training.config import Config
+from ctrkit.training.sharding import sharded_of
 from ctrkit.training.warm_start import (
     check_warm_start,
     load_grown_optimizer,
     load_grown_weights,
     table_layout,
 )
+
+log = logging.getLogger(__name__)
 
 
 def what(cfg: Config) -> str:
@@ -43,6 +48,8 @@ def read_warm_start(cfg: Config, resume: str | None, store: Store) -> Checkpoint
                        "--resume continues a run on its own vocabulary, --warm-start begins a new run on a grown one; "
                        "keep one")
     ckpt = Checkpoint.load(path)
+    if (Path(path) / SHARDED_META).is_file():  # read whole as the fused backend; its dense optimizer state is here
+        ckpt.optimizer = Checkpoint.load(Path(path) / SHARDED_META).optimizer
     check_warm_start(ckpt, cfg.model.name, store.schema, what(cfg))
     check_grown(checkpoint_vocabularies(ckpt, path), Vocabularies.of_store(store), what(cfg))
     return ckpt
@@ -53,7 +60,17 @@ def warm_weights(model: CTRModel, ckpt: Checkpoint, cfg: Config) -> None:
     load_grown_weights(model, ckpt, dict(cfg.model.params), what(cfg))
 
 
-def warm_optimizer(optimizer: Any, model: CTRModel, ckpt: Checkpoint, cfg: Config) -> list[str]:
+def warm_trainer(trainer: Any, ckpt: Checkpoint, cfg: Config) -> list[str]:
+    """The Trainer's optimizer states from the checkpoint (:func:`warm_optimizer`); the fused optimizers of sharded
+    tables (torchrec, several processes) start fresh, with a warning."""
+    sharded = sharded_of(trainer.module) is not None
+    if sharded:
+        log.warning("%s: the sharded tables' fused optimizer states start fresh (their weights are the checkpoint's; "
+                    "keeping the fused states through a warm start is not implemented yet)", what(cfg))
+    return warm_optimizer(trainer.optimizer, None if sharded else trainer.model, ckpt, cfg)
+
+
+def warm_optimizer(optimizer: Any, model: CTRModel | None, ckpt: Checkpoint, cfg: Config) -> list[str]:
     """The Trainer's optimizer set <- the checkpoint's states, grown; each part ("dense", "sparse", "wide") only when
     this run uses the optimizer the checkpoint's did (and, for the tables, the same embedding backend). Returns the
     parts loaded."""
@@ -63,4 +80,5 @@ def warm_optimizer(optimizer: Any, model: CTRModel, ckpt: Checkpoint, cfg: Confi
     same = {"dense": old.get("dense_optimizer") == cfg.train.dense_optimizer,
             "sparse": same_backend and old.get("sparse_optimizer") == cfg.train.sparse_optimizer,
             "wide": old.get("wide_optimizer") == cfg.train.wide_optimizer}
-    return load_grown_optimizer(optimizer, ckpt, table_layout(model, ckpt.weights), same, what(cfg))
+    layout = table_layout(model, ckpt.weights) if model is not None else {}  # None: one-table weights only
+    return load_grown_optimizer(optimizer, ckpt, layout, same, what(cfg))
