@@ -198,9 +198,13 @@ def _run_serve(args: argparse.Namespace) -> int:
     from ctrkit.errors import JobError
 
     try:
-        from ctrkit.serving.server import run_serve
+        import uvicorn  # noqa: F401
+
+        import ctrkit.serving.server  # noqa: F401 - FastAPI and uvicorn, checked before any work starts
     except ImportError as e:
         raise JobError(f"ctrkit serve needs FastAPI and uvicorn ({e}); pip install 'ctrkit[serve]'") from None
+    from ctrkit.serving.command import run_serve
+
     return run_serve(args)
 
 

@@ -144,7 +144,9 @@ def test_criteo_scores_equal_predictor_predict(criteo):
     r = post(client, alt)
     assert r.status_code == 200, r.text
     np.testing.assert_allclose(r.json()["scores"], predictor.predict(alt), rtol=1e-6, atol=1e-7)
-    assert post(client, []).json() == {"scores": [], "model": "dlrm"}
+    version = predictor.metadata()["checkpoint_sha256"]
+    assert out["version"] == version and version.startswith("sha256:")  # the checkpoint that scored
+    assert post(client, []).json() == {"scores": [], "model": "dlrm", "version": version}
 
 
 def table_rows(n: int, seed: int = 1) -> list[dict]:
@@ -446,7 +448,7 @@ def test_batcher_returns_bad_rows_and_failures_to_their_own_request():
         if "boom" in columns["v"]:
             raise ValueError("boom")
         bad = [Problem(k + 1, "v", f"bad {v}") for k, v in enumerate(columns["v"]) if v.startswith("bad")]
-        return np.arange(n, dtype=np.float32), bad
+        return np.arange(n, dtype=np.float32), bad, f"call of {n}"
 
     async def run():
         batcher = MicroBatcher(score_fn, max_wait_s=0.05, max_rows=100)
@@ -457,7 +459,7 @@ def test_batcher_returns_bad_rows_and_failures_to_their_own_request():
 
     a, c, boom, e = asyncio.run(run())
     assert calls == [8, 2, 2, 1, 3]  # the merged call failed: each request alone
-    assert a.bad == [] and a.scores.tolist() == [0, 1]
+    assert a.bad == [] and a.scores.tolist() == [0, 1] and a.source == "call of 2"  # retried alone
     assert c.bad == [Problem(1, "v", "bad bad-d")] and c.scores.tolist() == [0, 1]
     assert isinstance(boom, ValueError)
     assert e.bad == [Problem(0, "v", "bad bad-e")] and e.scores.tolist() == [0, 1, 2]
@@ -483,7 +485,7 @@ def test_a_lone_request_does_not_wait_for_a_batch(criteo_ckpt, monkeypatch):
     assert clock.reads == 0  # scored at once: no deadline was set
 
     async def two_at_once():  # the control: two requests queued together do wait (and read the clock)
-        batcher = MicroBatcher(lambda cols, n: (np.zeros(n, np.float32), []), max_wait_s=2.0)
+        batcher = MicroBatcher(lambda cols, n: (np.zeros(n, np.float32), [], None), max_wait_s=2.0)
         batcher.start()
         out = await asyncio.gather(batcher.score({"v": [1]}, 1), batcher.score({"v": [2]}, 1))
         await batcher.stop()

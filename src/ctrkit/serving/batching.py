@@ -37,16 +37,19 @@ from ctrkit.errors import Problem
 log = logging.getLogger(__name__)
 
 Columns = dict[str, Any]  # column -> its n values: a list or a numpy array
-# columns of n rows -> (scores [n], the (1-based row, field, reason) of the rows it could not score)
-ScoreFn = Callable[[Columns, int], tuple[np.ndarray, list[Problem]]]
+# columns of n rows -> (scores [n], the (1-based row, field, reason) of the rows it could not score, what scored
+# them: given back to every request of the call, e.g. the version of the model)
+ScoreFn = Callable[[Columns, int], tuple[np.ndarray, list[Problem], Any]]
 
 
 @dataclass
 class Scores:
-    """One request's result: ``scores`` [n] and the problems of its malformed rows (0-based rows)."""
+    """One request's result: ``scores`` [n], the problems of its malformed rows (0-based rows) and the
+    ``source`` the score function named for the call that scored them."""
 
     scores: np.ndarray
     bad: list[Problem] = field(default_factory=list)
+    source: Any = None
 
 
 @dataclass
@@ -160,7 +163,7 @@ class MicroBatcher:
                 merged = jobs[0].columns
             else:
                 merged = {c: _concat([j.columns[c] for j in jobs]) for c in jobs[0].columns}
-            scores, bad = self.score_fn(merged, n)
+            scores, bad, source = self.score_fn(merged, n)
         except Exception as e:  # noqa: BLE001 - handed to the request (one alone) or retried per request
             if len(jobs) == 1:
                 self._count(jobs)
@@ -173,7 +176,7 @@ class MicroBatcher:
         for p in bad:
             k = bisect.bisect_right(starts, p.row - 1) - 1
             per_job[k].append(Problem(p.row - 1 - starts[k], p.field, p.reason))
-        return [Scores(scores[starts[k]:starts[k + 1]], per_job[k]) for k in range(len(jobs))]
+        return [Scores(scores[starts[k]:starts[k + 1]], per_job[k], source) for k in range(len(jobs))]
 
     def _count(self, jobs: list[_Job]) -> None:
         rows = sum(j.n for j in jobs)

@@ -35,10 +35,10 @@ There is no authentication: serve on 127.0.0.1 (the default) or behind a proxy t
 
 from __future__ import annotations
 
-import argparse
-import gc
+import asyncio
 import logging
 import math
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -49,19 +49,21 @@ import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
+from starlette.responses import Response
 
 from ctrkit.errors import ConfigError, DataError, Problem, RowErrors
 from ctrkit.serving.batching import MicroBatcher
+from ctrkit.serving.live import LiveModel, Served, Watcher
 from ctrkit.serving.options import (
     MAX_BATCH_ROWS,
     MAX_BATCH_WAIT_MS,
     MAX_BODY_BYTES,
     MAX_ERRORS,
     MAX_ROWS,
-    default_threads,
+    WATCH_INTERVAL_S,
 )
 from ctrkit.serving.predictor import Predictor
-from ctrkit.serving.validation import Checked, RowValidator, loads, render, to_arrays
+from ctrkit.serving.validation import Checked, dumps, loads, render
 
 log = logging.getLogger(__name__)
 
@@ -79,22 +81,29 @@ class _Refused(Exception):
         return JSONResponse({"error": self.code, "message": self.message, **self.extra}, status_code=self.status)
 
 
-def create_app(predictor: Predictor, *, max_rows: int = MAX_ROWS, max_body_bytes: int = MAX_BODY_BYTES,
+def create_app(predictor: Predictor | Served, *, max_rows: int = MAX_ROWS, max_body_bytes: int = MAX_BODY_BYTES,
                max_batch_wait_ms: float = MAX_BATCH_WAIT_MS, max_batch_rows: int = MAX_BATCH_ROWS,
-               max_errors: int = MAX_ERRORS) -> FastAPI:
-    """The scoring app of ``predictor`` (see the module docstring). Use it under a server that runs the ASGI
-    lifespan (uvicorn; ``with TestClient(app)``) for warm-up and /healthz; without one, micro-batching
-    starts with the first request."""
+               max_errors: int = MAX_ERRORS, watch: str | Path | None = None,
+               watch_interval: float = WATCH_INTERVAL_S) -> FastAPI:
+    """The scoring app of ``predictor`` (see the module docstring); ``watch``: a directory whose newer
+    checkpoints replace the model while serving (:mod:`ctrkit.serving.live`). Use it under a server that runs
+    the ASGI lifespan (uvicorn; ``with TestClient(app)``) for warm-up, /healthz and the watcher; without one,
+    micro-batching starts with the first request."""
     limits = {"max_rows": max_rows, "max_body_bytes": max_body_bytes, "max_batch_rows": max_batch_rows,
               "max_batch_wait_ms": max_batch_wait_ms, "max_errors": max_errors}
-    for name, value in limits.items():
-        low = 0 if name == "max_batch_wait_ms" else 1
+    for name, value in {**limits, "watch_interval": watch_interval}.items():
+        low = 0 if name == "max_batch_wait_ms" else 1 if name != "watch_interval" else 0.01
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= low):
             raise ConfigError(f"serve: {name} must be a number >= {low}, got {value!r}")
-    service = _Service(predictor, {k: float(v) if k == "max_batch_wait_ms" else int(v) for k, v in limits.items()})
-    app = FastAPI(title="ctrkit serve", version=str(predictor.info.get("ctrkit_version") or "0"),
+    served = predictor if isinstance(predictor, Served) else Served.of(predictor)
+    service = _Service(LiveModel(served), {k: float(v) if k == "max_batch_wait_ms" else int(v)
+                                           for k, v in limits.items()})
+    if watch is not None:
+        service.watcher = Watcher(service.live, watch, interval=watch_interval,
+                                  batch_size=served.predictor.batch_size)
+    app = FastAPI(title="ctrkit serve", version=str(served.predictor.info.get("ctrkit_version") or "0"),
                   lifespan=service.lifespan)
-    app.state.batcher, app.state.predictor, app.state.validator = service.batcher, predictor, service.validator
+    app.state.batcher, app.state.live, app.state.service = service.batcher, service.live, service
 
     @app.exception_handler(_Refused)
     async def refused(request: Request, exc: _Refused) -> JSONResponse:
@@ -107,53 +116,55 @@ def create_app(predictor: Predictor, *, max_rows: int = MAX_ROWS, max_body_bytes
 
     app.get("/healthz")(service.healthz)
     app.get("/metadata")(service.get_metadata)
-    app.post("/predict")(service.predict)
+    # /predict as a plain Starlette route: FastAPI's parameter machinery costs ~0.1 ms a request and reads nothing
+    app.router.add_route("/predict", service.predict, methods=["POST"])
     return app
 
 
 class _Service:
-    """What the app's endpoints share: the predictor, the request validator, the micro-batcher and the limits.
+    """What the app's endpoints share: the live model, the micro-batcher, the watcher and the limits.
 
-    A request is validated once (:meth:`check`: the pipeline's column rules, through :class:`RowValidator`);
-    its canonical columns are then encoded without a second check (:meth:`Predictor.score_validated`)."""
+    A request is validated once (:meth:`check`: the pipeline's column rules, through the live model's
+    :class:`RowValidator`); its canonical columns are then encoded without a second check by whichever model is
+    live when its micro-batch starts (a swap keeps the input fields, :func:`~ctrkit.serving.live.contract_change`)."""
 
-    def __init__(self, predictor: Predictor, limits: dict[str, Any]) -> None:
-        self.predictor, self.limits = predictor, limits
-        self.validator = RowValidator(predictor.pipeline)
-        self.rules = self.validator.rules
-        self.model_name = str(predictor.info.get("model") or type(predictor.model).__name__.lower())
+    def __init__(self, live: LiveModel, limits: dict[str, Any]) -> None:
+        self.live, self.limits = live, limits
+        self.watcher: Watcher | None = None
         self.batcher = MicroBatcher(self.score_columns, max_wait_s=limits["max_batch_wait_ms"] / 1000,
                                     max_rows=limits["max_batch_rows"])
-        self.metadata = json_safe({**predictor.metadata(), "input_fields": self.validator.fields(),
-                                   "ignored_fields": "fields beyond input_fields (label, weight, ...) are ignored",
-                                   "server": {"limits": limits}})
         self.ready = False
 
-    def score_columns(self, columns: dict[str, Any], n: int) -> tuple[np.ndarray, list[Problem]]:
-        """(worker thread) Validated canonical columns of n rows -> scores, in chunks the predictor takes."""
-        size = self.predictor.batch_size
-        parts = []
-        for start in range(0, n, size):
-            stop = min(start + size, n)
-            chunk = columns if stop - start == n else {c: v[start:stop] for c, v in columns.items()}
-            parts.append(self.predictor.score_validated(to_arrays(self.rules, chunk)))
-        return (np.concatenate(parts) if parts else np.zeros(0, np.float32)), []
+    @property
+    def model_name(self) -> str:
+        p = self.live.current.predictor
+        return str(p.info.get("model") or type(p.model).__name__.lower())
+
+    def score_columns(self, columns: dict[str, Any], n: int) -> tuple[np.ndarray, list[Problem], str]:
+        """(worker thread) Validated canonical columns of n rows -> scores by the live model, and its version."""
+        served = self.live.current  # once: the whole batch is scored by one model
+        return served.score(columns, n), [], served.version
 
     @asynccontextmanager
     async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
         self.batcher.start()
-        warm = {r.column: None for r in self.rules}  # one row of missing values: loads the code paths and threads
+        served = self.live.current
+        warm = {r.column: None for r in served.validator.rules}  # one row of missing values: loads the code paths
         try:
-            checked = self.validator.check([warm])
+            checked = served.validator.check([warm])
         except RowErrors as e:
             raise RuntimeError(f"warm-up row refused: {render(e.problems[0])}") from None
         await self.batcher.score(checked.columns, 1)
+        watching = asyncio.create_task(self.watcher.run()) if self.watcher is not None else None
         self.ready = True
-        log.info("ready: %s, %d input fields, limits %s", self.model_name, len(self.rules), self.limits)
+        log.info("ready: %s, %d input fields, limits %s%s", self.model_name, len(served.validator.rules),
+                 self.limits, f", watching {self.watcher.directory}" if self.watcher else "")
         try:
             yield
         finally:
             self.ready = False
+            if watching is not None:
+                watching.cancel()
             await self.batcher.stop()
 
     async def healthz(self) -> JSONResponse:
@@ -162,8 +173,12 @@ class _Service:
         return JSONResponse({"status": "starting" if not self.ready else "stopping"}, status_code=503)
 
     async def get_metadata(self) -> JSONResponse:
-        server = {**self.metadata["server"], "batching": self.batcher.stats.to_dict()}
-        return JSONResponse({**self.metadata, "server": server})
+        served = self.live.current
+        server = {"limits": self.limits, "batching": self.batcher.stats.to_dict(), "worker_pid": os.getpid(),
+                  "watch": str(self.watcher.directory) if self.watcher else None}
+        return JSONResponse(json_safe({**served.predictor.metadata(), "input_fields": served.validator.fields(),
+                                       "ignored_fields": "fields beyond input_fields (label, weight, ...) are "
+                                       "ignored", "live": self.live.describe(), "server": server}))
 
     def check(self, body: bytes) -> Checked:
         """Body -> its rows checked, or _Refused."""
@@ -182,15 +197,16 @@ class _Service:
             raise _Refused(413, "too_many_rows", f"{len(rows)} rows is more than this server's limit of "
                            f"{self.limits['max_rows']} per request; split them into several requests")
         try:
-            return self.validator.check(rows, self.limits["max_errors"])
+            return self.live.current.validator.check(rows, self.limits["max_errors"])
         except RowErrors as e:
             raise _invalid_rows(e.problems, render, len(rows), e.bad_rows, e.total) from None
 
-    async def predict(self, request: Request) -> JSONResponse:
+    async def predict(self, request: Request) -> Response:
+        """POST /predict: {"scores": [...], "model": name, "version": the sha256 of the checkpoint that scored}."""
         body = await _read_body(request, self.limits["max_body_bytes"])
         checked = self.check(body) if len(body) <= _INLINE_BYTES else await anyio.to_thread.run_sync(self.check, body)
         if checked.n == 0:
-            return JSONResponse({"scores": [], "model": self.model_name})
+            return _json({"scores": [], "model": self.model_name, "version": self.live.current.version})
         try:
             res = await self.batcher.score(checked.columns, checked.n)
         except DataError as e:  # rows the pipeline refused as a whole (the checks above should prevent it)
@@ -198,7 +214,11 @@ class _Service:
         scores = res.scores.tolist()
         if not all(map(math.isfinite, scores)):
             raise RuntimeError(f"the model gave non-finite scores for valid rows: {scores[:5]}...")
-        return JSONResponse({"scores": scores, "model": self.model_name})
+        return _json({"scores": scores, "model": self.model_name, "version": res.source})
+
+
+def _json(content: Any, status: int = 200) -> Response:
+    return Response(dumps(content), status_code=status, media_type="application/json")
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -259,32 +279,3 @@ def json_safe(obj: Any) -> Any:
     if isinstance(obj, Path):
         return str(obj)
     return str(obj)
-
-
-# ---- the command ------------------------------------------------------------------------------------------
-def run_serve(args: argparse.Namespace) -> int:
-    """Load the checkpoint and serve it with uvicorn until interrupted."""
-    import torch
-    import uvicorn
-
-    threads = args.threads if args.threads is not None else default_threads()
-    if threads < 1:
-        raise ConfigError(f"--threads must be >= 1, got {threads}")
-    if not 0 <= args.port <= 65535:
-        raise ConfigError(f"--port must be in 0..65535, got {args.port}")
-    torch.set_num_threads(threads)
-    predictor = Predictor.from_checkpoint(args.checkpoint, batch_size=max(8192, args.max_batch_rows))
-    app = create_app(predictor, max_rows=args.max_rows, max_body_bytes=args.max_body_bytes,
-                     max_batch_wait_ms=args.batch_wait_ms, max_batch_rows=args.max_batch_rows)
-    if args.host not in ("127.0.0.1", "localhost", "::1"):
-        log.warning("listening on %s: anyone who can reach it can score rows and read /metadata (no "
-                    "authentication); use --host 127.0.0.1 or a proxy", args.host)
-    # Everything loaded so far (torch, the model, the vocabularies: ~200k objects) lives as long as the server;
-    # frozen, it is left out of the collector's full passes, which otherwise stall requests by ~0.1 s each.
-    gc.collect()
-    gc.freeze()
-    log.info("serving %s (%s) on http://%s:%d with %d scoring thread(s)", args.checkpoint,
-             predictor.info.get("model"), args.host, args.port, threads)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info", access_log=args.access_log,
-                timeout_graceful_shutdown=10)
-    return 0

@@ -43,15 +43,45 @@ from ctrkit.data.pipeline.values import (
 )
 from ctrkit.errors import Problem, RowErrors
 
+try:
+    import orjson as _orjson
+except ImportError:  # an optional speed-up (ctrkit[serve])
+    _orjson = None
+
 log = logging.getLogger(__name__)
 
-__all__ = ["LACKS", "Checked", "NonFinite", "RowValidator", "describe", "loads", "render", "to_arrays"]
+__all__ = ["LACKS", "Checked", "NonFinite", "RowValidator", "describe", "dumps", "loads", "render", "to_arrays"]
 
 
 def loads(body: bytes) -> Any:
     """Parse a request body. Raises ValueError (bad JSON, bad UTF-8, an integer of over 4300 digits) or
-    RecursionError (nesting deeper than the parser's stack)."""
+    RecursionError (nesting deeper than the parser's stack). orjson (about 2.5x faster) parses what it can; the
+    standard library's parser reads the rest (``NaN`` / ``Infinity`` tokens, integers beyond 64 bits, nesting
+    deeper than orjson's limit of 1024) and names the error of a body that is not JSON."""
+    if _orjson is not None:
+        try:
+            return _orjson.loads(body)
+        except _orjson.JSONDecodeError:
+            pass
     return json.loads(body, parse_constant=NonFinite)
+
+
+def dumps(obj: Any) -> bytes:
+    """JSON bytes of plain data (orjson when installed: the same text as ``json.dumps`` for str, int, float,
+    list and dict, without spaces)."""
+    if _orjson is not None:
+        return _orjson.dumps(obj)
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def _columns(objects: list[dict], names: list[str]) -> dict[str, list[Any]]:
+    """{name: the value of every row} (``_MISSING`` where a row lacks it). Rows that all hold the same fields in
+    the same order (what a client's serializer writes) are transposed in one C pass."""
+    keys = tuple(objects[0]) if objects else ()
+    if objects and all(tuple(o) == keys for o in objects):
+        cols = dict(zip(keys, map(list, zip(*[o.values() for o in objects]))))
+        return {c: cols[c] if c in cols else [_MISSING] * len(objects) for c in names}
+    return {c: [o.get(c, _MISSING) for o in objects] for c in names}
 
 
 _MISSING = object()  # a field the row lacks
@@ -100,7 +130,7 @@ class RowValidator:
         not_objects = {i for i, r in enumerate(rows) if type(r) is not dict}
         found += [Problem(i, None, f"must be an object of field: value pairs; got {describe(rows[i])}")
                   for i in sorted(not_objects)]
-        values = {r.column: [o.get(r.column, _MISSING) for o in objects] for r in self.rules}
+        values = _columns(objects, [r.column for r in self.rules])
         out: dict[str, Any] = fast_hex_columns([r for r in self.rules if r.kind == HEX], values)
         for rule, read in zip(self.rules, self._readers):
             if rule.column in out:
