@@ -61,7 +61,7 @@ def serve_options(args: argparse.Namespace) -> dict[str, Any]:
     return {"checkpoint": str(checkpoint), "threads": threads, "workers": workers, "watch": watch,
             "watch_interval": args.watch_interval, "watch_since_ns": since, "max_rows": args.max_rows,
             "max_body_bytes": args.max_body_bytes, "max_batch_wait_ms": args.batch_wait_ms,
-            "max_batch_rows": args.max_batch_rows}
+            "max_batch_rows": args.max_batch_rows, "log_level": logging.getLogger().getEffectiveLevel()}
 
 
 def build_app(options: dict[str, Any]) -> Any:
@@ -94,7 +94,9 @@ def worker_app() -> Any:
     if raw is None:
         raise ConfigError(f"{APP_FACTORY} builds a worker of `ctrkit serve`, which sets {OPTIONS_ENV}; run "
                           "`ctrkit serve --workers N` instead")
-    return build_app(json.loads(raw))
+    options = json.loads(raw)
+    logging.basicConfig(level=options["log_level"], format="%(levelname)s %(name)s: %(message)s")  # as the CLI's
+    return build_app(options)
 
 
 def run_serve(args: argparse.Namespace) -> int:
