@@ -3,12 +3,14 @@
 Endpoints:
 
 * ``POST /predict``: body a JSON list of raw row objects, or ``{"rows": [...]}``; answers
-  ``{"scores": [p_0, ..., p_n-1], "model": name}``, one click probability per row, in order. A row holds the
+  ``{"scores": [p_0, ..., p_n-1], "model": name, "version": "sha256:..."}``, one click probability per row, in
+  order, and the version (checkpoint sha256) of the model that scored them all. A row holds the
   checkpoint's input fields (``GET /metadata`` lists them with what each accepts; the rules are those of
   :mod:`ctrkit.serving.validation`); fields beyond them (a label, the caller's own ids) are ignored.
 * ``GET /healthz``: ``{"status": "ok"}`` once the model is loaded and warmed up; 503 before and during shutdown.
 * ``GET /metadata``: :meth:`Predictor.metadata` (model, parameters, schema, training metrics, checkpoint
-  sha256) plus the input fields, the server's limits and its batching counters.
+  sha256) plus the input fields, ``live`` (the checkpoint served, its version, swaps and refusals: hot reload,
+  :mod:`ctrkit.serving.live`) and ``server`` (limits, this worker's batching counters and process id).
 
 A request is scored whole or refused whole: one bad row refuses the request, listing every bad (row, field)
 (up to ``max_errors``), so a client never gets scores misaligned with its rows. Errors are JSON
@@ -28,7 +30,8 @@ with 0-based row indices, and ``"invalid_rows"``):
 ====  ====================  =====================================================================
 
 Concurrent requests are merged into one model call (:mod:`ctrkit.serving.batching`); each gets exactly the
-scores it would get alone, and a bad request never affects the others.
+scores it would get alone, and a bad request never affects the others. Several worker processes and the command
+itself: :mod:`ctrkit.serving.command`.
 
 There is no authentication: serve on 127.0.0.1 (the default) or behind a proxy that adds it.
 """
