@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 from export_cases import tiny_checkpoint
-from test_server import sample_rows, train
+from serve_cases import sample_rows, train
 
 from ctrkit.checkpoint import Checkpoint
 from ctrkit.cli import main
@@ -275,3 +275,14 @@ def test_workers_all_swap_and_a_slow_client_stalls_nobody(two_models, exact, tmp
         log.close()
     text = (tmp_path / "server.log").read_text()
     assert text.count("now serves m10.pt") == 2, text[-3000:]  # each of the 2 workers
+
+
+def test_serve_option_errors_are_one_line(tmp_path, caplog):
+    cases = [([], "serve needs --checkpoint (or --watch DIR holding one)"),
+             (["--watch", str(tmp_path / "none")], "not a directory"),
+             (["--watch", str(tmp_path)], "holds no checkpoint (*.pt) to start with")]
+    for extra, message in cases:
+        caplog.clear()
+        with caplog.at_level(logging.ERROR):
+            assert main(["serve", "--port", "0", *extra]) == 2
+        assert message in caplog.text, (extra, caplog.text)
