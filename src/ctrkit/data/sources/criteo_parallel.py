@@ -57,6 +57,7 @@ from ctrkit.data.sources.criteo_tasks import (
 from ctrkit.data.sources.driver import Frontend, Summary
 from ctrkit.data.sources.task_runner import TaskRunner
 from ctrkit.data.storage.count_runs import RECORD, merge_runs
+from ctrkit.data.storage.fitted import source_stamp
 from ctrkit.data.storage.spill import read_parts, shard_count
 from ctrkit.data.storage.splits import SplitOutput
 from ctrkit.data.storage.store import StoreWriter
@@ -121,9 +122,8 @@ def _stage_key(front: Any, task_bytes: int, k_train: int, roll: int, vocab_bytes
     """Digest of what decides every task's result: the inputs (path, size, mtime) and the options."""
     files = [(str(Path(f).resolve()), Path(f).stat().st_size, Path(f).stat().st_mtime_ns) for f in front.files]
     opts = {k: v for k, v in front.options.items() if k != "block_rows"}  # the read block changes no result
-    vocab_from = front.options.get("vocab_from")
-    if vocab_from:
-        opts["vocab_from_mtime"] = (Path(vocab_from) / PIPELINE_DIR / "pipeline.json").stat().st_mtime_ns
+    if front.vocab_from:
+        opts["vocab_from_mtime"] = source_stamp(front.vocab_from)
     blob = [1, files, opts, task_bytes, k_train, roll, front.shuffle_train] + ([vocab_bytes] if vocab_bytes else [])
     blob = json.dumps(blob, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -238,7 +238,7 @@ def _write(output: SplitOutput, front: Any, results: list[EncodeResult], stage: 
                 seed = [front.shuffle_key, k] if shuffled else None
                 w.append(pipe.finalize(read_parts(parts, k, cols, seed)))
             link_tree(output.tmp / PIPELINE_DIR, w.tmp / PIPELINE_DIR)
-            w.set_meta(**front.meta(name, summary))
+            w.set_meta(**front.store_meta(name, summary))
         written.append(name)
     return written
 
