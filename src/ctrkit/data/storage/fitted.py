@@ -110,14 +110,15 @@ def reuse_fitted(new: FeaturePipeline, source: str | Path | FittedSource) -> Fea
     return new
 
 
-def _columns(spec: TableSpecYaml) -> dict[str, tuple[Any, ...]]:
+def _columns(spec: TableSpecYaml) -> dict[str, str]:
     """{column: what it is}: the part of a spec that decides a store's columns and their types (not their
     embedding dims, groups or poolings)."""
-    cols: dict[str, tuple[Any, ...]] = {spec.label: ("label", spec.label_threshold)}
-    cols |= {c: (role,) for c, role in ((spec.weight, "weight"), (spec.group_id, "group")) if c}
-    cols |= {e["name"]: ("dense", e.get("transform")) for e in spec.dense}
-    cols |= {e["name"]: ("sparse", e.get("table") or e["name"], bool(e.get("multi_valued"))) for e in spec.sparse}
-    cols |= {q["name"]: ("sequence", q["shares"], int(q["max_len"])) for q in spec.sequence}
+    cols = {spec.label: f"label (threshold {spec.label_threshold})"}
+    cols |= {c: role for c, role in ((spec.weight, "weight"), (spec.group_id, "group")) if c}
+    cols |= {e["name"]: f"dense ({e.get('transform')})" for e in spec.dense}
+    cols |= {e["name"]: f"sparse (table {e.get('table') or e['name']}"
+             f"{', multi-valued' if e.get('multi_valued') else ''})" for e in spec.sparse}
+    cols |= {q["name"]: f"sequence (shares {q['shares']}, max_len {q['max_len']})" for q in spec.sequence}
     return cols
 
 
@@ -125,14 +126,13 @@ def check_same_columns(parent: FeaturePipeline, new: FeaturePipeline, source: st
     """A grown store has its parent's columns, of the same types: else a DataError naming the columns added,
     removed and retyped."""
     old, now = _columns(parent.spec), _columns(new.spec)
-    added, removed = sorted(set(now) - set(old)), sorted(set(old) - set(now))
-    retyped = sorted(c for c in set(old) & set(now) if old[c] != now[c])
-    if added or removed or retyped:
-        what = "; ".join(f"{k} {v}" for k, v in (("added", added), ("removed", removed), ("retyped", [
-            f"{c} ({old[c][0]} {list(old[c][1:])} -> {now[c][0]} {list(now[c][1:])})" for c in retyped])) if v)
-        raise DataError(f"--grow: the new data's columns differ from those of the parent {source} beyond new ids: "
-                        f"{what}. A grown vocabulary keeps its parent's columns; give the spec the parent's columns, "
-                        "or preprocess without --grow (a new vocabulary, a model trained from scratch)")
+    diff = {"added": sorted(set(now) - set(old)), "removed": sorted(set(old) - set(now)),
+            "retyped": [f"{c} {old[c]} -> {now[c]}" for c in sorted(set(old) & set(now)) if old[c] != now[c]]}
+    if any(diff.values()):
+        what = "; ".join(f"{k}: {', '.join(v)}" for k, v in diff.items() if v)
+        raise DataError(f"--grow: the new data's columns differ from those of the parent {source} beyond new ids "
+                        f"({what}). A grown vocabulary keeps its parent's columns; give the spec the parent's "
+                        "columns, or preprocess without --grow (a new vocabulary, a model trained from scratch)")
 
 
 def prepare_grow(new: FeaturePipeline, source: str | Path | FittedSource) -> FeaturePipeline:
