@@ -10,7 +10,6 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ctrkit.data.pipeline.encode import GROUP_TABLE
 from ctrkit.data.pipeline.feature_pipeline import CRITEO, TABLE, FeaturePipeline
