@@ -17,7 +17,7 @@ import pytest
 from ctrkit.cli import main
 from ctrkit.data.pipeline.persist import load_pending
 from ctrkit.data.pipeline.vocab import VocabBuilder, Vocabulary, hash_keys
-from ctrkit.data.pipeline.vocab_grow import grow_vocabulary
+from ctrkit.data.pipeline.vocab_grow import grow_vocabulary, pending_of
 from ctrkit.data.sources.behaviour import preprocess_behaviour
 from ctrkit.data.sources.criteo import SPARSE_NAMES, preprocess_criteo
 from ctrkit.data.sources.table import preprocess_table
@@ -259,3 +259,16 @@ def test_open_modulo_parent_grows_to_itself() -> None:
     b.add(np.array([7, 99, 7]))
     grown, lut, _ = grow_vocabulary(parent, None, b, min_freq=1)
     assert grown is parent and lut is None
+
+
+@pytest.mark.parametrize("max_vocab, mode", [(None, "hash"), (4, "cap"), (5, "hash")])
+def test_pending_counts_are_the_counted_keys_without_an_id(max_vocab: int | None, mode: str) -> None:
+    b = VocabBuilder("t", "str")
+    b.add(np.array(["a", "b", "a", "c", "c", "d", "d", "e"]))
+    vocab, _ = b.finish(min_freq=2, max_vocab=max_vocab, mode=mode)
+    keys, counts = pending_of(b, vocab)
+    held = set(vocab.keys.tolist())
+    want = [(k, n) for k, n in zip(b.keys().tolist(), b.counts().tolist()) if k not in held]
+    assert list(zip(keys.tolist(), counts.tolist())) == want
+    # below min_freq: b and e; a cap of 4 ids (2 kept values) also leaves d, counted twice, without an id
+    assert [k for k, _ in want] == (["b", "d", "e"] if mode == "cap" else ["b", "e"])

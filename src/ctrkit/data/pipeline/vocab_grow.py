@@ -72,11 +72,14 @@ def _positions(haystack: np.ndarray, needles: np.ndarray) -> np.ndarray:
 
 def pending_of(builder: VocabBuilder, vocab: Vocabulary) -> Pending:
     """The keys ``builder`` counted that ``vocab`` (its fit) gives no id (count < min_freq, or past a cap), with
-    their counts, in first-appearance order."""
+    their counts, in first-appearance order. No search: ``vocab`` kept the keys with count >= min_freq in that
+    order (a cap: the first of them)."""
     keys, counts = builder.keys(), builder.counts()
     if vocab.open:
         return keys[:0], counts[:0]
-    out = _positions(vocab.keys, keys) < 0
+    out = counts < vocab.min_freq
+    if vocab.max_vocab is not None and vocab.mode == "cap":
+        out[np.flatnonzero(~out)[len(vocab.keys):]] = True
     return keys[out], counts[out]
 
 
