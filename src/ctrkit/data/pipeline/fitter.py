@@ -61,11 +61,13 @@ class PipelineFitter(RowEncoder):
         self._mean += delta * (m / self._n)
         self._m2 += m2 + delta ** 2 * (n * m / self._n)
 
-    def adopt(self, builders: dict[str, VocabBuilder] | dict[str, Vocabulary]) -> None:
+    def adopt(self, builders: dict[str, VocabBuilder] | dict[str, Vocabulary],
+              pending: dict[str, Pending] | None = None) -> None:
         """Take vocabularies counted elsewhere ({table: builder}, e.g. merged from parallel count tasks) in
         place of those :meth:`encode` builds; :meth:`finish` then fits them. A :class:`Vocabulary` (fitted
-        elsewhere, e.g. from counts spilled to disk) is kept as it is."""
+        elsewhere, e.g. from counts spilled to disk) is kept as it is, with its ``pending`` counts if given."""
         self._builders.update(builders)
+        self._pending = {**getattr(self, "_pending", {}), **(pending or {})}
 
     def finish(self) -> FeaturePipeline:
         """Fit the pipeline (vocabularies, dense statistics) and fill ``luts``; returns the pipeline. With
@@ -80,6 +82,8 @@ class PipelineFitter(RowEncoder):
                     raise DataError(f"vocabulary {table!r} was fitted elsewhere (counts spilled to disk); --grow "
                                     "needs the counts in memory: drop --vocab-memory-mb")
                 vocabs[table], self.luts[table] = b, None
+                if table in getattr(self, "_pending", {}):
+                    pending[table] = self._pending[table]
                 continue
             max_vocab, min_freq = None if table == GROUP_TABLE else o["max_vocab"], p.table_min_freq.get(table, 1)
             if g is not None and table in g.vocabs:

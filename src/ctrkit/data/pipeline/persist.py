@@ -119,7 +119,7 @@ def save_pending(pending: dict[str, Pending], directory: Path) -> list[str]:
 
 def load_pending(directory: str | Path) -> dict[str, Pending]:
     """What :func:`save_pending` wrote for the pipeline at ``directory`` (a pipeline directory or a store): {} for a
-    pipeline written without them (before ctrkit kept them, or counted with --vocab-memory-mb)."""
+    pipeline written without them (before ctrkit kept them)."""
     d = Path(directory)
     if (d / PIPELINE_DIR / "pipeline.json").is_file():
         d = d / PIPELINE_DIR

@@ -8,7 +8,7 @@ The contract a warm start relies on (``ctrkit train --warm-start``: tables grown
   stored counts (:attr:`GrowFrom.pending`: the values it counted but gave no id, below ``min_freq`` or past a
   ``cap``) plus the new data; admitted values get fresh ids ``parent.size, parent.size + 1, ...`` in the order
   they first appear in the new data (then, only when ``min_freq`` was lowered, pending parent values the new data
-  does not hold, in the parent's order). So rows ``[0, parent.size)`` of a grown table are the parent's rows and
+  does not hold, in key order). So rows ``[0, parent.size)`` of a grown table are the parent's rows and
   ``[parent.size, size)`` are new; the ids are a function of the parent and the new data only (not of chunking
   or of the number of workers);
 * a hashed vocabulary (``max_vocab`` with mode ``hash``) keeps its size and its formula: new values take the
@@ -72,15 +72,16 @@ def _positions(haystack: np.ndarray, needles: np.ndarray) -> np.ndarray:
 
 def pending_of(builder: VocabBuilder, vocab: Vocabulary) -> Pending:
     """The keys ``builder`` counted that ``vocab`` (its fit) gives no id (count < min_freq, or past a cap), with
-    their counts, in first-appearance order. No search: ``vocab`` kept the keys with count >= min_freq in that
-    order (a cap: the first of them)."""
+    their counts, in key order (what the counts merged from disk give too). No search: ``vocab`` kept the keys
+    with count >= min_freq in first-appearance order (a cap: the first of them)."""
     keys, counts = builder.keys(), builder.counts()
     if vocab.open:
         return keys[:0], counts[:0]
     out = counts < vocab.min_freq
     if vocab.max_vocab is not None and vocab.mode == "cap":
         out[np.flatnonzero(~out)[len(vocab.keys):]] = True
-    return keys[out], counts[out]
+    order = np.argsort(keys[out], kind="stable")
+    return keys[out][order], counts[out][order]
 
 
 def _empty(kind: str) -> Pending:

@@ -154,7 +154,7 @@ def _count(runner: TaskRunner, tasks: list[Task], front: Any, stage: Path, block
         if vocab_bytes is None:
             fitter.adopt(dict(zip(SPARSE_NAMES, builders)))
         else:
-            fitter.adopt(_merge_spilled(pipe, stage, spilled, missing, vocab_bytes))
+            fitter.adopt(*_merge_spilled(pipe, stage, spilled, missing, vocab_bytes))
         fitter.finish()
     if halves:
         front.rule = replace(front.rule, last_day_lines=int(sum(n_lines[t.index] for t in tasks
@@ -168,26 +168,35 @@ def _count(runner: TaskRunner, tasks: list[Task], front: Any, stage: Path, block
 
 
 def _merge_spilled(pipe: Any, stage: Path, spilled: list[tuple[int, int]], missing: np.ndarray,
-                   memory_bytes: int) -> dict[str, Vocabulary]:
+                   memory_bytes: int) -> tuple[dict[str, Vocabulary], dict[str, tuple[np.ndarray, np.ndarray]]]:
     """The vocabularies of the count tasks' spilled runs ((task, runs) each): per column the runs merged in key
     order, the kept keys (count >= min_freq) put in first-appearance order -> exactly what the in-memory merge
-    of :class:`VocabBuilder` fits. Memory: the merge's buffers and the kept keys, not every distinct key."""
-    o, scratch, vocabs = pipe.options, stage / "vocab-merge", {}
+    of :class:`VocabBuilder` fits; and the keys left below min_freq with their counts (kept for ``--grow``), in key
+    order, written to disk as they come and read back memory-mapped. Memory: the merge's buffers and the kept
+    keys, not every distinct key."""
+    o, scratch, vocabs, pending = pipe.options, stage / "vocab-merge", {}, {}
     for j, name in enumerate(SPARSE_NAMES):
         min_freq, seen, kept = pipe.table_min_freq.get(name, 1), 0, []
         paths = [p for index, runs in spilled for p in run_paths(stage, index, j, runs)]
         shutil.rmtree(scratch, ignore_errors=True)
-        for rec in merge_runs(paths, scratch, memory_bytes=memory_bytes):
-            seen += len(rec)
-            kept.append(rec[rec["count"] >= min_freq])
+        left = [stage / "pending" / f"{j:03d}_{part}.bin" for part in ("key", "count")]
+        left[0].parent.mkdir(parents=True, exist_ok=True)
+        with open(left[0], "wb") as fk, open(left[1], "wb") as fc:
+            for rec in merge_runs(paths, scratch, memory_bytes=memory_bytes):
+                seen += len(rec)
+                kept.append(rec[rec["count"] >= min_freq])
+                low = rec[rec["count"] < min_freq]
+                fk.write(np.ascontiguousarray(low["key"]).tobytes())
+                fc.write(np.ascontiguousarray(low["count"]).tobytes())
         rec = np.concatenate(kept) if kept else np.empty(0, RECORD)
         rec = rec[np.argsort(rec["first"], kind="stable")]
         check_vocab_options(min_freq, o["max_vocab"], o["max_vocab_mode"], name)
         vocabs[name] = Vocabulary.build(name, "int", rec["key"].copy(), rec["count"].copy(), min_freq=min_freq,
                                         max_vocab=o["max_vocab"], mode=o["max_vocab_mode"], seen=seen,
                                         missing=int(missing[j]), hash_fn="mod")
+        pending[name] = tuple(np.memmap(f, "<i8", "r") if f.stat().st_size else np.empty(0, np.int64) for f in left)
     shutil.rmtree(scratch, ignore_errors=True)
-    return vocabs
+    return vocabs, pending
 
 
 def _save_pipeline_once(pipe: Any, directory: Path) -> None:

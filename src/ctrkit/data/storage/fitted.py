@@ -151,8 +151,8 @@ def prepare_grow(new: FeaturePipeline, source: str | Path | FittedSource) -> Fea
     pending = {} if isinstance(source, FittedSource) else load_pending(source)
     short = [t for t, v in new.vocabs_.items() if t not in pending and v.min_freq > 1]
     if short:
-        log.warning("--grow: %s keeps no counts of the values its vocabularies %s left below min_freq (a checkpoint, "
-                    "an older store, or one counted with --vocab-memory-mb); they count from zero", source, short)
+        log.warning("--grow: %s keeps no counts of the values its vocabularies %s left below min_freq (a checkpoint or "
+                    "a store of an earlier ctrkit); they count from zero", source, short)
     new.grow_from = GrowFrom(dict(new.vocabs_), old.vocab_fingerprint(), str(source),
                              int((old.lineage_ or {}).get("version", 1)), pending, new.mean_.copy(), new.std_.copy())
     if new.options["max_vocab"] is None:
