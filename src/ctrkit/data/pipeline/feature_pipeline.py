@@ -59,6 +59,7 @@ from ctrkit.data.pipeline.rules import ColumnRules, compile_rules
 from ctrkit.data.pipeline.spec import TableSpecYaml, load_spec
 from ctrkit.data.pipeline.vocab import Vocabulary, check_vocab_options
 from ctrkit.data.pipeline.vocab_arrays import vocab_fingerprint
+from ctrkit.data.pipeline.vocab_grow import GrowFrom, Pending
 from ctrkit.errors import DataError, NotFittedError
 from ctrkit.schema import DenseFeature, Schema, SequenceFeature, SparseFeature
 
@@ -100,6 +101,9 @@ class FeaturePipeline(RowEncoder):
         self.mean_ = np.zeros(len(self.spec.dense))
         self.std_ = np.ones(len(self.spec.dense))
         self.multi_hot: dict[str, Any] | None = None
+        self.grow_from: GrowFrom | None = None  # set: the fitter grows this parent (--grow, :mod:`.vocab_grow`)
+        self.pending_: dict[str, Pending] | None = None  # per table: keys counted without an id, their counts
+        self.lineage_: dict[str, Any] | None = None  # a grown pipeline's vocab_lineage record
         self._schema = schema  # kind "ids" (and pipelines rebuilt from old stores): the schema as given
         self._stage: MultiHot | None = None
         self._fingerprint: str | None = None

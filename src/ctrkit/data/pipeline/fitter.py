@@ -11,6 +11,7 @@ import pyarrow as pa
 from ctrkit.data.pipeline.columns import kind_of
 from ctrkit.data.pipeline.encode import CRITEO, GROUP_TABLE, RowEncoder
 from ctrkit.data.pipeline.vocab import VocabBuilder, Vocabulary
+from ctrkit.data.pipeline.vocab_grow import Pending, grow_vocabulary, lineage, pending_of
 from ctrkit.errors import DataError
 
 if TYPE_CHECKING:
@@ -60,28 +61,54 @@ class PipelineFitter(RowEncoder):
         self._mean += delta * (m / self._n)
         self._m2 += m2 + delta ** 2 * (n * m / self._n)
 
-    def adopt(self, builders: dict[str, VocabBuilder] | dict[str, Vocabulary]) -> None:
+    def adopt(self, builders: dict[str, VocabBuilder] | dict[str, Vocabulary],
+              pending: dict[str, Pending] | None = None) -> None:
         """Take vocabularies counted elsewhere ({table: builder}, e.g. merged from parallel count tasks) in
         place of those :meth:`encode` builds; :meth:`finish` then fits them. A :class:`Vocabulary` (fitted
-        elsewhere, e.g. from counts spilled to disk) is kept as it is."""
+        elsewhere, e.g. from counts spilled to disk) is kept as it is, with its ``pending`` counts if given."""
         self._builders.update(builders)
+        self._pending = {**getattr(self, "_pending", {}), **(pending or {})}
 
     def finish(self) -> FeaturePipeline:
-        """Fit the pipeline (vocabularies, dense statistics) and fill ``luts``; returns the pipeline."""
-        p, o = self.pipeline, self.pipeline.options
+        """Fit the pipeline (vocabularies, dense statistics) and fill ``luts``; returns the pipeline. With
+        ``pipeline.grow_from`` set, every vocabulary grows from its parent (:mod:`ctrkit.data.pipeline.vocab_grow`)
+        and the parent's dense statistics are kept."""
+        p, o, g = self.pipeline, self.pipeline.options, self.pipeline.grow_from
         vocabs: dict[str, Vocabulary] = {}
+        pending: dict[str, Pending] = {}
         for table, b in self._builders.items():
             if isinstance(b, Vocabulary):
+                if g is not None:
+                    raise DataError(f"vocabulary {table!r} was fitted elsewhere (counts spilled to disk); --grow "
+                                    "needs the counts in memory: drop --vocab-memory-mb")
                 vocabs[table], self.luts[table] = b, None
+                if table in getattr(self, "_pending", {}):
+                    pending[table] = self._pending[table]
                 continue
-            vocabs[table], self.luts[table] = b.finish(
-                p.table_min_freq.get(table, 1), None if table == GROUP_TABLE else o["max_vocab"], o["max_vocab_mode"],
-                hash_fn="mod" if self.kind == CRITEO else "splitmix")
+            max_vocab, min_freq = None if table == GROUP_TABLE else o["max_vocab"], p.table_min_freq.get(table, 1)
+            if g is not None and table in g.vocabs:
+                vocabs[table], self.luts[table], pending[table] = grow_vocabulary(
+                    g.vocabs[table], g.pending.get(table), b, min_freq=min_freq, max_vocab=max_vocab,
+                    mode=o["max_vocab_mode"], columns=", ".join(c for c, t in self.table_of.items() if t == table))
+                continue
+            vocabs[table], self.luts[table] = b.finish(min_freq, max_vocab, o["max_vocab_mode"],
+                                                       hash_fn="mod" if self.kind == CRITEO else "splitmix")
+            pending[table] = pending_of(b, vocabs[table])
         for table in sorted(set(self.table_of.values()) - set(vocabs)):  # a table that saw no values
-            vocabs[table] = Vocabulary.build(table, "str", np.array([], str), np.array([], np.int64))
+            if g is not None and table in g.vocabs:
+                vocabs[table], pending[table] = g.vocabs[table], g.pending.get(table, _no_pending(g.vocabs[table]))
+            else:
+                vocabs[table] = Vocabulary.build(table, "str", np.array([], str), np.array([], np.int64))
             self.luts[table] = None
         mean = self._mean
         std = np.sqrt(self._m2 / max(self._n, 1))
         p.vocabs_, p.mean_, p.std_ = vocabs, mean, np.where(std > 0, std, 1.0)
+        p.pending_, p.lineage_ = pending, None
+        if g is not None:
+            p.mean_, p.std_, p.lineage_ = g.mean.copy(), g.std.copy(), lineage(g, vocabs)
         p._fingerprint, p._stage = None, None
         return p
+
+
+def _no_pending(v: Vocabulary) -> Pending:
+    return v.keys[:0], np.zeros(0, np.int64)

@@ -7,7 +7,10 @@ spec, options, vocabulary metadata, multi-hot options, the vocabulary fingerprin
 table, the names of the arrays) and one ``<array>.npy`` per array: per
 vocabulary its keys (int64, or UTF-8 bytes + int64 offsets for strings), counts and, in hash mode, ids;
 the dense means and standard deviations (float64). Arrays are read with ``allow_pickle=False``. Inside a
-checkpoint the same ``{"meta": ..., "arrays": ...}`` is stored as plain data (``to_payload``).
+checkpoint the same ``{"meta": ..., "arrays": ...}`` is stored as plain data (``to_payload``). A pipeline also
+keeps, in ``pending<i>_*.npy`` (:func:`save_pending`; not in checkpoints), the keys its fit counted without giving
+them an id, with their counts, so that ``--grow`` admits them later; a grown pipeline's ``vocab_lineage``
+(:mod:`ctrkit.data.pipeline.vocab_grow`) is in its metadata.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ import numpy as np
 from ctrkit.data.pipeline.feature_pipeline import CRITEO, TABLE, FeaturePipeline
 from ctrkit.data.pipeline.spec import OPTION_KEYS
 from ctrkit.data.pipeline.vocab import FIRST_ID, Vocabulary, load_vocabularies
-from ctrkit.data.pipeline.vocab_arrays import from_utf8, key_arrays, table_fingerprints
+from ctrkit.data.pipeline.vocab_arrays import from_utf8, key_arrays, table_fingerprints, utf8_keys
+from ctrkit.data.pipeline.vocab_grow import Pending
 from ctrkit.errors import DataError
 from ctrkit.schema import Schema
 
@@ -33,6 +37,7 @@ VERSION = 1
 
 
 PIPELINE_DIR = "pipeline"
+PENDING = "pending"  # file prefix in PIPELINE_DIR: counts kept for growing the vocabularies (not in checkpoints)
 
 
 def to_payload(p: FeaturePipeline) -> dict[str, Any]:
@@ -51,7 +56,8 @@ def to_payload(p: FeaturePipeline) -> dict[str, Any]:
     meta = {"format": FORMAT, "version": VERSION, "kind": p.kind, "spec": p.spec.to_dict(), "options": p.options,
             "schema": p._schema.to_dict() if p._schema is not None else None, "vocabularies": vocabs,
             "multi_hot": p.multi_hot, "vocab_fingerprint": p.vocab_fingerprint() if p.fitted else None,
-            "table_fingerprints": table_fingerprints(p.vocabs_) if p.vocabs_ is not None else None}
+            "table_fingerprints": table_fingerprints(p.vocabs_) if p.vocabs_ is not None else None,
+            **({"vocab_lineage": p.lineage_} if p.lineage_ else {})}
     return {"meta": meta, "arrays": arrays}
 
 
@@ -81,6 +87,7 @@ def from_payload(payload: dict[str, Any]) -> FeaturePipeline:
     p.mean_ = np.asarray(arrays["dense_mean"], np.float64)
     p.std_ = np.asarray(arrays["dense_std"], np.float64)
     p.multi_hot = meta.get("multi_hot")
+    p.lineage_ = meta.get("vocab_lineage")
     p._fingerprint = meta.get("vocab_fingerprint")
     return p
 
@@ -92,8 +99,45 @@ def save_pipeline(p: FeaturePipeline, directory: str | Path) -> Path:
     for name, a in payload["arrays"].items():
         np.save(d / f"{name}.npy", np.ascontiguousarray(a), allow_pickle=False)
     meta = {**payload["meta"], "arrays": sorted(payload["arrays"])}
+    if p.pending_ is not None:
+        meta["pending_counts"] = save_pending(p.pending_, d)
     (d / "pipeline.json").write_text(json.dumps(meta, indent=1))
     return d
+
+
+def save_pending(pending: dict[str, Pending], directory: Path) -> list[str]:
+    """Per table the keys counted without an id and their counts (:mod:`ctrkit.data.pipeline.vocab_grow`), as
+    ``pending<i>_keys.npy`` (int64, or ``_keys_utf8`` + ``_keys_offsets``) and ``pending<i>_counts.npy`` in table
+    order -> the tables, in that order (what ``pipeline.json`` records as ``pending_counts``)."""
+    for i, (keys, counts) in enumerate(pending.values()):
+        parts = {"keys": np.asarray(keys, np.int64)} if keys.dtype.kind in "iu" else dict(
+            zip(("keys_utf8", "keys_offsets"), utf8_keys(keys)))
+        for part, a in (*parts.items(), ("counts", np.asarray(counts, np.int64))):
+            np.save(directory / f"{PENDING}{i:03d}_{part}.npy", np.ascontiguousarray(a), allow_pickle=False)
+    return list(pending)
+
+
+def load_pending(directory: str | Path) -> dict[str, Pending]:
+    """What :func:`save_pending` wrote for the pipeline at ``directory`` (a pipeline directory or a store): {} for a
+    pipeline written without them (before ctrkit kept them)."""
+    d = Path(directory)
+    if (d / PIPELINE_DIR / "pipeline.json").is_file():
+        d = d / PIPELINE_DIR
+    try:
+        tables = json.loads((d / "pipeline.json").read_text()).get("pending_counts") or []
+        out = {}
+        for i, t in enumerate(tables):
+            pre = d / f"{PENDING}{i:03d}_"
+            if Path(f"{pre}keys.npy").is_file():
+                keys = np.load(f"{pre}keys.npy", allow_pickle=False)
+            else:
+                keys = from_utf8(np.load(f"{pre}keys_utf8.npy", allow_pickle=False),
+                                 np.load(f"{pre}keys_offsets.npy", allow_pickle=False))
+            out[t] = (keys, np.load(f"{pre}counts.npy", allow_pickle=False))
+    except (OSError, ValueError) as e:
+        raise DataError(f"{d}: the counts kept for growing its vocabularies cannot be read ({e}); re-run the "
+                        "preprocessing that wrote it") from e
+    return out
 
 
 def load_pipeline(directory: str | Path) -> FeaturePipeline:

@@ -201,8 +201,11 @@ def preprocess_behaviour(input: str | Path, out: str | Path, *, format: str | No
                          min_session_len: int = 1, example_age: bool = False, min_freq: int = 1,
                          embedding_dim: int | str = "auto", max_bad_fraction: float = 0.001,
                          rating_col: str | None = None, min_rating: float | None = None,
-                         overwrite: bool = False) -> dict[str, Path]:
-    """Behaviour log -> stores ``out/{train,valid,test}`` + ``out/report.json``; returns {split: path}."""
+                         overwrite: bool = False, vocab_from: str | Path | None = None,
+                         grow: bool = False) -> dict[str, Path]:
+    """Behaviour log -> stores ``out/{train,valid,test}`` + ``out/report.json``; returns {split: path}.
+    ``vocab_from``: the pipeline of that store (or checkpoint) applied unchanged, or with ``grow`` its
+    vocabularies grown by the train samples (:mod:`ctrkit.data.pipeline.vocab_grow`)."""
     t0 = _time.perf_counter()
     if item_attributes is not None:
         check_distinct_inputs([("input", Path(input)), ("--item-attributes", Path(item_attributes))])
@@ -228,12 +231,14 @@ def preprocess_behaviour(input: str | Path, out: str | Path, *, format: str | No
                "negatives": negatives, "seed": seed, "aux_negatives": aux_negatives, "sessions": sessions,
                "session_len": session_len, "session_gap": session_gap, "min_session_len": min_session_len,
                "example_age": example_age, "min_freq": min_freq, "embedding_dim": embedding_dim,
-               "rating_col": rating_col, "min_rating": min_rating}
+               "rating_col": rating_col, "min_rating": min_rating,
+               "vocab_from": str(vocab_from) if vocab_from else None, "grow": grow}
     spec = behaviour_spec(list(blog.attrs), max_len=max_len, aux_negatives=aux_negatives, sessions=sessions,
                           session_len=session_len, example_age=example_age)
     pipe = FeaturePipeline.table(spec, min_freq=min_freq, embedding_dim=embedding_dim)
     front = _Behaviour(blog, samples, pipe, meta={"input": str(input), "options": options, "spec": spec},
                        report=report, t0=t0)
+    front.vocab_from, front.grow = vocab_from, grow
     report["cold_positives"] = _cold_positives(front.parts, len(blog.item_keys))
     result, _ = preprocess(front, out, overwrite=overwrite)
     log.info("behaviour %s: %d users, %d behaviours (%d single-behaviour users dropped, %d out-of-order rows "
@@ -300,6 +305,11 @@ def add_preprocess_behaviour_args(p: argparse.ArgumentParser) -> argparse.Argume
                    help="embedding dim of every table, or 'auto'")
     p.add_argument("--max-bad-fraction", type=cli_type(Fraction), default=0.001,
                    help="fail above this fraction of bad rows")
+    p.add_argument("--vocab-from", default=None,
+                   help="store (or checkpoint) whose pipeline to reuse (unseen values -> 1)")
+    p.add_argument("--grow", action="store_true",
+                   help="with --vocab-from: grow its vocabularies on the train samples (known ids kept; new values "
+                        "reaching --min-freq, counted with the parent's counts, get new ids after the parent's)")
     p.add_argument("--overwrite", action="store_true", help="replace existing output stores")
     return p
 
@@ -317,6 +327,7 @@ def run_preprocess_behaviour(args: argparse.Namespace) -> dict[str, Path]:
         session_gap=args.session_gap, min_session_len=args.min_session_len, example_age=args.example_age,
         min_freq=args.min_freq, embedding_dim=args.embedding_dim, max_bad_fraction=args.max_bad_fraction,
         rating_col=args.rating_col, min_rating=args.min_rating, overwrite=args.overwrite,
+        vocab_from=args.vocab_from, grow=args.grow,
     )
 
 

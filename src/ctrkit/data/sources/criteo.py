@@ -96,9 +96,12 @@ class _Criteo(Frontend):
     row_bytes = 4 * NUM_FIELDS
 
     def __init__(self, files: list[Path], pipe: FeaturePipeline, *, options: dict[str, Any], day_mode: bool,
-                 fractions: tuple[float, float, float] | None, shuffle: bool, progress: bool | None) -> None:
+                 fractions: tuple[float, float, float] | None, shuffle: bool, progress: bool | None,
+                 vocab_from: Any = None) -> None:
         self.files, self.pipe, self.options, self.day_mode, self.fractions = files, pipe, options, day_mode, fractions
-        self.vocab_from, self.shuffle_train, self.progress = options["vocab_from"], shuffle, progress
+        # vocab_from as given (a checkpoint's pipeline: FittedSource); the options hold its path
+        self.vocab_from, self.shuffle_train, self.progress = vocab_from, shuffle, progress
+        self.grow = bool(options["grow"])
         self.seed, self.valid_from_test = options["seed"], options["valid_from_test"]
         self.shuffle_key = stream_key(self.seed, 3)
         self.expected_splits = () if day_mode else tuple(n for n, f in zip(SPLITS, fractions or ()) if f > 0)
@@ -205,8 +208,12 @@ def _options(args: dict[str, Any], day_mode: bool) -> dict[str, Any]:
         split = ",".join(f"{f:g}" for f in parse_split("0.8,0.1,0.1" if args["split"] is None else args["split"]))
         if args["valid_from_test"]:
             raise DataError("--valid-from-test applies to day files (day_0 .. day_N) without --split")
+    if args["grow"] and not args["vocab_from"]:
+        raise DataError("--grow grows the vocabularies of a parent: give it with --vocab-from STORE_OR_CHECKPOINT")
+    if args["grow"] and args["vocab_memory_mb"] is not None:
+        raise DataError("--grow counts the new values in memory: drop --vocab-memory-mb")
     keys = ("min_freq", "max_vocab", "max_vocab_mode", "split", "valid_from_test", "seed", "block_rows",
-            "max_bad_fraction", "embedding_dim", "vocab_from")
+            "max_bad_fraction", "embedding_dim", "vocab_from", "grow")
     return {**{k: args[k] for k in keys}, "split": split, "embedding_dim": dim if dim == "auto" else int(dim),
             "vocab_from": str(args["vocab_from"]) if args["vocab_from"] else None}
 
@@ -232,7 +239,7 @@ def preprocess_criteo(
     seed: int = 0,
     block_rows: int = 1 << 14,
     max_bad_fraction: float = 0.001,
-    vocab_from: str | Path | None = None,
+    vocab_from: str | Path | None = None, grow: bool = False,
     embedding_dim: int | str = 16,
     overwrite: bool = False,
     shard_bytes: int = 256 << 20,
@@ -253,17 +260,17 @@ def preprocess_criteo(
     "0.8,0.1,0.1", "train,valid,test" fractions) assigns rows at random (seeded, independent of chunking). Train is shuffled; valid and test keep
     input order. Empty splits are not written.
 
-    Vocabularies are fitted on all input rows in input order (seed 000: first appearance over all
-    data), or loaded from ``vocab_from`` (a store) and applied unchanged (unseen -> 1). They are saved
-    with the fitted pipeline in ``<store>/pipeline`` of every output store.
+    Vocabularies are fitted on all input rows in input order (seed 000: first appearance over all data), or
+    loaded from ``vocab_from`` (a store) and applied unchanged (unseen -> 1), or grown from it (``grow``:
+    :mod:`ctrkit.data.pipeline.vocab_grow`); saved with the fitted pipeline in every store's ``pipeline/``.
 
     ``max_vocab`` (with ``max_vocab_mode`` 'hash' (default, torchrec's max_ind_range) or 'cap') and
     ``min_freq`` are described in :mod:`ctrkit.data.pipeline.vocab`. ``block_rows`` sets the read block
     (about block_rows * 256 bytes; ``chunk_rows`` is its deprecated old name); ``shard_bytes`` the size of one
     shuffle shard in memory. ``shuffle=False`` keeps train in input order too (e.g. ``predict``).
     ``workers`` (local processes), ``scheduler`` (a Dask address), ``resumable`` (one process, a task per file),
-    ``vocab_memory_mb`` (spill exact vocabularies' counts past it, per worker): count / encode tasks, resumable,
-    the same stores (:mod:`~.criteo_parallel`); ``task_bytes`` of a plain file per task.
+    ``vocab_memory_mb`` (spill exact counts past it, per worker): count / encode tasks, the same stores
+    (:mod:`~.criteo_parallel`); ``task_bytes`` of a plain file per task.
     """
     if chunk_rows is not None:
         warnings.warn("preprocess_criteo(chunk_rows=...) is deprecated; use block_rows=", DeprecationWarning, 2)
@@ -277,7 +284,7 @@ def preprocess_criteo(
     fractions = None if day_mode else parse_split("0.8,0.1,0.1" if split is None else split)
     pipe = _pipeline(options)
     front = _Criteo(files, pipe, options=options, day_mode=day_mode, fractions=fractions, shuffle=shuffle,
-                    progress=progress)
+                    progress=progress, vocab_from=vocab_from)
     return _run(front, out, overwrite=overwrite, shard_bytes=shard_bytes, workers=workers, scheduler=scheduler,
                 task_bytes=task_bytes, vocab_memory_mb=vocab_memory_mb, tasks=resumable)
 
@@ -296,7 +303,7 @@ def _run(front: _Criteo, out: str | Path, *, overwrite: bool, shard_bytes: int, 
         result, summary = preprocess(front, out, overwrite=overwrite, shard_bytes=shard_bytes)
     else:
         if front.vocab_from is not None:
-            fit_or_reuse(front.pipe, front.vocab_from)
+            fit_or_reuse(front.pipe, front.vocab_from, front.grow)
         result, summary = preprocess_tasks(front, out, workers=workers or 1, scheduler=scheduler,
                                            task_bytes=task_bytes, overwrite=overwrite, shard_bytes=shard_bytes,
                                            vocab_bytes=vocab_bytes)
@@ -335,7 +342,10 @@ def add_preprocess_criteo_args(p: argparse.ArgumentParser) -> argparse.ArgumentP
     p.add_argument("--max-bad-fraction", type=cli_type(Fraction), default=0.001,
                    help="fail when more than this fraction of a file's rows are malformed")
     p.add_argument("--vocab-from", default=None,
-                   help="store whose vocabularies to reuse (unseen values -> 1)")
+                   help="store (or checkpoint) whose vocabularies to reuse (unseen values -> 1)")
+    p.add_argument("--grow", action="store_true",
+                   help="with --vocab-from: grow its vocabularies (known ids kept; new values reaching --min-freq, "
+                        "counted with the parent's counts, get new ids after the parent's)")
     p.add_argument("--embedding-dim", type=cli_type(EmbeddingDim), default="16",
                    help="embedding dim of every feature (one dim: what every model of the zoo takes), or 'auto' "
                         "(per feature, by vocabulary size: dlrm, FM-style and attention models refuse mixed dims)")
@@ -363,7 +373,7 @@ def run_preprocess_criteo(args: argparse.Namespace) -> dict[str, Path]:
         args.inputs, args.out, min_freq=args.min_freq, max_vocab=args.max_vocab,
         max_vocab_mode=args.max_vocab_mode, split=args.split, valid_from_test=args.valid_from_test,
         seed=args.seed, block_rows=args.block_rows, max_bad_fraction=args.max_bad_fraction,
-        vocab_from=args.vocab_from, embedding_dim=args.embedding_dim, overwrite=args.overwrite,
+        vocab_from=args.vocab_from, grow=args.grow, embedding_dim=args.embedding_dim, overwrite=args.overwrite,
         workers=args.workers, scheduler=args.scheduler, task_bytes=args.task_mb << 20,
         vocab_memory_mb=args.vocab_memory_mb, resumable=args.resumable,
     )

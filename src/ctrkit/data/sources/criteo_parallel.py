@@ -57,6 +57,7 @@ from ctrkit.data.sources.criteo_tasks import (
 from ctrkit.data.sources.driver import Frontend, Summary
 from ctrkit.data.sources.task_runner import TaskRunner
 from ctrkit.data.storage.count_runs import RECORD, merge_runs
+from ctrkit.data.storage.fitted import source_stamp
 from ctrkit.data.storage.spill import read_parts, shard_count
 from ctrkit.data.storage.splits import SplitOutput
 from ctrkit.data.storage.store import StoreWriter
@@ -121,9 +122,8 @@ def _stage_key(front: Any, task_bytes: int, k_train: int, roll: int, vocab_bytes
     """Digest of what decides every task's result: the inputs (path, size, mtime) and the options."""
     files = [(str(Path(f).resolve()), Path(f).stat().st_size, Path(f).stat().st_mtime_ns) for f in front.files]
     opts = {k: v for k, v in front.options.items() if k != "block_rows"}  # the read block changes no result
-    vocab_from = front.options.get("vocab_from")
-    if vocab_from:
-        opts["vocab_from_mtime"] = (Path(vocab_from) / PIPELINE_DIR / "pipeline.json").stat().st_mtime_ns
+    if front.vocab_from:
+        opts["vocab_from_mtime"] = source_stamp(front.vocab_from)
     blob = [1, files, opts, task_bytes, k_train, roll, front.shuffle_train] + ([vocab_bytes] if vocab_bytes else [])
     blob = json.dumps(blob, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -154,7 +154,7 @@ def _count(runner: TaskRunner, tasks: list[Task], front: Any, stage: Path, block
         if vocab_bytes is None:
             fitter.adopt(dict(zip(SPARSE_NAMES, builders)))
         else:
-            fitter.adopt(_merge_spilled(pipe, stage, spilled, missing, vocab_bytes))
+            fitter.adopt(*_merge_spilled(pipe, stage, spilled, missing, vocab_bytes))
         fitter.finish()
     if halves:
         front.rule = replace(front.rule, last_day_lines=int(sum(n_lines[t.index] for t in tasks
@@ -168,26 +168,35 @@ def _count(runner: TaskRunner, tasks: list[Task], front: Any, stage: Path, block
 
 
 def _merge_spilled(pipe: Any, stage: Path, spilled: list[tuple[int, int]], missing: np.ndarray,
-                   memory_bytes: int) -> dict[str, Vocabulary]:
+                   memory_bytes: int) -> tuple[dict[str, Vocabulary], dict[str, tuple[np.ndarray, np.ndarray]]]:
     """The vocabularies of the count tasks' spilled runs ((task, runs) each): per column the runs merged in key
     order, the kept keys (count >= min_freq) put in first-appearance order -> exactly what the in-memory merge
-    of :class:`VocabBuilder` fits. Memory: the merge's buffers and the kept keys, not every distinct key."""
-    o, scratch, vocabs = pipe.options, stage / "vocab-merge", {}
+    of :class:`VocabBuilder` fits; and the keys left below min_freq with their counts (kept for ``--grow``), in key
+    order, written to disk as they come and read back memory-mapped. Memory: the merge's buffers and the kept
+    keys, not every distinct key."""
+    o, scratch, vocabs, pending = pipe.options, stage / "vocab-merge", {}, {}
     for j, name in enumerate(SPARSE_NAMES):
         min_freq, seen, kept = pipe.table_min_freq.get(name, 1), 0, []
         paths = [p for index, runs in spilled for p in run_paths(stage, index, j, runs)]
         shutil.rmtree(scratch, ignore_errors=True)
-        for rec in merge_runs(paths, scratch, memory_bytes=memory_bytes):
-            seen += len(rec)
-            kept.append(rec[rec["count"] >= min_freq])
+        left = [stage / "pending" / f"{j:03d}_{part}.bin" for part in ("key", "count")]
+        left[0].parent.mkdir(parents=True, exist_ok=True)
+        with open(left[0], "wb") as fk, open(left[1], "wb") as fc:
+            for rec in merge_runs(paths, scratch, memory_bytes=memory_bytes):
+                seen += len(rec)
+                kept.append(rec[rec["count"] >= min_freq])
+                low = rec[rec["count"] < min_freq]
+                fk.write(np.ascontiguousarray(low["key"]).tobytes())
+                fc.write(np.ascontiguousarray(low["count"]).tobytes())
         rec = np.concatenate(kept) if kept else np.empty(0, RECORD)
         rec = rec[np.argsort(rec["first"], kind="stable")]
         check_vocab_options(min_freq, o["max_vocab"], o["max_vocab_mode"], name)
         vocabs[name] = Vocabulary.build(name, "int", rec["key"].copy(), rec["count"].copy(), min_freq=min_freq,
                                         max_vocab=o["max_vocab"], mode=o["max_vocab_mode"], seen=seen,
                                         missing=int(missing[j]), hash_fn="mod")
+        pending[name] = tuple(np.memmap(f, "<i8", "r") if f.stat().st_size else np.empty(0, np.int64) for f in left)
     shutil.rmtree(scratch, ignore_errors=True)
-    return vocabs
+    return vocabs, pending
 
 
 def _save_pipeline_once(pipe: Any, directory: Path) -> None:
@@ -238,7 +247,7 @@ def _write(output: SplitOutput, front: Any, results: list[EncodeResult], stage: 
                 seed = [front.shuffle_key, k] if shuffled else None
                 w.append(pipe.finalize(read_parts(parts, k, cols, seed)))
             link_tree(output.tmp / PIPELINE_DIR, w.tmp / PIPELINE_DIR)
-            w.set_meta(**front.meta(name, summary))
+            w.set_meta(**front.store_meta(name, summary))
         written.append(name)
     return written
 

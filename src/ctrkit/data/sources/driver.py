@@ -8,7 +8,8 @@ its split rule (:meth:`Frontend.route`, or one split per :class:`Input`) and wha
 
 1. **fit or reuse**: ``vocab_from`` set -> the pipeline of that store, applied unchanged (unseen -> 1); else a
    streaming fitter (:class:`~ctrkit.data.pipeline.feature_pipeline.PipelineFitter`: provisional ids, final
-   ids once every row was counted).
+   ids once every row was counted); with ``grow`` too, a fitter that grows the pipeline of ``vocab_from``
+   (known ids kept, new ones appended: :mod:`ctrkit.data.pipeline.vocab_grow`).
 2. **read + transform**, pass 1: every chunk of ``read(fitting)`` is encoded (by the fitter when fitting),
    routed to train / valid / test and spilled (:class:`~ctrkit.data.storage.spill.ShardSpill`: train scattered
    into shards at random by a per-row key, valid / test in input order). Train rows count in the dense
@@ -43,10 +44,11 @@ from ctrkit.data.pipeline.feature_pipeline import FeaturePipeline, PipelineFitte
 from ctrkit.data.pipeline.persist import PIPELINE_DIR, save_pipeline
 from ctrkit.data.pipeline.rows import BadRows, splitmix64
 from ctrkit.data.pipeline.spec import SPLITS
-from ctrkit.data.storage.fitted import reuse_fitted
+from ctrkit.data.storage.fitted import prepare_grow, reuse_fitted
 from ctrkit.data.storage.spill import ShardSpill, shard_count
 from ctrkit.data.storage.splits import SplitOutput
 from ctrkit.data.storage.store import StoreWriter
+from ctrkit.errors import DataError
 from ctrkit.io import link_tree
 
 log = logging.getLogger(__name__)
@@ -90,6 +92,7 @@ class Frontend:
     kind: str  # "criteo", "table", "behaviour": names the run's scratch directory
     pipe: FeaturePipeline  # unfitted: the driver fits it or fills it from ``vocab_from``
     vocab_from: str | Path | None = None
+    grow: bool = False  # with vocab_from: grow its vocabularies instead of reusing them unchanged
     shuffle_train: bool = True
     shuffle_key: int = 0  # seed of the train shuffle
     dense_stats: bool = False  # fit dense means / stds on the train rows of pass 1
@@ -124,10 +127,22 @@ class Frontend:
         """Files published next to the stores, {name: text} (e.g. a report)."""
         return {}
 
+    def store_meta(self, split: str, summary: Summary) -> dict[str, Any]:
+        """:meth:`meta` and, for a grown vocabulary, its ``vocab_lineage`` in the ``preprocessing`` record."""
+        meta = self.meta(split, summary)
+        if self.pipe.lineage_:
+            meta["preprocessing"] = {**meta["preprocessing"], "vocab_lineage": self.pipe.lineage_}
+        return meta
 
-def fit_or_reuse(pipe: FeaturePipeline, vocab_from: str | Path | None) -> PipelineFitter | None:
-    """The fitter of ``pipe``, or None after filling ``pipe`` from the store ``vocab_from``."""
-    if vocab_from is not None:  # the fitted pipeline of another store: its ids and its dense statistics
+
+def fit_or_reuse(pipe: FeaturePipeline, vocab_from: str | Path | None, grow: bool = False) -> PipelineFitter | None:
+    """The fitter of ``pipe``, or None after filling ``pipe`` from the store ``vocab_from``; with ``grow`` the
+    fitter that grows the vocabularies of ``vocab_from``."""
+    if grow:
+        if vocab_from is None:
+            raise DataError("--grow grows the vocabularies of a parent: give it with --vocab-from STORE_OR_CHECKPOINT")
+        prepare_grow(pipe, vocab_from)
+    elif vocab_from is not None:  # the fitted pipeline of another store: its ids and its dense statistics
         reuse_fitted(pipe, vocab_from)
         return None
     return pipe.fitter()  # one streaming pass: provisional ids now, final ids when the stores are written
@@ -138,7 +153,7 @@ def preprocess(front: Frontend, out: str | Path, *, overwrite: bool = False,
     """Run the steps of the module docstring for ``front`` into ``out/{train,valid,test}`` ->
     ({split: store path}, rows and positives per split)."""
     pipe = front.pipe
-    fitter = None if pipe.fitted else fit_or_reuse(pipe, front.vocab_from)  # fitted: ids by a formula
+    fitter = None if pipe.fitted else fit_or_reuse(pipe, front.vocab_from, front.grow)  # fitted: ids by a formula
     with SplitOutput(out, SPLITS, overwrite=overwrite, prefix=f".{front.kind}-tmp-") as output:
         run = _Run(front, output.tmp, shard_bytes)
         run.transform(front.read(fitter is not None, output.tmp), fitter if fitter is not None else pipe,
@@ -229,7 +244,7 @@ class _Run:
             shuffle = self.front.shuffle_key if s == 0 and self.front.shuffle_train else None
             write_split_store(output.stage(name), self.front.pipe, spill, shuffle_seed=shuffle,
                               luts=luts if self.provisional[s] else None, fitted_dir=self.tmp,
-                              meta=self.front.meta(name, summary))
+                              meta=self.front.store_meta(name, summary))
             written.append(name)
         return written
 

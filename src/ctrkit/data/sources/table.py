@@ -92,9 +92,12 @@ class _Table(Frontend):
     dense_stats = True  # standardize: mean / std of the train rows
 
     def __init__(self, path: Path, spec: TableSpecYaml, pipe: FeaturePipeline, files: dict[str, Path], *,
-                 fractions: tuple[float, float, float], options: dict[str, Any], block_rows: int) -> None:
+                 fractions: tuple[float, float, float], options: dict[str, Any], block_rows: int,
+                 vocab_from: Any = None) -> None:
         self.path, self.spec, self.pipe, self.files, self.fractions = path, spec, pipe, files, fractions
-        self.options, self.block_rows, self.vocab_from = options, block_rows, options["vocab_from"]
+        # vocab_from as given (a checkpoint's pipeline: FittedSource); the options hold its path
+        self.options, self.block_rows, self.vocab_from = options, block_rows, vocab_from
+        self.grow = bool(options.get("grow"))
         seed = options["seed"]
         self.key_split, self.key_shard, self.shuffle_key = (stream_key(seed, 11), stream_key(seed, 12),
                                                             stream_key(seed, 13))
@@ -170,7 +173,7 @@ def preprocess_table(
     embedding_dim: int | str | None = None,
     block_rows: int = 1 << 16,
     max_bad_fraction: float = 0.001,
-    vocab_from: str | Path | None = None,
+    vocab_from: str | Path | None = None, grow: bool = False,
     overwrite: bool = False,
     shard_bytes: int = 256 << 20,
     batch_rows: int | None = None,
@@ -186,11 +189,10 @@ def preprocess_table(
     keep input order. ``min_freq`` / ``max_vocab`` / ``max_vocab_mode`` / ``embedding_dim`` given here win over
     the spec's ``options``, which win over the built-in defaults (1, none, hash, auto); a sparse entry's own
     ``min_freq`` / ``embedding_dim`` win over both. ``block_rows``: rows per read block (``batch_rows`` is
-    its deprecated old name). Returns {split: path}.
+    its deprecated old name). ``grow``: grow ``vocab_from``'s vocabularies on the train rows (:mod:`.vocab_grow`).
     """
     if batch_rows is not None:
-        warnings.warn("preprocess_table(batch_rows=...) is deprecated; use block_rows=", DeprecationWarning,
-                      stacklevel=2)
+        warnings.warn("preprocess_table(batch_rows=...) is deprecated; use block_rows=", DeprecationWarning, 2)
         block_rows = batch_rows
     spec = load_spec(schema_yaml)
     path = Path(input)
@@ -209,8 +211,9 @@ def preprocess_table(
     options = {"split": None if files else split, "valid": str(files["valid"]) if "valid" in files else None,
                "test": str(files["test"]) if "test" in files else None, "seed": seed, "min_freq": min_freq,
                "max_vocab": max_vocab, "max_vocab_mode": max_vocab_mode, "embedding_dim": embedding_dim,
-               "max_bad_fraction": max_bad_fraction, "vocab_from": str(vocab_from) if vocab_from else None}
-    front = _Table(path, spec, pipe, files, fractions=fractions, options=options, block_rows=block_rows)
+               "max_bad_fraction": max_bad_fraction, "vocab_from": str(vocab_from) if vocab_from else None, "grow": grow}
+    front = _Table(path, spec, pipe, files, fractions=fractions, options=options, block_rows=block_rows,
+                   vocab_from=vocab_from)
     result, summary = preprocess(front, out, overwrite=overwrite, shard_bytes=shard_bytes)
     log.info("table %s: %d rows (%d bad) -> %s%s", path, front.main.bad.total, front.main.bad.bad,
              {k: summary.rows[k] for k in result}, "".join(f"; {n} from {f}" for n, f in files.items()))
@@ -270,7 +273,10 @@ def add_preprocess_table_args(p: argparse.ArgumentParser) -> argparse.ArgumentPa
     p.add_argument("--max-bad-fraction", type=cli_type(Fraction), default=0.001,
                    help="fail above this fraction of bad rows")
     p.add_argument("--vocab-from", default=None,
-                   help="store whose vocabularies to reuse (unseen values -> 1)")
+                   help="store (or checkpoint) whose vocabularies to reuse (unseen values -> 1)")
+    p.add_argument("--grow", action="store_true",
+                   help="with --vocab-from: grow its vocabularies on the train rows (known ids kept; new values "
+                        "reaching --min-freq, counted with the parent's counts, get new ids after the parent's)")
     p.add_argument("--overwrite", action="store_true", help="replace existing output stores")
     return p
 
@@ -281,5 +287,5 @@ def run_preprocess_table(args: argparse.Namespace) -> dict[str, Path]:
         args.input, args.schema, args.out, split=args.split, valid=args.valid, test=args.test, seed=args.seed,
         min_freq=args.min_freq, max_vocab=args.max_vocab, max_vocab_mode=args.max_vocab_mode,
         embedding_dim=args.embedding_dim, block_rows=args.block_rows, max_bad_fraction=args.max_bad_fraction,
-        vocab_from=args.vocab_from, overwrite=args.overwrite,
+        vocab_from=args.vocab_from, overwrite=args.overwrite, grow=args.grow,
     )
