@@ -85,19 +85,19 @@ class CtrkitParser(argparse.ArgumentParser):
 def _add_preprocess(sub: argparse._SubParsersAction) -> None:
     from ctrkit.data.sources import behaviour, criteo
     from ctrkit.data.sources import table as tabular
-    from ctrkit.jobs.preprocess import with_vocab_source
+    from ctrkit.jobs.preprocess import WithVocabSource
 
     p = sub.add_parser("preprocess", help="raw data -> columnar store")
     kinds = p.add_subparsers(dest="kind", required=True)
     c = kinds.add_parser("criteo", help="Criteo TSV (one file or day_0..day_23), plain or .gz")
     criteo.add_preprocess_criteo_args(c)
-    c.set_defaults(func=with_vocab_source(criteo.run_preprocess_criteo))
+    c.set_defaults(func=WithVocabSource(criteo.run_preprocess_criteo))
     t = kinds.add_parser("table", help="CSV / Parquet with a YAML schema")
     tabular.add_preprocess_table_args(t)
-    t.set_defaults(func=with_vocab_source(tabular.run_preprocess_table))
+    t.set_defaults(func=WithVocabSource(tabular.run_preprocess_table))
     b = kinds.add_parser("behaviour", help="behaviour log (CSV / Parquet / S3-Rec sequences) -> DIN-style samples")
     behaviour.add_preprocess_behaviour_args(b)
-    b.set_defaults(func=with_vocab_source(behaviour.run_preprocess_behaviour))
+    b.set_defaults(func=WithVocabSource(behaviour.run_preprocess_behaviour))
 
 
 def _add_synth(sub: argparse._SubParsersAction) -> None:

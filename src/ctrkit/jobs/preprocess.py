@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +29,14 @@ def vocab_source(path: str | Path) -> str | Path | FittedSource:
     return path
 
 
-def with_vocab_source(run: Callable[[argparse.Namespace], Any]) -> Callable[[argparse.Namespace], Any]:
-    """``run`` (a source's ``run_preprocess_*``) with ``args.vocab_from`` read by :func:`vocab_source` first."""
+@dataclass(frozen=True)
+class WithVocabSource:
+    """``run`` (a source's ``run_preprocess_*``) with ``args.vocab_from`` read by :func:`vocab_source` first.
+    A value, not a closure: two parsers built alike hold equal handlers (their parsed options compare equal)."""
 
-    def wrapped(args: argparse.Namespace) -> Any:
+    run: Callable[[argparse.Namespace], Any]
+
+    def __call__(self, args: argparse.Namespace) -> Any:
         if getattr(args, "vocab_from", None):
             args.vocab_from = vocab_source(args.vocab_from)
-        return run(args)
-
-    wrapped.__doc__, wrapped.__name__ = run.__doc__, run.__name__
-    return wrapped
+        return self.run(args)
