@@ -61,8 +61,9 @@ def parent_problem(parent: Vocabulary, child: Vocabulary) -> str | None:
     moved = np.flatnonzero(moved)
     if len(moved):
         i = int(moved[0])
-        why = (" (evicted by expiry in an earlier version than the child's: warm-start from the checkpoint trained "
-               "on the child's parent version)" if got[i] == RARE_ID else "")
+        why = (f" (evicted, and the new vocabulary does not record id {int(parent.ids[i])} as reset: it is not the "
+               "next version after the checkpoint's; warm-start from the checkpoint trained on its parent version)"
+               if got[i] == RARE_ID else "")
         return (f"{len(moved)} of its {len(parent.keys)} known values have other ids (e.g. value "
                 f"{parent.keys[i].item()!r}: id {int(parent.ids[i])} -> {int(got[i])}{why})")
     return None
