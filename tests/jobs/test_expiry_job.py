@@ -64,6 +64,10 @@ def test_warm_start_onto_an_expired_day_resets_its_rows_and_serves_evicted_value
     assert n_reset > 50  # (89 on these days)
 
     p = Predictor.from_checkpoint(tmp_path / "runs" / "day1" / "last.pt")
+    for c in SPARSE_NAMES:  # the checkpoint's pipeline holds the store's ids (reused ones included) and records
+        served = p.pipeline.vocabs_[c]
+        for part in ("keys", "ids", "last_seen", "reset"):
+            np.testing.assert_array_equal(getattr(served, part), getattr(v1[c], part), err_msg=f"{c} {part}")
     rows = _dicts(lines[:4000])
     evicted = []  # (row, column) holding a day-0 value that day 1 evicted
     for c in SPARSE_NAMES:
