@@ -161,7 +161,7 @@ def test_lowered_min_freq_admits_pending_values_after_those_of_the_new_data(tmp_
     parent, _ = b.finish(min_freq=2)
     new = VocabBuilder("t", "str")
     new.add(np.array(["d", "c"]))
-    grown, lut, left = grow_vocabulary(parent, (np.array(["b", "c"]), np.array([1, 1])), new, min_freq=1)
+    grown, lut, left, _ = grow_vocabulary(parent, (np.array(["b", "c"]), np.array([1, 1])), new, min_freq=1)
     assert grown.keys.tolist() == ["a", "d", "c", "b"] and grown.ids.tolist() == [2, 3, 4, 5]
     assert lut.tolist() == [0, 1, 3, 4] and len(left[0]) == 0
 
@@ -257,7 +257,7 @@ def test_open_modulo_parent_grows_to_itself() -> None:
     parent = Vocabulary.modulo("C1", 50)
     b = VocabBuilder("C1", "int")
     b.add(np.array([7, 99, 7]))
-    grown, lut, _ = grow_vocabulary(parent, None, b, min_freq=1)
+    grown, lut, _, _ = grow_vocabulary(parent, None, b, min_freq=1)
     assert grown is parent and lut is None
 
 

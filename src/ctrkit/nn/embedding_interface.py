@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -176,11 +177,13 @@ class EmbeddingCollection(nn.Module, abc.ABC):
         tables of one dim in one weight; torchrec: one weight per table). Optimizer states are laid out alike."""
 
     @torch.no_grad()
-    def load_grown(self, weights: Mapping[str, torch.Tensor], prefix: str = "") -> dict[str, tuple[int, int]]:
+    def load_grown(self, weights: Mapping[str, torch.Tensor], prefix: str = "",
+                   reset: Mapping[str, Sequence[int]] | None = None) -> dict[str, tuple[int, int]]:
         """Warm start: each table's rows from ``weights[prefix + "tables.<table>"]``, a table of the same dim with as
         many or fewer rows (a parent vocabulary's: its ids kept, new ids appended), copied into the first rows; the
-        rows after them keep the values this collection holds (its fresh initial values). Returns {table: (old
-        rows, new rows)}; a table missing, of another dim or with more rows is a LayerConfigError naming it."""
+        rows after them, and the rows ``reset[table]`` (ids whose value expiry changed), keep the values this
+        collection holds (its fresh initial values). Returns {table: (old rows, new rows)}; a table missing, of
+        another dim or with more rows is a LayerConfigError naming it."""
         sizes: dict[str, tuple[int, int]] = {}
         for name, spec in self.tables.items():
             key = f"{prefix}tables.{name}"
@@ -192,7 +195,13 @@ class EmbeddingCollection(nn.Module, abc.ABC):
                 what = (f"{old.shape[0]} rows, more than the {n} of the new vocabulary: the table shrank"
                         if old.dim() == 2 and old.shape[1] == d else f"shape {tuple(old.shape)}, not (rows, {d})")
                 raise LayerConfigError(f"table {name!r}: the checkpoint's {key!r} has {what}")
-            self.table_weight(name)[: old.shape[0]].copy_(old)
+            w = self.table_weight(name)
+            ids = torch.as_tensor(np.asarray((reset or {}).get(name, ()), np.int64), device=w.device)
+            if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= n):
+                raise LayerConfigError(f"table {name!r}: rows to reset {ids.min()}..{ids.max()} outside its {n} rows")
+            fresh = w[ids].clone()  # (R, D)
+            w[: old.shape[0]].copy_(old)
+            w[ids] = fresh
             sizes[name] = (int(old.shape[0]), n)
         return sizes
 

@@ -18,6 +18,10 @@ What a warm-started run holds before its first step:
   match (another embedding backend), leaves the states fresh, with a warning;
 - progress, early stopping, RNG and weight average start anew: it is a new run, with its own run directory.
 
+Expiry (``preprocess --grow --expire-after N``): the rows of the ids the new vocabulary reset (an evicted value's
+id, freed or given to a new value: :func:`ctrkit.data.storage.lineage.reset_rows`) take their fresh initial values,
+as new rows do, and so do their optimizer states and their rows of per-id buffers (a buffer named ``*_<table>``).
+
 So right after growing, a row made only of known ids scores exactly as with the checkpoint (tests/training/
 test_warm_start.py checks every registered model, both backends). Refused, with the table or feature named: a
 checkpoint of another model, another schema (a feature added, removed or changed beyond its vocabulary size), a
@@ -27,9 +31,10 @@ table of another width or that shrank.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -41,7 +46,9 @@ from ctrkit.schema import Schema
 
 log = logging.getLogger(__name__)
 
-Layout = dict[int, tuple[int, list[tuple[int, int, int]]]]  # id(param) -> (old rows, [(old row, new row, rows)])
+# id(param) -> (old rows, [(old first row, new first row, rows)], the param's rows to reset (R,) int64)
+Layout = dict[int, tuple[int, list[tuple[int, int, int]], torch.Tensor]]
+Resets = Mapping[str, Sequence[int]]  # table -> ids whose rows start afresh (expiry)
 
 
 def check_warm_start(ckpt: Checkpoint, model_name: str, schema: Schema, what: str) -> None:
@@ -92,15 +99,15 @@ def _collections(model: nn.Module) -> dict[str, EmbeddingCollection]:
 
 @torch.no_grad()
 def load_grown_weights(model: CTRModel, ckpt: Checkpoint, params: Mapping[str, Any] | None = None,
-                       what: str = "--warm-start") -> dict[str, tuple[int, int]]:
+                       what: str = "--warm-start", reset: Resets | None = None) -> dict[str, tuple[int, int]]:
     """``model`` (built for the new vocabulary with ``params``, tables freshly initialised) <- the checkpoint's
-    weights, its tables grown (module docstring). Returns {table state-dict key: (old rows, new rows)}; a
-    CheckpointError names what does not fit."""
+    weights, its tables grown, the rows ``reset`` {table: ids} left fresh (module docstring). Returns {table
+    state-dict key: (old rows, new rows)}; a CheckpointError names what does not fit."""
     weights, grown = ckpt.weights, {}
     internal: set[str] = set()  # the collections' own names of their tables (missing from the load below)
     for prefix, m in _collections(model).items():
         try:
-            sizes = m.load_grown(weights, prefix)
+            sizes = m.load_grown(weights, prefix, reset)
         except LayerConfigError as e:
             raise CheckpointError(f"{what}: {ckpt.source} does not fit model {ckpt.model_name!r} on the new "
                                   f"vocabulary: {e}") from None
@@ -108,7 +115,8 @@ def load_grown_weights(model: CTRModel, ckpt: Checkpoint, params: Mapping[str, A
         internal |= {prefix + n for n, _ in m.named_parameters()}
     pairs = {rows for rows in grown.values() if rows[0] != rows[1]}
     current = model.state_dict()
-    rest = {k: _grown_buffer(v, current.get(k), pairs) for k, v in weights.items() if k not in grown}
+    rest = {k: _reset_buffer(k, _grown_buffer(v, current.get(k), pairs), current.get(k), reset or {})
+            for k, v in weights.items() if k not in grown}
     try:
         missing, unexpected = model.load_state_dict(rest, strict=False)
     except RuntimeError as e:
@@ -137,6 +145,20 @@ def _grown_buffer(old: Any, new: Any, pairs: set[tuple[int, int]]) -> Any:
     return out
 
 
+def _reset_buffer(key: str, old: Any, new: Any, reset: Resets) -> Any:
+    """``old`` with the rows of reset ids as built (``new``) when it is a buffer with a row per id of a table with
+    rows to reset (named ``..._<table>``, as DIN's id counts ``counts_<table>``, of the table's rows)."""
+    name = key.rsplit(".", 1)[-1]
+    ids = next((r for t, r in reset.items() if name.endswith(f"_{t}") and len(r)), None)
+    if ids is None or not (isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor)) or old.shape != new.shape \
+            or old.dim() == 0 or int(max(ids)) >= old.shape[0]:
+        return old
+    out = old.clone()
+    idx = torch.as_tensor(np.asarray(ids, np.int64))
+    out[idx] = new[idx].to(out.dtype)
+    return out
+
+
 def _params_diff(ckpt: Checkpoint, now: Mapping[str, Any] | None) -> str:
     if now is None:
         return "compare model.params with the checkpoint's"
@@ -145,18 +167,20 @@ def _params_diff(ckpt: Checkpoint, now: Mapping[str, Any] | None) -> str:
     return "model.params differ: " + ", ".join(diff) if diff else "same model.params"
 
 
-def table_layout(model: nn.Module, weights: Mapping[str, torch.Tensor]) -> Layout:
+def table_layout(model: nn.Module, weights: Mapping[str, torch.Tensor], reset: Resets | None = None) -> Layout:
     """For every table parameter of ``model`` (new vocabulary): its rows in the checkpoint (``weights``, old
-    vocabulary, same backend) and where each table's old rows go: [(old first row, new first row, old rows)]."""
+    vocabulary, same backend), where each table's old rows go: [(old first row, new first row, old rows)], and its
+    rows that start afresh (``reset`` {table: ids}, at the table's first row)."""
     out: Layout = {}
     for prefix, m in _collections(model).items():
         for p, starts in m.table_rows():
-            at, segs = 0, []
+            at, segs, rows = 0, [], []
             for t, new_at in sorted(starts.items(), key=lambda kv: kv[1]):
                 n = int(weights[f"{prefix}tables.{t}"].shape[0])
                 segs.append((at, new_at, n))
+                rows.append(new_at + np.asarray((reset or {}).get(t, ()), np.int64))
                 at += n
-            out[id(p)] = (at, segs)
+            out[id(p)] = (at, segs, torch.as_tensor(np.concatenate(rows) if rows else np.zeros(0, np.int64)))
     return out
 
 
@@ -206,19 +230,23 @@ def _grown_state(opt: torch.optim.Optimizer, saved: dict[str, Any], layout: Layo
     return current
 
 
-def _grown_rows(v: Any, p: torch.Tensor, rows: tuple[int, list[tuple[int, int, int]]] | None,
+def _grown_rows(v: Any, p: torch.Tensor, rows: tuple[int, list[tuple[int, int, int]], torch.Tensor] | None,
                 fresh: Any) -> Any:
-    """One state entry of parameter ``p``: as saved, or a per-row state [old rows, ...] moved to the grown rows."""
-    if not isinstance(v, torch.Tensor) or v.dim() == 0 or v.shape[0] == p.shape[0]:
+    """One state entry of parameter ``p``: as saved, or a per-row state [old rows, ...] moved to the grown rows, the
+    rows to reset as a fresh optimizer has them."""
+    reset = rows[2] if rows is not None else None
+    if not isinstance(v, torch.Tensor) or v.dim() == 0 or (v.shape[0] == p.shape[0] and (reset is None or not len(reset))):
         if isinstance(v, torch.Tensor) and v.dim() and rows is not None and rows[0] != v.shape[0]:
             raise _Mismatch(f"a state of shape {tuple(v.shape)} for a table weight of {rows[0]} rows")
         return v
-    old_rows, segs = rows if rows is not None else (int(v.shape[0]), [(0, 0, int(v.shape[0]))])  # one table
+    old_rows, segs = rows[:2] if rows is not None else (int(v.shape[0]), [(0, 0, int(v.shape[0]))])  # one table
     if v.shape[0] != old_rows or old_rows > p.shape[0]:
         raise _Mismatch(f"a state of shape {tuple(v.shape)} does not fit a weight of shape {tuple(p.shape)}")
     shape = (p.shape[0], *v.shape[1:])
-    out = fresh.detach().clone() if isinstance(fresh, torch.Tensor) and tuple(fresh.shape) == shape else \
-        v.new_zeros(shape)
+    base = fresh.detach() if isinstance(fresh, torch.Tensor) and tuple(fresh.shape) == shape else v.new_zeros(shape)
+    out = base.clone()
     for o, n, k in segs:
         out[n: n + k] = v[o: o + k].to(out.device)
+    if reset is not None and len(reset):
+        out[reset.to(out.device)] = base[reset.to(base.device)].to(out.device)
     return out

@@ -103,6 +103,7 @@ class FeaturePipeline(RowEncoder):
         self.multi_hot: dict[str, Any] | None = None
         self.grow_from: GrowFrom | None = None  # set: the fitter grows this parent (--grow, :mod:`.vocab_grow`)
         self.pending_: dict[str, Pending] | None = None  # per table: keys counted without an id, their counts
+        self.pending_seen_: dict[str, np.ndarray] | None = None  # grown: per table the version each was last seen
         self.lineage_: dict[str, Any] | None = None  # a grown pipeline's vocab_lineage record
         self._schema = schema  # kind "ids" (and pipelines rebuilt from old stores): the schema as given
         self._stage: MultiHot | None = None

@@ -76,7 +76,12 @@ class PipelineFitter(RowEncoder):
         p, o, g = self.pipeline, self.pipeline.options, self.pipeline.grow_from
         vocabs: dict[str, Vocabulary] = {}
         pending: dict[str, Pending] = {}
-        for table, b in self._builders.items():
+        seen: dict[str, np.ndarray] = {}  # growing: per table the version each pending key was last seen in
+        builders = dict(self._builders)
+        if g is not None:  # a table of the parent that saw no values grows too (its values may expire)
+            builders |= {t: VocabBuilder(t, v.kind) for t, v in g.vocabs.items()
+                         if t not in builders and t in self.table_of.values()}
+        for table, b in builders.items():
             if isinstance(b, Vocabulary):
                 if g is not None:
                     raise DataError(f"vocabulary {table!r} was fitted elsewhere (counts spilled to disk); --grow "
@@ -87,28 +92,23 @@ class PipelineFitter(RowEncoder):
                 continue
             max_vocab, min_freq = None if table == GROUP_TABLE else o["max_vocab"], p.table_min_freq.get(table, 1)
             if g is not None and table in g.vocabs:
-                vocabs[table], self.luts[table], pending[table] = grow_vocabulary(
+                vocabs[table], self.luts[table], pending[table], seen[table] = grow_vocabulary(
                     g.vocabs[table], g.pending.get(table), b, min_freq=min_freq, max_vocab=max_vocab,
-                    mode=o["max_vocab_mode"], columns=", ".join(c for c, t in self.table_of.items() if t == table))
+                    mode=o["max_vocab_mode"], columns=", ".join(c for c, t in self.table_of.items() if t == table),
+                    version=g.version + 1, expire_after=g.expire_after, pending_seen=g.pending_seen.get(table))
                 continue
             vocabs[table], self.luts[table] = b.finish(min_freq, max_vocab, o["max_vocab_mode"],
                                                        hash_fn="mod" if self.kind == CRITEO else "splitmix")
             pending[table] = pending_of(b, vocabs[table])
         for table in sorted(set(self.table_of.values()) - set(vocabs)):  # a table that saw no values
-            if g is not None and table in g.vocabs:
-                vocabs[table], pending[table] = g.vocabs[table], g.pending.get(table, _no_pending(g.vocabs[table]))
-            else:
-                vocabs[table] = Vocabulary.build(table, "str", np.array([], str), np.array([], np.int64))
+            vocabs[table] = Vocabulary.build(table, "str", np.array([], str), np.array([], np.int64))
             self.luts[table] = None
         mean = self._mean
         std = np.sqrt(self._m2 / max(self._n, 1))
         p.vocabs_, p.mean_, p.std_ = vocabs, mean, np.where(std > 0, std, 1.0)
-        p.pending_, p.lineage_ = pending, None
+        p.pending_, p.pending_seen_, p.lineage_ = pending, (seen if g is not None else None), None
         if g is not None:
             p.mean_, p.std_, p.lineage_ = g.mean.copy(), g.std.copy(), lineage(g, vocabs)
         p._fingerprint, p._stage = None, None
         return p
 
-
-def _no_pending(v: Vocabulary) -> Pending:
-    return v.keys[:0], np.zeros(0, np.int64)

@@ -10,7 +10,9 @@ the dense means and standard deviations (float64). Arrays are read with ``allow_
 checkpoint the same ``{"meta": ..., "arrays": ...}`` is stored as plain data (``to_payload``). A pipeline also
 keeps, in ``pending<i>_*.npy`` (:func:`save_pending`; not in checkpoints), the keys its fit counted without giving
 them an id, with their counts, so that ``--grow`` admits them later; a grown pipeline's ``vocab_lineage``
-(:mod:`ctrkit.data.pipeline.vocab_grow`) is in its metadata.
+(:mod:`ctrkit.data.pipeline.vocab_grow`) is in its metadata, and per vocabulary the version each key was last
+seen in (``_last_seen``; ``pending<i>_seen``), the ids reset by expiry (``_reset``) and, when expiry left ids
+that are not ``2, 3, ...`` in key order, the ids.
 """
 
 from __future__ import annotations
@@ -50,8 +52,12 @@ def to_payload(p: FeaturePipeline) -> dict[str, Any]:
         for i, (name, v) in enumerate(p.vocabs_.items()):
             for part, a in (*key_arrays(v).items(), ("counts", np.asarray(v.counts, np.int64))):
                 arrays[f"vocab{i:03d}_{part}"] = a
-            if v.max_vocab is not None and v.mode == "hash":
+            if (v.max_vocab is not None and v.mode == "hash") or not _sequential(v.ids):
                 arrays[f"vocab{i:03d}_ids"] = np.asarray(v.ids, np.int64)
+            if v.last_seen is not None:  # a grown vocabulary's per key version (expiry: :mod:`.vocab_grow`)
+                arrays[f"vocab{i:03d}_last_seen"] = np.asarray(v.last_seen, np.int32)
+            if v.reset is not None and len(v.reset):
+                arrays[f"vocab{i:03d}_reset"] = np.asarray(v.reset, np.int64)
             vocabs.append({"name": name, **v.meta()})
     meta = {"format": FORMAT, "version": VERSION, "kind": p.kind, "spec": p.spec.to_dict(), "options": p.options,
             "schema": p._schema.to_dict() if p._schema is not None else None, "vocabularies": vocabs,
@@ -59,6 +65,15 @@ def to_payload(p: FeaturePipeline) -> dict[str, Any]:
             "table_fingerprints": table_fingerprints(p.vocabs_) if p.vocabs_ is not None else None,
             **({"vocab_lineage": p.lineage_} if p.lineage_ else {})}
     return {"meta": meta, "arrays": arrays}
+
+
+def _sequential(ids: np.ndarray) -> bool:
+    """Ids 2, 3, ... in key order (what a vocabulary without an ``_ids`` array holds); expiry leaves others."""
+    return bool(np.array_equal(ids, FIRST_ID + np.arange(len(ids))))
+
+
+def _array(arrays: dict[str, Any], name: str, dtype: Any) -> np.ndarray | None:
+    return None if arrays.get(name) is None else np.asarray(arrays[name], dtype)
 
 
 def from_payload(payload: dict[str, Any]) -> FeaturePipeline:
@@ -83,7 +98,8 @@ def from_payload(payload: dict[str, Any]) -> FeaturePipeline:
             p.vocabs_[e["name"]] = Vocabulary(e["name"], e["kind"], keys, ids, np.asarray(arrays[pre + "counts"]),
                                               e["size"], e["min_freq"], e["max_vocab"], e["mode"], e["hash_seed"],
                                               e["seen"], e["missing"], e.get("hash_fn", "splitmix"),
-                                              bool(e.get("open", False)))
+                                              bool(e.get("open", False)), _array(arrays, pre + "last_seen", np.int32),
+                                              _array(arrays, pre + "reset", np.int64))
     p.mean_ = np.asarray(arrays["dense_mean"], np.float64)
     p.std_ = np.asarray(arrays["dense_std"], np.float64)
     p.multi_hot = meta.get("multi_hot")
@@ -100,18 +116,21 @@ def save_pipeline(p: FeaturePipeline, directory: str | Path) -> Path:
         np.save(d / f"{name}.npy", np.ascontiguousarray(a), allow_pickle=False)
     meta = {**payload["meta"], "arrays": sorted(payload["arrays"])}
     if p.pending_ is not None:
-        meta["pending_counts"] = save_pending(p.pending_, d)
+        meta["pending_counts"] = save_pending(p.pending_, d, p.pending_seen_)
     (d / "pipeline.json").write_text(json.dumps(meta, indent=1))
     return d
 
 
-def save_pending(pending: dict[str, Pending], directory: Path) -> list[str]:
+def save_pending(pending: dict[str, Pending], directory: Path, seen: dict[str, np.ndarray] | None = None) -> list[str]:
     """Per table the keys counted without an id and their counts (:mod:`ctrkit.data.pipeline.vocab_grow`), as
     ``pending<i>_keys.npy`` (int64, or ``_keys_utf8`` + ``_keys_offsets``) and ``pending<i>_counts.npy`` in table
-    order -> the tables, in that order (what ``pipeline.json`` records as ``pending_counts``)."""
-    for i, (keys, counts) in enumerate(pending.values()):
+    order, and of a grown pipeline (``seen``) the version each key was last seen in (``pending<i>_seen.npy``) -> the
+    tables, in that order (what ``pipeline.json`` records as ``pending_counts``)."""
+    for i, (table, (keys, counts)) in enumerate(pending.items()):
         parts = {"keys": np.asarray(keys, np.int64)} if keys.dtype.kind in "iu" else dict(
             zip(("keys_utf8", "keys_offsets"), utf8_keys(keys)))
+        if seen is not None and table in seen:
+            parts["seen"] = np.asarray(seen[table], np.int32)
         for part, a in (*parts.items(), ("counts", np.asarray(counts, np.int64))):
             np.save(directory / f"{PENDING}{i:03d}_{part}.npy", np.ascontiguousarray(a), allow_pickle=False)
     return list(pending)
@@ -120,12 +139,22 @@ def save_pending(pending: dict[str, Pending], directory: Path) -> list[str]:
 def load_pending(directory: str | Path) -> dict[str, Pending]:
     """What :func:`save_pending` wrote for the pipeline at ``directory`` (a pipeline directory or a store): {} for a
     pipeline written without them (before ctrkit kept them)."""
+    return _read_pending(directory)[0]
+
+
+def load_pending_seen(directory: str | Path) -> dict[str, np.ndarray]:
+    """The versions :func:`save_pending` wrote with the pending keys of a grown pipeline ({} for a first fit: every
+    pending key was seen in its version)."""
+    return _read_pending(directory)[1]
+
+
+def _read_pending(directory: str | Path) -> tuple[dict[str, Pending], dict[str, np.ndarray]]:
     d = Path(directory)
     if (d / PIPELINE_DIR / "pipeline.json").is_file():
         d = d / PIPELINE_DIR
     try:
         tables = json.loads((d / "pipeline.json").read_text()).get("pending_counts") or []
-        out = {}
+        out, seen = {}, {}
         for i, t in enumerate(tables):
             pre = d / f"{PENDING}{i:03d}_"
             if Path(f"{pre}keys.npy").is_file():
@@ -134,10 +163,12 @@ def load_pending(directory: str | Path) -> dict[str, Pending]:
                 keys = from_utf8(np.load(f"{pre}keys_utf8.npy", allow_pickle=False),
                                  np.load(f"{pre}keys_offsets.npy", allow_pickle=False))
             out[t] = (keys, np.load(f"{pre}counts.npy", allow_pickle=False))
+            if Path(f"{pre}seen.npy").is_file():
+                seen[t] = np.load(f"{pre}seen.npy", allow_pickle=False)
     except (OSError, ValueError) as e:
         raise DataError(f"{d}: the counts kept for growing its vocabularies cannot be read ({e}); re-run the "
                         "preprocessing that wrote it") from e
-    return out
+    return out, seen
 
 
 def load_pipeline(directory: str | Path) -> FeaturePipeline:

@@ -249,6 +249,8 @@ class Vocabulary:
     missing: int = 0
     hash_fn: str = "splitmix"  # hash mode: "splitmix" (2 + h(key) % (max_vocab - 2)) or "mod" (key % max_vocab)
     open: bool = False  # "mod" with min_freq 1: every key has its id by the formula; no keys are held
+    last_seen: np.ndarray | None = None  # int32 [k]: version each key was last seen in (None: the vocabulary's own)
+    reset: np.ndarray | None = None  # int64: ids whose value changed from the parent's (expiry, :mod:`.vocab_grow`)
 
     @classmethod
     def build(cls, name: str, kind: str, keys: np.ndarray, counts: np.ndarray, *, min_freq: int = 1,

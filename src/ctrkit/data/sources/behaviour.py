@@ -66,7 +66,7 @@ from ctrkit.data.pipeline.vocab import GROUP_TABLE, RARE_ID
 from ctrkit.data.pipeline.vocab_arrays import with_keys
 from ctrkit.data.sources.behaviour_log import FORMATS, BehaviourLog, parse_attr_cols, read_behaviour_log
 from ctrkit.data.sources.behaviour_samples import NEGATIVES, Samples, build_samples, check_options
-from ctrkit.data.sources.driver import Chunk, Frontend, Input, Summary, preprocess
+from ctrkit.data.sources.driver import Chunk, Frontend, Input, Summary, check_expiry, preprocess
 from ctrkit.data.storage.store import check_replaceable
 from ctrkit.errors import DataError
 from ctrkit.io import check_distinct_inputs
@@ -202,11 +202,13 @@ def preprocess_behaviour(input: str | Path, out: str | Path, *, format: str | No
                          embedding_dim: int | str = "auto", max_bad_fraction: float = 0.001,
                          rating_col: str | None = None, min_rating: float | None = None,
                          overwrite: bool = False, vocab_from: str | Path | None = None,
-                         grow: bool = False) -> dict[str, Path]:
+                         grow: bool = False, expire_after: int | None = None) -> dict[str, Path]:
     """Behaviour log -> stores ``out/{train,valid,test}`` + ``out/report.json``; returns {split: path}.
     ``vocab_from``: the pipeline of that store (or checkpoint) applied unchanged, or with ``grow`` its
-    vocabularies grown by the train samples (:mod:`ctrkit.data.pipeline.vocab_grow`)."""
+    vocabularies grown by the train samples (:mod:`ctrkit.data.pipeline.vocab_grow`), evicting values not seen in
+    the last ``expire_after`` versions."""
     t0 = _time.perf_counter()
+    check_expiry(grow, expire_after)
     if item_attributes is not None:
         check_distinct_inputs([("input", Path(input)), ("--item-attributes", Path(item_attributes))])
     for s in SPLITS:  # fail before the work (SplitOutput checks again before writing)
@@ -232,13 +234,14 @@ def preprocess_behaviour(input: str | Path, out: str | Path, *, format: str | No
                "session_len": session_len, "session_gap": session_gap, "min_session_len": min_session_len,
                "example_age": example_age, "min_freq": min_freq, "embedding_dim": embedding_dim,
                "rating_col": rating_col, "min_rating": min_rating,
-               "vocab_from": str(vocab_from) if vocab_from else None, "grow": grow}
+               "vocab_from": str(vocab_from) if vocab_from else None, "grow": grow,
+               "expire_after": expire_after}
     spec = behaviour_spec(list(blog.attrs), max_len=max_len, aux_negatives=aux_negatives, sessions=sessions,
                           session_len=session_len, example_age=example_age)
     pipe = FeaturePipeline.table(spec, min_freq=min_freq, embedding_dim=embedding_dim)
     front = _Behaviour(blog, samples, pipe, meta={"input": str(input), "options": options, "spec": spec},
                        report=report, t0=t0)
-    front.vocab_from, front.grow = vocab_from, grow
+    front.vocab_from, front.grow, front.expire_after = vocab_from, grow, expire_after
     report["cold_positives"] = _cold_positives(front.parts, len(blog.item_keys))
     result, _ = preprocess(front, out, overwrite=overwrite)
     log.info("behaviour %s: %d users, %d behaviours (%d single-behaviour users dropped, %d out-of-order rows "
@@ -310,6 +313,8 @@ def add_preprocess_behaviour_args(p: argparse.ArgumentParser) -> argparse.Argume
     p.add_argument("--grow", action="store_true",
                    help="with --vocab-from: grow its vocabularies on the train samples (known ids kept; new values "
                         "reaching --min-freq, counted with the parent's counts, get new ids after the parent's)")
+    p.add_argument("--expire-after", type=cli_type(PositiveInt), default=None, metavar="N",
+                   help="with --grow: evict values not seen in the last N versions (days); their ids are reused")
     p.add_argument("--overwrite", action="store_true", help="replace existing output stores")
     return p
 
@@ -327,7 +332,7 @@ def run_preprocess_behaviour(args: argparse.Namespace) -> dict[str, Path]:
         session_gap=args.session_gap, min_session_len=args.min_session_len, example_age=args.example_age,
         min_freq=args.min_freq, embedding_dim=args.embedding_dim, max_bad_fraction=args.max_bad_fraction,
         rating_col=args.rating_col, min_rating=args.min_rating, overwrite=args.overwrite,
-        vocab_from=args.vocab_from, grow=args.grow,
+        vocab_from=args.vocab_from, grow=args.grow, expire_after=args.expire_after,
     )
 
 

@@ -75,7 +75,7 @@ from ctrkit.data.sources.criteo_read import (
     resolve_inputs,
 )
 from ctrkit.data.sources.criteo_tasks import RouteRule, file_lines
-from ctrkit.data.sources.driver import Chunk, Frontend, Input, Summary, fit_or_reuse, preprocess
+from ctrkit.data.sources.driver import Chunk, Frontend, Input, Summary, check_expiry, fit_or_reuse, preprocess
 from ctrkit.errors import DataError
 from ctrkit.progress import progress_bar
 from ctrkit.typecheck import EmbeddingDim, Fraction, MaxVocab, PositiveFloat, PositiveInt, Seed, cli_type
@@ -101,7 +101,7 @@ class _Criteo(Frontend):
         self.files, self.pipe, self.options, self.day_mode, self.fractions = files, pipe, options, day_mode, fractions
         # vocab_from as given (a checkpoint's pipeline: FittedSource); the options hold its path
         self.vocab_from, self.shuffle_train, self.progress = vocab_from, shuffle, progress
-        self.grow = bool(options["grow"])
+        self.grow, self.expire_after = bool(options["grow"]), options["expire_after"]
         self.seed, self.valid_from_test = options["seed"], options["valid_from_test"]
         self.shuffle_key = stream_key(self.seed, 3)
         self.expected_splits = () if day_mode else tuple(n for n, f in zip(SPLITS, fractions or ()) if f > 0)
@@ -212,8 +212,9 @@ def _options(args: dict[str, Any], day_mode: bool) -> dict[str, Any]:
         raise DataError("--grow grows the vocabularies of a parent: give it with --vocab-from STORE_OR_CHECKPOINT")
     if args["grow"] and args["vocab_memory_mb"] is not None:
         raise DataError("--grow counts the new values in memory: drop --vocab-memory-mb")
+    check_expiry(args["grow"], args["expire_after"])
     keys = ("min_freq", "max_vocab", "max_vocab_mode", "split", "valid_from_test", "seed", "block_rows",
-            "max_bad_fraction", "embedding_dim", "vocab_from", "grow")
+            "max_bad_fraction", "embedding_dim", "vocab_from", "grow", "expire_after")
     return {**{k: args[k] for k in keys}, "split": split, "embedding_dim": dim if dim == "auto" else int(dim),
             "vocab_from": str(args["vocab_from"]) if args["vocab_from"] else None}
 
@@ -239,7 +240,7 @@ def preprocess_criteo(
     seed: int = 0,
     block_rows: int = 1 << 14,
     max_bad_fraction: float = 0.001,
-    vocab_from: str | Path | None = None, grow: bool = False,
+    vocab_from: str | Path | None = None, grow: bool = False, expire_after: int | None = None,
     embedding_dim: int | str = 16,
     overwrite: bool = False,
     shard_bytes: int = 256 << 20,
@@ -262,7 +263,7 @@ def preprocess_criteo(
 
     Vocabularies are fitted on all input rows in input order (seed 000: first appearance over all data), or
     loaded from ``vocab_from`` (a store) and applied unchanged (unseen -> 1), or grown from it (``grow``:
-    :mod:`ctrkit.data.pipeline.vocab_grow`); saved with the fitted pipeline in every store's ``pipeline/``.
+    :mod:`ctrkit.data.pipeline.vocab_grow`; ``expire_after``: evict values not seen in that many versions); saved with the fitted pipeline in every store's ``pipeline/``.
 
     ``max_vocab`` (with ``max_vocab_mode`` 'hash' (default, torchrec's max_ind_range) or 'cap') and
     ``min_freq`` are described in :mod:`ctrkit.data.pipeline.vocab`. ``block_rows`` sets the read block
@@ -303,7 +304,7 @@ def _run(front: _Criteo, out: str | Path, *, overwrite: bool, shard_bytes: int, 
         result, summary = preprocess(front, out, overwrite=overwrite, shard_bytes=shard_bytes)
     else:
         if front.vocab_from is not None:
-            fit_or_reuse(front.pipe, front.vocab_from, front.grow)
+            fit_or_reuse(front.pipe, front.vocab_from, front.grow, front.expire_after)
         result, summary = preprocess_tasks(front, out, workers=workers or 1, scheduler=scheduler,
                                            task_bytes=task_bytes, overwrite=overwrite, shard_bytes=shard_bytes,
                                            vocab_bytes=vocab_bytes)
@@ -346,6 +347,8 @@ def add_preprocess_criteo_args(p: argparse.ArgumentParser) -> argparse.ArgumentP
     p.add_argument("--grow", action="store_true",
                    help="with --vocab-from: grow its vocabularies (known ids kept; new values reaching --min-freq, "
                         "counted with the parent's counts, get new ids after the parent's)")
+    p.add_argument("--expire-after", type=cli_type(PositiveInt), default=None, metavar="N",
+                   help="with --grow: evict values not seen in the last N versions (days); their ids are reused")
     p.add_argument("--embedding-dim", type=cli_type(EmbeddingDim), default="16",
                    help="embedding dim of every feature (one dim: what every model of the zoo takes), or 'auto' "
                         "(per feature, by vocabulary size: dlrm, FM-style and attention models refuse mixed dims)")
@@ -373,7 +376,7 @@ def run_preprocess_criteo(args: argparse.Namespace) -> dict[str, Path]:
         args.inputs, args.out, min_freq=args.min_freq, max_vocab=args.max_vocab,
         max_vocab_mode=args.max_vocab_mode, split=args.split, valid_from_test=args.valid_from_test,
         seed=args.seed, block_rows=args.block_rows, max_bad_fraction=args.max_bad_fraction,
-        vocab_from=args.vocab_from, grow=args.grow, embedding_dim=args.embedding_dim, overwrite=args.overwrite,
+        vocab_from=args.vocab_from, grow=args.grow, expire_after=args.expire_after, embedding_dim=args.embedding_dim, overwrite=args.overwrite,
         workers=args.workers, scheduler=args.scheduler, task_bytes=args.task_mb << 20,
         vocab_memory_mb=args.vocab_memory_mb, resumable=args.resumable,
     )

@@ -93,6 +93,7 @@ class Frontend:
     pipe: FeaturePipeline  # unfitted: the driver fits it or fills it from ``vocab_from``
     vocab_from: str | Path | None = None
     grow: bool = False  # with vocab_from: grow its vocabularies instead of reusing them unchanged
+    expire_after: int | None = None  # with grow: evict values not seen in the last N versions
     shuffle_train: bool = True
     shuffle_key: int = 0  # seed of the train shuffle
     dense_stats: bool = False  # fit dense means / stds on the train rows of pass 1
@@ -135,17 +136,30 @@ class Frontend:
         return meta
 
 
-def fit_or_reuse(pipe: FeaturePipeline, vocab_from: str | Path | None, grow: bool = False) -> PipelineFitter | None:
+def fit_or_reuse(pipe: FeaturePipeline, vocab_from: str | Path | None, grow: bool = False,
+                 expire_after: int | None = None) -> PipelineFitter | None:
     """The fitter of ``pipe``, or None after filling ``pipe`` from the store ``vocab_from``; with ``grow`` the
-    fitter that grows the vocabularies of ``vocab_from``."""
+    fitter that grows the vocabularies of ``vocab_from`` (evicting values not seen in ``expire_after`` versions)."""
+    check_expiry(grow, expire_after)
     if grow:
         if vocab_from is None:
             raise DataError("--grow grows the vocabularies of a parent: give it with --vocab-from STORE_OR_CHECKPOINT")
-        prepare_grow(pipe, vocab_from)
+        prepare_grow(pipe, vocab_from, expire_after)
     elif vocab_from is not None:  # the fitted pipeline of another store: its ids and its dense statistics
         reuse_fitted(pipe, vocab_from)
         return None
     return pipe.fitter()  # one streaming pass: provisional ids now, final ids when the stores are written
+
+
+def check_expiry(grow: bool, expire_after: int | None) -> None:
+    """``--expire-after N``: an integer >= 1, with ``--grow`` (a DataError naming the option and the fix)."""
+    if expire_after is None:
+        return
+    if not isinstance(expire_after, (int, np.integer)) or isinstance(expire_after, bool) or expire_after < 1:
+        raise DataError(f"--expire-after must be an integer >= 1 (versions), got {expire_after!r}")
+    if not grow:
+        raise DataError(f"--expire-after {expire_after} evicts values of a growing vocabulary: add --grow (with "
+                        "--vocab-from PARENT), or drop --expire-after")
 
 
 def preprocess(front: Frontend, out: str | Path, *, overwrite: bool = False,
@@ -153,7 +167,8 @@ def preprocess(front: Frontend, out: str | Path, *, overwrite: bool = False,
     """Run the steps of the module docstring for ``front`` into ``out/{train,valid,test}`` ->
     ({split: store path}, rows and positives per split)."""
     pipe = front.pipe
-    fitter = None if pipe.fitted else fit_or_reuse(pipe, front.vocab_from, front.grow)  # fitted: ids by a formula
+    fitter = None if pipe.fitted else fit_or_reuse(pipe, front.vocab_from, front.grow,
+                                                          front.expire_after)  # fitted: ids by a formula
     with SplitOutput(out, SPLITS, overwrite=overwrite, prefix=f".{front.kind}-tmp-") as output:
         run = _Run(front, output.tmp, shard_bytes)
         run.transform(front.read(fitter is not None, output.tmp), fitter if fitter is not None else pipe,

@@ -97,7 +97,7 @@ class _Table(Frontend):
         self.path, self.spec, self.pipe, self.files, self.fractions = path, spec, pipe, files, fractions
         # vocab_from as given (a checkpoint's pipeline: FittedSource); the options hold its path
         self.options, self.block_rows, self.vocab_from = options, block_rows, vocab_from
-        self.grow = bool(options.get("grow"))
+        self.grow, self.expire_after = bool(options.get("grow")), options.get("expire_after")
         seed = options["seed"]
         self.key_split, self.key_shard, self.shuffle_key = (stream_key(seed, 11), stream_key(seed, 12),
                                                             stream_key(seed, 13))
@@ -173,7 +173,7 @@ def preprocess_table(
     embedding_dim: int | str | None = None,
     block_rows: int = 1 << 16,
     max_bad_fraction: float = 0.001,
-    vocab_from: str | Path | None = None, grow: bool = False,
+    vocab_from: str | Path | None = None, grow: bool = False, expire_after: int | None = None,
     overwrite: bool = False,
     shard_bytes: int = 256 << 20,
     batch_rows: int | None = None,
@@ -189,13 +189,12 @@ def preprocess_table(
     keep input order. ``min_freq`` / ``max_vocab`` / ``max_vocab_mode`` / ``embedding_dim`` given here win over
     the spec's ``options``, which win over the built-in defaults (1, none, hash, auto); a sparse entry's own
     ``min_freq`` / ``embedding_dim`` win over both. ``block_rows``: rows per read block (``batch_rows`` is
-    its deprecated old name). ``grow``: grow ``vocab_from``'s vocabularies on the train rows (:mod:`.vocab_grow`).
+    its deprecated old name). ``grow`` / ``expire_after``: grow ``vocab_from``'s vocabularies on the train rows.
     """
     if batch_rows is not None:
         warnings.warn("preprocess_table(batch_rows=...) is deprecated; use block_rows=", DeprecationWarning, 2)
         block_rows = batch_rows
-    spec = load_spec(schema_yaml)
-    path = Path(input)
+    spec, path = load_spec(schema_yaml), Path(input)
     files = {name: Path(f) for name, f in (("valid", valid), ("test", test)) if f is not None}
     check_distinct_inputs([("input", path), *((f"--{n}", f) for n, f in files.items())])
     split = _check_split(spec, split, files)
@@ -211,7 +210,8 @@ def preprocess_table(
     options = {"split": None if files else split, "valid": str(files["valid"]) if "valid" in files else None,
                "test": str(files["test"]) if "test" in files else None, "seed": seed, "min_freq": min_freq,
                "max_vocab": max_vocab, "max_vocab_mode": max_vocab_mode, "embedding_dim": embedding_dim,
-               "max_bad_fraction": max_bad_fraction, "vocab_from": str(vocab_from) if vocab_from else None, "grow": grow}
+               "max_bad_fraction": max_bad_fraction, "vocab_from": str(vocab_from) if vocab_from else None,
+               "grow": grow, "expire_after": expire_after}
     front = _Table(path, spec, pipe, files, fractions=fractions, options=options, block_rows=block_rows,
                    vocab_from=vocab_from)
     result, summary = preprocess(front, out, overwrite=overwrite, shard_bytes=shard_bytes)
@@ -277,6 +277,8 @@ def add_preprocess_table_args(p: argparse.ArgumentParser) -> argparse.ArgumentPa
     p.add_argument("--grow", action="store_true",
                    help="with --vocab-from: grow its vocabularies on the train rows (known ids kept; new values "
                         "reaching --min-freq, counted with the parent's counts, get new ids after the parent's)")
+    p.add_argument("--expire-after", type=cli_type(PositiveInt), default=None, metavar="N",
+                   help="with --grow: evict values not seen in the last N versions (days); their ids are reused")
     p.add_argument("--overwrite", action="store_true", help="replace existing output stores")
     return p
 
@@ -288,4 +290,5 @@ def run_preprocess_table(args: argparse.Namespace) -> dict[str, Path]:
         min_freq=args.min_freq, max_vocab=args.max_vocab, max_vocab_mode=args.max_vocab_mode,
         embedding_dim=args.embedding_dim, block_rows=args.block_rows, max_bad_fraction=args.max_bad_fraction,
         vocab_from=args.vocab_from, overwrite=args.overwrite, grow=args.grow,
+        expire_after=args.expire_after,
     )

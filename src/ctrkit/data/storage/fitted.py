@@ -13,7 +13,13 @@ from pathlib import Path
 
 from ctrkit.data.pipeline.encode import GROUP_TABLE
 from ctrkit.data.pipeline.feature_pipeline import CRITEO, TABLE, FeaturePipeline
-from ctrkit.data.pipeline.persist import PIPELINE_DIR, legacy_pipeline, load_pending, load_pipeline
+from ctrkit.data.pipeline.persist import (
+    PIPELINE_DIR,
+    legacy_pipeline,
+    load_pending,
+    load_pending_seen,
+    load_pipeline,
+)
 from ctrkit.data.pipeline.spec import TableSpecYaml
 from ctrkit.data.pipeline.vocab import load_vocabularies
 from ctrkit.data.pipeline.vocab_grow import GrowFrom
@@ -134,10 +140,12 @@ def check_same_columns(parent: FeaturePipeline, new: FeaturePipeline, source: st
                         "columns, or preprocess without --grow (a new vocabulary, a model trained from scratch)")
 
 
-def prepare_grow(new: FeaturePipeline, source: str | Path | FittedSource) -> FeaturePipeline:
+def prepare_grow(new: FeaturePipeline, source: str | Path | FittedSource,
+                 expire_after: int | None = None) -> FeaturePipeline:
     """Make ``new`` (unfitted) grow the pipeline at ``source`` when it is fitted (``--vocab-from SOURCE --grow``):
     the same columns, the parent's vocabularies with their kept counts, its dense statistics and its ``max_vocab``
-    rule; returns ``new``, whose fitter then grows them (:mod:`ctrkit.data.pipeline.vocab_grow`)."""
+    rule; returns ``new``, whose fitter then grows them (:mod:`ctrkit.data.pipeline.vocab_grow`), evicting the values
+    not seen in the last ``expire_after`` versions (``--expire-after``)."""
     old = fitted_at(source)
     if old.vocabs_ is None:
         raise DataError(f"vocab_from={source} holds ids, not vocabularies; --grow needs a store written by "
@@ -149,12 +157,14 @@ def prepare_grow(new: FeaturePipeline, source: str | Path | FittedSource) -> Fea
     check_same_columns(old, new, source)
     reuse_fitted(new, source)  # the tables' presence and the dense statistics, checked as for --vocab-from
     pending = {} if isinstance(source, FittedSource) else load_pending(source)
+    seen = {} if isinstance(source, FittedSource) else load_pending_seen(source)
     short = [t for t, v in new.vocabs_.items() if t not in pending and v.min_freq > 1]
     if short:
         log.warning("--grow: %s keeps no counts of the values its vocabularies %s left below min_freq (a checkpoint or "
                     "a store of an earlier ctrkit); they count from zero", source, short)
     new.grow_from = GrowFrom(dict(new.vocabs_), old.vocab_fingerprint(), str(source),
-                             int((old.lineage_ or {}).get("version", 1)), pending, new.mean_.copy(), new.std_.copy())
+                             int((old.lineage_ or {}).get("version", 1)), pending, new.mean_.copy(), new.std_.copy(),
+                             expire_after, seen)
     if new.options["max_vocab"] is None:
         new.options.update(max_vocab=old.options["max_vocab"], max_vocab_mode=old.options["max_vocab_mode"])
     new.vocabs_ = None  # fitted by the growing fit
