@@ -13,6 +13,7 @@ from ctrkit.errors import ConfigError
 from ctrkit.models.base import CTRModel, ParamGroup, logits_of
 from ctrkit.training.config import TrainConfig
 from ctrkit.training.optim import (
+    LazyAdam,
     OptimizerSet,
     RowWiseAdagrad,
     build_optimizers,
@@ -106,6 +107,31 @@ def test_sparse_and_dense_gradients_agree(sparse_opt, l2):
     # rows 15.. were never in a batch: unchanged, L2 included (mini-batch aware)
     assert torch.equal(a.emb.weight[15:], before[15:])
     assert not torch.equal(a.emb.weight[:15], before[:15])
+
+
+@pytest.mark.parametrize("maximize", [False, True])
+@pytest.mark.parametrize("rows", [30, 7])  # coalesced by torch's sort / by the dense-buffer path
+def test_lazy_adam_is_torch_sparse_adam_bit_for_bit(rows, maximize):
+    """LazyAdam's weights and moments equal torch.optim.SparseAdam's exactly, step after step, on batches with
+    duplicate ids and untouched rows (both given the gradient coalesced once, as OptimizerSet does); its state
+    dict loads into torch's optimizer and back."""
+    torch.manual_seed(4)
+    a = Tiny(rows=rows)
+    b = copy.deepcopy(a)
+    ours = LazyAdam([a.emb.weight], lr=0.05, betas=(0.8, 0.99), maximize=maximize)
+    ref = torch.optim.SparseAdam([b.emb.weight], lr=0.05, betas=(0.8, 0.99), maximize=maximize)
+    for ids, offsets, y in _batches(5, rows=rows):
+        for model, opt in ((a, ours), (b, ref)):
+            opt.zero_grad(set_to_none=True)
+            nn.functional.binary_cross_entropy_with_logits(model(ids % rows, offsets), y).backward()
+            model.emb.weight.grad = coalesce_rows(model.emb.weight.grad)
+            opt.step()
+        assert torch.equal(a.emb.weight, b.emb.weight)
+    s_ours, s_ref = ours.state[a.emb.weight], ref.state[b.emb.weight]
+    assert s_ours["step"] == s_ref["step"] == 5
+    assert torch.equal(s_ours["exp_avg"], s_ref["exp_avg"]) and torch.equal(s_ours["exp_avg_sq"], s_ref["exp_avg_sq"])
+    ref.load_state_dict(ours.state_dict())  # the same state dict format as torch's (checkpoints)
+    ours.load_state_dict(ref.state_dict())
 
 
 def test_touched_row_l2_formula_with_sgd():

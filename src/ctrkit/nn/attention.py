@@ -81,15 +81,21 @@ class AFMAttention(nn.Module):
             raise LayerConfigError(
                 f"AFMAttention: needs at least 2 fields to form a pair, got input shape {list(emb.shape)}"
             )
+        b, f, _ = emb.shape
         if self.rows is not None and self.cols is not None:
             rows, cols = self.rows, self.cols  # (P,), (P,) precomputed
         else:  # F known only from the input
-            idx = torch.triu_indices(emb.shape[1], emb.shape[1], 1, device=emb.device)
+            idx = torch.triu_indices(f, f, 1, device=emb.device)
             rows, cols = idx[0], idx[1]
-        prods = emb[:, rows] * emb[:, cols]  # (B, P, D)
+        # index_select, not emb[:, rows]: the same values, and its backward is an index_add_ instead of
+        # advanced indexing's slower accumulating index_put_
+        prods = emb.index_select(1, rows) * emb.index_select(1, cols)  # (B, P, D)
         scores = torch.relu(self.attention(prods)) @ self.h  # (B, P, A) @ (A,) -> (B, P)
         weights = torch.softmax(scores, dim=1)  # (B, P)
-        pooled = (weights.unsqueeze(2) * prods).sum(dim=1)  # (B, D)
+        # Σ_{i<j} a_ij v_i ⊙ v_j = Σ_i v_i ⊙ (A V)_i with A the (F, F) upper-triangular matrix of the a_ij:
+        # one small batched matmul instead of a (B, P, D) product and its backward (same sums, another order)
+        tri = weights.new_zeros(b, f * f).index_copy(1, rows * f + cols, weights).view(b, f, f)  # (B, F, F)
+        pooled = (emb * torch.bmm(tri, emb)).sum(dim=1)  # (B, D)
         return pooled, weights
 
     def forward(self, emb: Tensor) -> Tensor:

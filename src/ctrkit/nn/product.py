@@ -24,6 +24,9 @@ class InnerProduct(nn.Module):
     """All pairwise inner products (IPNN): ``p_ij = <v_i, v_j>`` for ``i < j``.
 
     Input (B, F, D) -> output (B, P), ``P = out_features = F(F-1)/2``. No parameters.
+    Computed as the Gram matrix ``E E^T`` (one batched matmul, (B, F, F)) read at the upper triangle, not
+    as P gathered pairs: no (B, P, D) intermediates forward or backward (Criteo, F = 26, D = 16: 1.3M floats
+    per tensor against the Gram matrix's 173k). Same sums, in the matmul's order.
     """
 
     def __init__(self, num_fields: int) -> None:
@@ -32,8 +35,7 @@ class InnerProduct(nn.Module):
             raise LayerConfigError(f"InnerProduct: num_fields must be >= 2, got {num_fields}")
         self.num_fields = num_fields
         rows, cols = pair_indices(num_fields)
-        self.register_buffer("rows", rows, persistent=False)
-        self.register_buffer("cols", cols, persistent=False)
+        self.register_buffer("pairs", rows * num_fields + cols, persistent=False)  # (P,) into the flat (F*F)
         self.out_features = rows.numel()
 
     def reset_parameters(self) -> None:
@@ -41,7 +43,8 @@ class InnerProduct(nn.Module):
 
     def forward(self, emb: Tensor) -> Tensor:
         check_embeddings("InnerProduct", emb, self.num_fields)
-        return (emb[:, self.rows] * emb[:, self.cols]).sum(dim=2)  # (B, P)
+        gram = torch.bmm(emb, emb.transpose(1, 2))  # (B, F, F): <v_i, v_j>
+        return gram.flatten(1).index_select(1, self.pairs)  # (B, P), pairs i < j
 
     def extra_repr(self) -> str:
         return f"num_fields={self.num_fields}"

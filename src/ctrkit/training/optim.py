@@ -4,8 +4,12 @@ The model's declared ``embedding_parameters()`` (embedding tables [R, D]) go to 
 everything else to the dense one:
 
 - dense: ``adam`` | ``adamw`` | ``sgd`` | ``adagrad`` with ``weight_decay`` (L2 added to the gradient;
-  decoupled decay for adamw).
-- embeddings: ``adagrad`` (torch.optim.Adagrad), ``sparse_adam`` (torch.optim.SparseAdam), ``sgd``
+  decoupled decay for adamw); Adam / AdamW use torch's fused kernel (one pass over every parameter) where they
+  are float tensors on CPU or CUDA, else its multi-tensor (foreach) one. Measured on FiBiNET's dense
+  parameters (2.8M, one thread): 63 ms per Adam step one tensor at a time (torch's CPU default), 24 ms
+  foreach (bit-identical), 13 ms fused (differs by rounding, ~1e-8).
+- embeddings: ``adagrad`` (torch.optim.Adagrad), ``sparse_adam`` (:class:`LazyAdam`: torch.optim.SparseAdam's
+  update and state, computed with dense row gathers / index_add instead of sparse tensor ops), ``sgd``
   (torch.optim.SGD) or ``rowwise_adagrad`` (:class:`RowWiseAdagrad`, fbgemm's row-wise Adagrad: one
   accumulator per row). All four accept sparse COO gradients (``embedding_bag(sparse=True)``) and
   dense ones (a dense gradient's all-zero rows count as "not touched").
@@ -24,6 +28,7 @@ part) are trained by :class:`~ctrkit.training.ftrl.FTRL` and taken out of the de
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -151,6 +156,58 @@ def _row_sparse(grad: torch.Tensor) -> torch.Tensor:
     return torch.sparse_coo_tensor(rows[None], values, grad.shape, is_coalesced=True, check_invariants=False)
 
 
+class LazyAdam(torch.optim.SparseAdam):
+    """Lazy Adam on embedding tables: torch.optim.SparseAdam's update, state and state dict, computed on the
+    touched rows r with row gathers and ``index_add_`` (torch's builds sparse tensors and ``sparse_mask`` s
+    twice per table and step). With g_r the coalesced row gradient, every float operation in torch's order::
+
+        m_r += (1 - b1) (g_r - m_r);   v_r += (1 - b2) (g_r^2 - v_r)
+        W_r -= lr sqrt(1 - b2^t) / (1 - b1^t) * m_r / (sqrt(v_r) + eps)
+
+    so the weights are bit-identical to torch's (tests/training/test_optim.py). Accepts sparse COO or dense
+    gradients (a dense gradient's all-zero rows are not touched). Untouched rows and their moments keep
+    their values: the step counter is per table, as in torch.
+    """
+
+    def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, maximize: bool = False) -> None:
+        super().__init__(params, lr=lr, betas=betas, eps=eps, maximize=maximize)
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:  # as torch's SparseAdam: an int step, moments shaped like the table
+                    state["step"] = 0
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["step"] += 1
+                rows, g = _touched_rows(p.grad)  # (R',), (R', D)
+                if rows.numel() == 0:
+                    continue
+                if group.get("maximize", False):
+                    g = -g
+                step = state["step"]
+                step_size = group["lr"] * math.sqrt(1 - beta2**step) / (1 - beta1**step)
+                m, v = state["exp_avg"], state["exp_avg_sq"]
+                old_m, old_v = m.index_select(0, rows), v.index_select(0, rows)  # (R', D)
+                dm = g.sub(old_m).mul_(1 - beta1)
+                dv = g.pow(2).sub_(old_v).mul_(1 - beta2)
+                m.index_add_(0, rows, dm)
+                v.index_add_(0, rows, dv)
+                denom = dv.add_(old_v).sqrt_().add_(group["eps"])
+                p.index_add_(0, rows, dm.add_(old_m).div_(denom).mul_(-step_size))
+        return loss
+
+
 class OptimizerSet:
     """A dense and a sparse optimizer stepped together, with one checkpointable state.
 
@@ -169,7 +226,8 @@ class OptimizerSet:
         self.sparse = sparse
         self.wide = wide  # e.g. FTRL over the parameter groups declared with optimizer="ftrl"
         self.embedding_l2 = float(embedding_l2)
-        self._needs_sparse_grad = isinstance(sparse, torch.optim.SparseAdam)
+        # torch's SparseAdam refuses dense gradients; LazyAdam (a SparseAdam) takes either
+        self._needs_sparse_grad = isinstance(sparse, torch.optim.SparseAdam) and not isinstance(sparse, LazyAdam)
 
     @property
     def optimizers(self) -> list[torch.optim.Optimizer]:
@@ -224,13 +282,22 @@ class OptimizerSet:
                 opt.load_state_dict(state[name])
 
 
+def _kernel(params: list[nn.Parameter]) -> dict[str, bool]:
+    """torch's fused optimizer kernel where it has one for these parameters (float tensors on CPU or CUDA),
+    else the multi-tensor one: one pass over all parameters instead of a Python loop of small ops."""
+    fusable = all(p.device.type in ("cpu", "cuda") and p.dtype in (torch.float32, torch.float64, torch.bfloat16,
+                                                                   torch.float16) for p in params)
+    return {"fused": True} if fusable else {"foreach": True}
+
+
 def build_dense_optimizer(
     name: str, params: list[nn.Parameter], lr: float, weight_decay: float = 0.0
 ) -> torch.optim.Optimizer:
+    kernel = _kernel(params)  # Adam / AdamW only: SGD and Adagrad also take sparse gradients, which neither kernel does
     if name == "adam":
-        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
+        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay, **kernel)
     if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, **kernel)
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, weight_decay=weight_decay)
     if name == "adagrad":
@@ -244,7 +311,7 @@ def build_sparse_optimizer(name: str, params: list[nn.Parameter], lr: float) -> 
     if name == "rowwise_adagrad":
         return RowWiseAdagrad(params, lr=lr)
     if name == "sparse_adam":
-        return torch.optim.SparseAdam(params, lr=lr)
+        return LazyAdam(params, lr=lr)
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr)
     raise ConfigError(f"train.sparse_optimizer {name!r} is not one of {SPARSE_OPTIMIZERS}")
