@@ -160,11 +160,13 @@ class LowRankMixtureCrossNet(nn.Module):
         for u, v, c, b in zip(self.U_kernels, self.V_kernels, self.C_kernels, self.bias):
             h = f(x @ v.reshape(E * K, N).t())  # (B, E*K): V_l[e] x_l for all e
             h = f(torch.bmm(h.view(B, E, K).transpose(0, 1), c.transpose(1, 2)))  # (E, B, K)
-            h = torch.bmm(h, u.transpose(1, 2))  # (E, B, N)
-            experts = x0 * (h + b.view(-1))  # (E, B, N)
             if self.gate_weight is None:
-                x = experts[0] + x
-            else:
-                gates = torch.softmax(x @ self.gate_weight.t(), dim=1)  # (B, E)
-                x = (experts * gates.t().unsqueeze(2)).sum(0) + x  # (B, N)
+                x = x0 * (h[0] @ u[0].t() + b.view(-1)) + x  # (B, N)
+                continue
+            # sum_e g_e x0 ⊙ (U_e h_e + b) = x0 ⊙ ([U_1 .. U_E] [g_1 h_1; ..; g_E h_E] + (sum_e g_e) b): the gates
+            # scale the (B, K) codes before ONE up-projection, so no (E, B, N) expert outputs exist (same terms)
+            gates = torch.softmax(x @ self.gate_weight.t(), dim=1)  # (B, E)
+            gated = (h * gates.t().unsqueeze(2)).transpose(0, 1).reshape(B, E * K)  # (B, E*K)
+            up = gated @ u.permute(1, 0, 2).reshape(N, E * K).t()  # (B, N)
+            x = x0 * (up + gates.sum(1, keepdim=True) * b.view(-1)) + x  # (B, N)
         return x

@@ -112,14 +112,19 @@ class BilinearInteraction(nn.Module):
 
     def forward(self, emb: Tensor) -> Tensor:
         check_embeddings("BilinearInteraction", emb, self.num_fields, self.embedding_dim)
+        # index_select, not emb[:, rows]: the same values, with index_add_ as the backward instead of advanced
+        # indexing's accumulating index_put_; field_interaction gathers straight into the pair-major layout its
+        # batched matmul needs, (P, B, D), and returns a (B, P, D) view of the pair-major product
         if self.bilinear_type == "field_all":
-            left = torch.matmul(emb, self.weight)[:, self.rows]  # (B, F, D) -> (B, P, D)
+            left = torch.matmul(emb, self.weight).index_select(1, self.rows)  # (B, F, D) -> (B, P, D)
         elif self.bilinear_type == "field_each":
             vw = torch.einsum("bfd,fde->bfe", emb[:, :-1], self.weight)  # (B, F-1, D): v_i W_i
-            left = vw[:, self.rows]  # (B, P, D); rows <= F-2 always
+            left = vw.index_select(1, self.rows)  # (B, P, D); rows <= F-2 always
         else:
-            left = torch.einsum("bpd,pde->bpe", emb[:, self.rows], self.weight)  # (B, P, D): v_i W_ij
-        return left * emb[:, self.cols]  # (B, P, D)
+            fields = emb.transpose(0, 1)  # (F, B, D)
+            left = torch.bmm(fields.index_select(0, self.rows), self.weight)  # (P, B, D): v_i W_ij
+            return (left * fields.index_select(0, self.cols)).transpose(0, 1)  # (B, P, D)
+        return left * emb.index_select(1, self.cols)  # (B, P, D)
 
     def extra_repr(self) -> str:
         return (
