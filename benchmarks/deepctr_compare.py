@@ -21,7 +21,8 @@ defaults (l2_reg_embedding = l2_reg_linear = 1e-5 on whole tables, added to a *s
 1e-5 / batch_size per row against a mean loss); ctrkit gets the same per-row strength on the rows a batch
 touches, ``embedding_l2 = 2e-5 / batch_size`` (the gradient of 1e-5 ||w||^2 is 2e-5 w).
 
-Time: the fit loop only, the same on both sides: DeepCTR's ``model.fit`` (which includes building its
+Time: the fit loop only, wall and the process's CPU seconds (``cpu x``: steadier where other work shares the
+cores), the same on both sides: DeepCTR's ``model.fit`` (which includes building its
 TensorDataset) vs ctrkit's ``Trainer.fit`` (loader built before the clock starts). Metrics: both sides'
 test probabilities scored here with sklearn (roc_auc_score, log_loss). Every run is scored on the valid
 split too (``config``: its best epoch's valid AUC, as logged), and the table gives each side's valid std next
@@ -210,12 +211,12 @@ def run_ctrkit(config: Path, stores: dict[str, str], seed: int, epochs: int) -> 
     model = create_model(cfg.model.name, train.store.schema, **cfg.model.params)
     seed_everything(seed)  # the training run's draws (dropout), as the train job seeds them
     trainer = Trainer(model, train, cfg.train)  # no valid loader, no run dir: the fit loop only
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     trainer.fit()
-    seconds = time.perf_counter() - t0
+    seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
     pred = predict_store(model, Store(stores["test"]), 4096)
     pred_valid = predict_store(model, Store(stores["valid"]), 4096)
-    return {"pred": pred, "pred_valid": pred_valid, "fit_seconds": seconds,
+    return {"pred": pred, "pred_valid": pred_valid, "fit_seconds": seconds, "cpu_seconds": cpu_seconds,
             "params": sum(p.numel() for p in model.parameters())}
 
 
@@ -372,7 +373,9 @@ def main(argv: list[str] | None = None) -> int:
                     va = score(y_valid, r.pop("pred_valid"))["auc"] if "pred_valid" in r else r.pop("valid_auc")
                     rows[m][side].append({**score(y, r.pop("pred")), "valid_auc": va, **r})
                 line = " | ".join(f"{LABEL[side]} AUC {rows[m][side][-1]['auc']:.4f} "
-                                  f"{rows[m][side][-1]['fit_seconds']:.1f}s" for side in sides)
+                                  f"{rows[m][side][-1]['fit_seconds']:.1f}s"
+                                  + (f" (cpu {rows[m][side][-1]['cpu_seconds']:.1f}s)"
+                                     if rows[m][side][-1].get("cpu_seconds") is not None else "") for side in sides)
                 sys.stdout.write(f"  {m:<10} seed {seed}: {line}\n")
                 sys.stdout.flush()
     return report(a.dataset, a.seeds, a.recipes, epochs, a.threads, meta["embedding_dim"], cpu, rows, failed)
@@ -450,6 +453,10 @@ def summarise(r: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     if "matched" in r:  # the like-for-like targets: AUC within the slack, faster fit
         out["delta_auc"] = out["matched_auc_mean"] - out["deepctr_auc_mean"]
         out["speed_ratio"] = out["deepctr_fit_seconds_mean"] / out["matched_fit_seconds_mean"]
+        # CPU seconds of the fit (the process's, both sides): steadier than wall time on cores shared with others
+        cpu = {side: [x.get("cpu_seconds") for x in r[side]] for side in ("deepctr", "matched")}
+        if all(v is not None for vs in cpu.values() for v in vs):
+            out["cpu_ratio"] = mean_std(cpu["deepctr"])[0] / mean_std(cpu["matched"])[0]
         misses = [w for w, ok in (("auc", out["delta_auc"] >= -AUC_SLACK), ("time", out["speed_ratio"] > 1.0))
                   if not ok]
         out["verdict"] = "FAIL(" + ",".join(misses) + ")" if misses else "PASS"
@@ -511,7 +518,7 @@ def write_table(dataset: str, seeds: list[int], epochs: int, sides: list[str], s
     sys.stdout.write(f"{'model':<11}" + "".join(f"{LABEL[s] + ' AUC':>{w}}" for s in sides)
                      + f"  {'valid std ' + '/'.join(sides):<{10 + 7 * len(sides)}}" + "  spread (std <= DeepCTR; p: F test of 'wider')"
                      + ("  matched: dAUC  LL ctrkit/DeepCTR  fit s ctrkit/DeepCTR  speed x  target" if "matched" in sides
-                        else "") + "\n")
+                        else "") + ("  cpu x" if "matched" in sides else "") + "\n")
     for m, s in summary.items():
         cells = "".join(f"{s[f'{side}_auc_mean']:.4f}±{s[f'{side}_auc_std']:.4f}".rjust(w) for side in sides)
         cells += "  valid std " + "/".join(f"{s[f'{side}_valid_auc_std']:.4f}" for side in sides)
@@ -521,7 +528,8 @@ def write_table(dataset: str, seeds: list[int], epochs: int, sides: list[str], s
         if "matched" in sides:
             matched = (f"  {s['delta_auc']:+.4f}  {s['matched_logloss_mean']:.4f}/{s['deepctr_logloss_mean']:.4f}"
                        f"  {s['matched_fit_seconds_mean']:.2f}/{s['deepctr_fit_seconds_mean']:.2f}"
-                       f"  {s['speed_ratio']:.2f}  {s['verdict']}")
+                       f"  {s['speed_ratio']:.2f}  {s['verdict']}"
+                       + (f"  {s['cpu_ratio']:.2f}" if "cpu_ratio" in s else ""))
         sys.stdout.write(f"{m:<11}{cells}  {spread:<44}{matched}\n")
 
 
