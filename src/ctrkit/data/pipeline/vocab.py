@@ -29,7 +29,8 @@ On disk a store holds its vocabularies once, as arrays of its fitted pipeline (`
 :func:`load_vocabularies`: ``vocab.json`` (options and sizes per vocabulary) and one Arrow IPC file per
 vocabulary with the kept raw keys in id order (column ``key``), their training counts (``count``) and, in hash
 mode, their ids (``id``); :func:`save_vocabularies` writes that layout (for tests of those stores). :meth:`Vocabulary.lookup` maps new raw values with the same
-rules (unseen -> 1, missing -> 0), vectorised with ``numpy.searchsorted``.
+rules (unseen -> 1, missing -> 0), vectorised: integer keys through a hash (``pandas.Index.get_indexer``), strings
+with ``numpy.searchsorted``.
 """
 
 from __future__ import annotations
@@ -40,11 +41,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ctrkit.data.pipeline.rows import splitmix64
-from ctrkit.data.pipeline.vocab_index import SortedIndex
+from ctrkit.data.pipeline.vocab_index import HashIndex, SortedIndex
+from ctrkit.data.pipeline.vocab_keys import _as_key_array, _integer_keys_of_text, _one_chunk, hash_keys
 from ctrkit.errors import DataError
 
 MISSING_ID = 0
@@ -55,87 +57,21 @@ MODES = ("hash", "cap")
 KINDS = ("int", "str")
 
 
-def hash_keys(keys: np.ndarray, seed: int = 0) -> np.ndarray:
-    """Deterministic 64-bit hash per key -> uint64 [n]. Integers: SplitMix64(key ^ seed); strings:
-    64-bit FNV-1a over the UTF-8 bytes (vectorised over keys, looping over byte positions)."""
-    keys = np.asarray(keys)
-    if keys.dtype.kind in "iu":
-        return splitmix64(keys.astype(np.int64).view(np.uint64) ^ np.uint64(seed))
-    b = np.char.encode(keys.astype(str), "utf-8") if keys.dtype.kind != "S" else keys
-    width = b.dtype.itemsize
-    mat = np.frombuffer(b.tobytes(), np.uint8).reshape(len(b), width) if len(b) else np.zeros((0, 1), np.uint8)
-    h = np.full(len(b), 0xCBF29CE484222325 ^ seed, dtype=np.uint64)
-    prime = np.uint64(0x100000001B3)
-    for j in range(width):  # over byte positions, not rows
-        col = mat[:, j].astype(np.uint64)
-        live = col != 0
-        h = np.where(live, (h ^ col) * prime, h)
-    return h
-
-
-def _as_key_array(values: Any, kind: str) -> tuple[np.ndarray, np.ndarray | None]:
-    """Raw values (numpy or pyarrow) -> (numpy keys, missing mask or None). Nulls and, for strings, empty
-    strings are missing."""
-    if isinstance(values, pa.ChunkedArray):
-        values = values.combine_chunks()
-    if isinstance(values, pa.Array):
-        missing = values.is_null().to_numpy(zero_copy_only=False) if values.null_count else None
-        if kind == "str":
-            values = pc.cast(values, pa.string()) if not pa.types.is_string(values.type) else values
-            empty = pc.equal(pc.utf8_length(values), 0).fill_null(True).to_numpy(zero_copy_only=False)
-            missing = empty if missing is None else (missing | empty)
-            arr = values.fill_null("").to_numpy(zero_copy_only=False).astype(str)
-        else:
-            arr = values.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-        if missing is not None and not missing.any():
-            missing = None
-        return arr, missing
-    arr = np.asarray(values)
-    if kind == "str":
-        arr = arr.astype(str)
-        missing = arr == ""
-        return arr, (missing if missing.any() else None)
-    return arr.astype(np.int64, copy=False), None
-
-
-def _integer_keys_of_text(values: Any) -> tuple[Any, np.ndarray | None]:
-    """Values for an integer vocabulary: text holding an integer ("5", " 5 ") becomes that integer, empty
-    text stays missing, any other text ("abc", "5.7") is returned as null with an ``unseen`` mask (id 1:
-    it cannot be one of the integer keys). Non-text values pass unchanged (unseen None)."""
-    if isinstance(values, np.ndarray) and values.dtype.kind in "OUS":
-        values = pa.array(values, from_pandas=True)
-    if isinstance(values, pa.ChunkedArray):
-        values = values.combine_chunks()
-    if not isinstance(values, pa.Array) or not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
-        return values, None
-    text = pc.utf8_trim_whitespace(values)
-    is_int = pc.match_substring_regex(text, r"^[+-]?[0-9]{1,18}$").fill_null(False)
-    filled = pc.equal(pc.utf8_length(text), 0).fill_null(True)  # null or empty: missing
-    unseen = pc.and_(pc.invert(is_int), pc.invert(filled)).to_numpy(zero_copy_only=False)
-    ints = pc.cast(pc.if_else(is_int, text, pa.scalar(None, text.type)), pa.int64())
-    return ints, (unseen if unseen.any() else None)
-
-
-def _one_chunk(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
-    """``pa.array`` of many strings may come back chunked (over 2 GiB of text, or millions of values in some
-    pyarrow versions); dictionary encoding then yields one dictionary per chunk, so make it one array."""
-    return arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
-
-
 class VocabBuilder:
     """Streaming first-appearance indexer with counts for one vocabulary.
 
     ``add(values)`` returns provisional ids int64 [n]: 0 for missing, else 2 + rank of first appearance
-    over everything added so far. Per chunk the distinct values are found with a hash
-    (``pyarrow.compute.dictionary_encode``, which lists them in first-appearance order) and only those
-    m << n values are looked up in the sorted index.
+    over everything added so far. Per chunk the distinct values are found with a hash that lists them in
+    first-appearance order (integers: ``pandas.factorize``; strings: ``pyarrow.compute.dictionary_encode``) and
+    only those m << n values are looked up in the index of every value so far (integers: a hash table,
+    :class:`~ctrkit.data.pipeline.vocab_index.HashIndex`; strings: sorted arrays).
     """
 
     def __init__(self, name: str, kind: str = "int") -> None:
         if kind not in KINDS:
             raise DataError(f"vocabulary {name!r}: kind {kind!r} is not one of {KINDS}")
         self.name, self.kind = name, kind
-        self._index = SortedIndex(np.int64 if kind == "int" else np.dtype("<U1"))
+        self._index = HashIndex() if kind == "int" else SortedIndex(np.dtype("<U1"))
         self._keys: list[np.ndarray] = []  # new keys per chunk, first-appearance order
         self._counts = np.zeros(1024, np.int64)  # indexed by provisional id
         self.next_id = FIRST_ID
@@ -146,6 +82,8 @@ class VocabBuilder:
         keys, miss = _as_key_array(values, self.kind)
         if missing is not None:
             miss = missing if miss is None else (miss | missing)
+        if self.kind == "int":
+            return self._add_int(keys, miss)
         arr = _one_chunk(pa.array(keys, mask=miss) if miss is not None else pa.array(keys))
         enc = pc.dictionary_encode(arr)
         uniq = enc.dictionary.to_numpy(zero_copy_only=False)  # (m,) first-appearance order
@@ -158,6 +96,18 @@ class VocabBuilder:
         if miss is not None:
             self.missing += int(miss.sum())
         return np.append(pid, MISSING_ID)[idx]  # idx -1 (missing) picks the appended 0
+
+    def _add_int(self, keys: np.ndarray, miss: np.ndarray | None) -> np.ndarray:
+        """:meth:`add` of integer keys [n] int64 (``miss`` [n] bool or None) -> provisional ids int64 [n]."""
+        codes, uniq = pd.factorize(keys if miss is None else keys[~miss])  # (n',) (m,): first-appearance order
+        pid = self._admit(uniq)
+        self._counts[pid] += np.bincount(codes, minlength=len(uniq))
+        if miss is None:
+            return pid[codes]
+        self.missing += int(miss.sum())
+        out = np.zeros(len(keys), np.int64)  # MISSING_ID
+        out[~miss] = pid[codes]
+        return out
 
     def merge(self, keys: np.ndarray, counts: np.ndarray, missing: int = 0) -> None:
         """Add another builder's distinct ``keys`` [m] (its first-appearance order) with their ``counts`` [m]: merged
@@ -275,7 +225,8 @@ class Vocabulary:
                    hash_seed, k if seen is None else seen, missing)
 
     def __post_init__(self) -> None:
-        self._sorter: np.ndarray | None = None
+        self._sorter: np.ndarray | None = None  # string keys: their sort order, built on the first lookup
+        self._hash: pd.Index | None = None  # integer keys: their hash, built on the first lookup
 
     @classmethod
     def modulo(cls, name: str, max_vocab: int) -> Vocabulary:
@@ -307,10 +258,12 @@ class Vocabulary:
         keys, miss = _as_key_array(values, self.kind)
         if missing is not None:
             miss = missing if miss is None else (miss | missing)
-        if len(keys) > 4 * max(len(self.keys), 1):  # many rows: look up the distinct values only
+        if self.kind == "int":  # the distinct values, looked up in a hash of the keys
+            codes, uniq = pd.factorize(keys)
+            out = self._lookup_int(uniq)[codes]
+        elif len(keys) > 4 * max(len(self.keys), 1):  # many rows: look up the distinct values only
             enc = pc.dictionary_encode(_one_chunk(pa.array(keys)))
-            uniq = enc.dictionary.to_numpy(zero_copy_only=False)
-            out = self._lookup_unique(uniq.astype(str) if self.kind == "str" else uniq)[enc.indices.to_numpy()]
+            out = self._lookup_unique(enc.dictionary.to_numpy(zero_copy_only=False).astype(str))[enc.indices.to_numpy()]
         else:
             out = self._lookup_unique(keys)
         if unseen_base is not None:
@@ -322,6 +275,15 @@ class Vocabulary:
         if unseen is not None:
             out[unseen] = RARE_ID
         return out
+
+    def _lookup_int(self, keys: np.ndarray) -> np.ndarray:
+        """Ids of integer ``keys`` [m] (kept -> id, else 1) through a hash of the kept keys (``pd.Index``, built once)."""
+        if len(self.keys) == 0:
+            return np.full(len(keys), RARE_ID, np.int64)
+        if self._hash is None:
+            self._hash = pd.Index(np.asarray(self.keys, np.int64))  # kept keys are distinct
+        pos = self._hash.get_indexer(keys)
+        return np.where(pos >= 0, self.ids[pos], RARE_ID)
 
     def _lookup_unique(self, keys: np.ndarray) -> np.ndarray:
         if self._sorter is None:
