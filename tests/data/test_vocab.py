@@ -166,3 +166,21 @@ def test_chunked_keys_encode_as_one_array():
     enc = pc.dictionary_encode(_one_chunk(chunked))
     assert enc.dictionary.to_pylist() == ["a", "b", "c"] and enc.indices.to_pylist() == [0, 1, 1, 2, 0]
     assert _one_chunk(pa.array([1, 2])).to_pylist() == [1, 2]
+
+
+def test_hash_index_matches_a_dict_across_inserts():
+    """The integer vocabularies' index (pandas' hash table) against a dict: any int64 key, batches of inserts."""
+    from ctrkit.data.pipeline.vocab_index import HashIndex
+
+    rng = np.random.default_rng(0)
+    idx, ref = HashIndex(), {}
+    edge = np.array([0, -1, 1, np.iinfo(np.int64).min, np.iinfo(np.int64).max, 0xFFFFFFFF], np.int64)
+    for step in range(20):
+        keys = np.concatenate([edge, rng.integers(-(1 << 40), 1 << 40, 500), rng.integers(0, 300, 500)])
+        got = idx.get(keys)
+        assert got.tolist() == [ref.get(int(k), -1) for k in keys]
+        new = np.unique(keys[got < 0])
+        vals = 1000 * step + np.arange(len(new))
+        idx.insert(new, vals)
+        ref.update(zip(new.tolist(), vals.tolist()))
+        assert len(idx) == len(ref) and idx.nbytes > 0

@@ -95,8 +95,8 @@ class ParsedBlock:
     n_lines: int
     line: np.ndarray
     label: np.ndarray  # (n,) float32
-    raw_dense: np.ndarray  # (n, 13) int64, missing -> 0
-    keys: np.ndarray  # (n, 26) int64, 32-bit hash value, missing -> -1
+    raw_dense: np.ndarray  # (n, 13) int64, missing -> 0 (column-major: each column contiguous)
+    keys: np.ndarray  # (n, 26) int64, 32-bit hash value, missing -> -1 (column-major)
     bad: list[tuple[np.ndarray, str]] = field(default_factory=list)  # (line indices, reason)
     empty_lines: int = 0
 
@@ -110,18 +110,18 @@ def parse_block(buf: bytes) -> ParsedBlock:
     label = (lab.astype(np.float32) - 48.0)
     val, dok = _dense_fields(t)
     key, cok = _categorical_fields(t)
-    dense_ok = dok.reshape(n, NUM_DENSE).all(axis=1)
-    cat_ok = cok.reshape(n, NUM_SPARSE).all(axis=1)
+    dense_ok = dok.reshape(NUM_DENSE, n).all(axis=0)
+    cat_ok = cok.reshape(NUM_SPARSE, n).all(axis=0)
     row_ok = lab_ok & dense_ok & cat_ok
     gi = t.gi
     if not row_ok.all():
         t.bad.extend(_row_reasons(t, lab_ok, dense_ok, cat_ok, dok, cok))
         keep = np.flatnonzero(row_ok)
         gi, label = gi[keep], label[keep]
-        val = val.reshape(n, NUM_DENSE)[keep]
-        key = key.reshape(n, NUM_SPARSE)[keep]
-    else:
-        val, key = val.reshape(n, NUM_DENSE), key.reshape(n, NUM_SPARSE)
+        val = val.reshape(NUM_DENSE, n)[:, keep].T
+        key = key.reshape(NUM_SPARSE, n)[:, keep].T
+    else:  # (n, 13) / (n, 26) views of column-major arrays: each column is contiguous (block_columns copies none)
+        val, key = val.reshape(NUM_DENSE, n).T, key.reshape(NUM_SPARSE, n).T
     return ParsedBlock(t.n_lines, gi, label, val, key, t.bad, int(t.empty.sum()))
 
 
@@ -149,12 +149,16 @@ def _tokenise(buf: bytes) -> _Tokens:
     b[size:] = 0
     u64 = np.ndarray((size,), dtype="<u8", buffer=b, strides=(1,))  # unaligned uint64 at every byte
     body = b[:size]
-    sep = np.flatnonzero((body == 9) | (body == 10))  # positions of tabs and newlines
-    nl = np.flatnonzero(body[sep] == 10)  # index into sep of each line end
+    pos = np.int32 if size < (1 << 31) - 16 else np.int64  # byte positions: half the memory traffic in int32
+    sep = np.flatnonzero(body <= 10).astype(pos)  # positions of tabs and newlines (and of bytes 0..8, dropped next)
+    at = body[sep]
+    if at.min(initial=9) < 9:  # control bytes inside fields (a bad line): not separators
+        sep, at = sep[at >= 9], at[at >= 9]
+    nl = np.flatnonzero(at == 10)  # index into sep of each line end
     n_lines = len(nl)
     nfields = np.diff(nl, prepend=-1)  # (lines,)
     line_end = sep[nl]
-    line_start = np.empty(n_lines, np.int64)
+    line_start = np.empty(n_lines, pos)
     if n_lines:
         line_start[0] = 0
         line_start[1:] = line_end[:-1] + 1
@@ -165,8 +169,11 @@ def _tokenise(buf: bytes) -> _Tokens:
     if len(wrong):
         for k in np.unique(nfields[wrong]):  # few distinct counts; one reason each
             bad.append((wrong[nfields[wrong] == k], f"expected {NUM_FIELDS} tab-separated fields, found {k}"))
-    gi = np.flatnonzero(good)
-    ends = sep[nl[gi][:, None] + np.arange(-(NUM_FIELDS - 1), 1)]  # (n, 40) end of each field
+    if len(sep) == NUM_FIELDS * n_lines and good.all():  # every line has 40 fields: sep is the (n, 40) ends
+        gi, ends = np.arange(n_lines), sep.reshape(n_lines, NUM_FIELDS)
+    else:
+        gi = np.flatnonzero(good)
+        ends = sep[nl[gi][:, None] + np.arange(-(NUM_FIELDS - 1), 1)]  # (n, 40) end of each field
     starts = np.empty_like(ends)
     starts[:, 0] = line_start[gi]
     starts[:, 1:] = ends[:, :-1] + 1
@@ -175,10 +182,10 @@ def _tokenise(buf: bytes) -> _Tokens:
 
 
 def _dense_fields(t: _Tokens) -> tuple[np.ndarray, np.ndarray]:
-    """(values, ok) of the dense integers, flat (rows * 13): optional '-', up to 8 digits by SWAR, longer ones
-    (rare) digit by digit."""
-    ds = t.starts[:, 1:1 + NUM_DENSE].ravel()
-    dl = t.lens[:, 1:1 + NUM_DENSE].ravel()
+    """(values, ok) of the dense integers, flat column by column (13 * rows): optional '-', up to 8 digits by SWAR,
+    longer ones (rare) digit by digit."""
+    ds = t.starts[:, 1:1 + NUM_DENSE].T.ravel()
+    dl = t.lens[:, 1:1 + NUM_DENSE].T.ravel()
     x = t.u64[ds]
     neg = ((x & _U(0xFF)) == _U(45)) & (dl >= 2)
     ni = np.flatnonzero(neg)
@@ -196,9 +203,10 @@ def _dense_fields(t: _Tokens) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _categorical_fields(t: _Tokens) -> tuple[np.ndarray, np.ndarray]:
-    """(keys, ok) of the categorical fields, flat (rows * 26): empty (key -1) or exactly 8 hex digits."""
-    cs = t.starts[:, 1 + NUM_DENSE:].ravel()
-    cl = t.lens[:, 1 + NUM_DENSE:].ravel()
+    """(keys, ok) of the categorical fields, flat column by column (26 * rows): empty (key -1) or exactly 8 hex
+    digits."""
+    cs = t.starts[:, 1 + NUM_DENSE:].T.ravel()
+    cl = t.lens[:, 1 + NUM_DENSE:].T.ravel()
     key, hok = _sliced(_swar_hex8, t.u64[cs])
     present = cl == 8
     key[~present] = -1
@@ -217,7 +225,7 @@ def _row_reasons(t: _Tokens, lab_ok: np.ndarray, dense_ok: np.ndarray, cat_ok: n
              "is not empty or 8 hex digits")):
         rows = np.flatnonzero(mask)
         if len(rows):
-            col = np.argmin(ok.reshape(n, len(names))[rows], axis=1)  # first failing field of each row
+            col = np.argmin(ok.reshape(len(names), n).T[rows], axis=1)  # first failing field of each row
             kind = "dense" if names[0][0] == "I" else "categorical"
             groups += [(gi[rows[col == j]], f"{kind} field {names[j]} {what}") for j in np.unique(col)]
     bad: list[tuple[np.ndarray, str]] = []
