@@ -95,8 +95,8 @@ class ParsedBlock:
     n_lines: int
     line: np.ndarray
     label: np.ndarray  # (n,) float32
-    raw_dense: np.ndarray  # (n, 13) int64, missing -> 0 (column-major: each column contiguous)
-    keys: np.ndarray  # (n, 26) int64, 32-bit hash value, missing -> -1 (column-major)
+    raw_dense: np.ndarray  # (n, 13) int64, missing -> 0
+    keys: np.ndarray  # (n, 26) int64, 32-bit hash value, missing -> -1
     bad: list[tuple[np.ndarray, str]] = field(default_factory=list)  # (line indices, reason)
     empty_lines: int = 0
 
@@ -110,18 +110,18 @@ def parse_block(buf: bytes) -> ParsedBlock:
     label = (lab.astype(np.float32) - 48.0)
     val, dok = _dense_fields(t)
     key, cok = _categorical_fields(t)
-    dense_ok = dok.reshape(NUM_DENSE, n).all(axis=0)
-    cat_ok = cok.reshape(NUM_SPARSE, n).all(axis=0)
+    dense_ok = dok.reshape(n, NUM_DENSE).all(axis=1)
+    cat_ok = cok.reshape(n, NUM_SPARSE).all(axis=1)
     row_ok = lab_ok & dense_ok & cat_ok
     gi = t.gi
     if not row_ok.all():
         t.bad.extend(_row_reasons(t, lab_ok, dense_ok, cat_ok, dok, cok))
         keep = np.flatnonzero(row_ok)
         gi, label = gi[keep], label[keep]
-        val = val.reshape(NUM_DENSE, n)[:, keep].T
-        key = key.reshape(NUM_SPARSE, n)[:, keep].T
-    else:  # (n, 13) / (n, 26) views of column-major arrays: each column is contiguous (block_columns copies none)
-        val, key = val.reshape(NUM_DENSE, n).T, key.reshape(NUM_SPARSE, n).T
+        val = val.reshape(n, NUM_DENSE)[keep]
+        key = key.reshape(n, NUM_SPARSE)[keep]
+    else:
+        val, key = val.reshape(n, NUM_DENSE), key.reshape(n, NUM_SPARSE)
     return ParsedBlock(t.n_lines, gi, label, val, key, t.bad, int(t.empty.sum()))
 
 
@@ -182,10 +182,10 @@ def _tokenise(buf: bytes) -> _Tokens:
 
 
 def _dense_fields(t: _Tokens) -> tuple[np.ndarray, np.ndarray]:
-    """(values, ok) of the dense integers, flat column by column (13 * rows): optional '-', up to 8 digits by SWAR,
-    longer ones (rare) digit by digit."""
-    ds = t.starts[:, 1:1 + NUM_DENSE].T.ravel()
-    dl = t.lens[:, 1:1 + NUM_DENSE].T.ravel()
+    """(values, ok) of the dense integers, flat (rows * 13; row by row, so the reads walk the block in order):
+    optional '-', up to 8 digits by SWAR, longer ones (rare) digit by digit."""
+    ds = t.starts[:, 1:1 + NUM_DENSE].ravel()
+    dl = t.lens[:, 1:1 + NUM_DENSE].ravel()
     x = t.u64[ds]
     neg = ((x & _U(0xFF)) == _U(45)) & (dl >= 2)
     ni = np.flatnonzero(neg)
@@ -203,10 +203,10 @@ def _dense_fields(t: _Tokens) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _categorical_fields(t: _Tokens) -> tuple[np.ndarray, np.ndarray]:
-    """(keys, ok) of the categorical fields, flat column by column (26 * rows): empty (key -1) or exactly 8 hex
-    digits."""
-    cs = t.starts[:, 1 + NUM_DENSE:].T.ravel()
-    cl = t.lens[:, 1 + NUM_DENSE:].T.ravel()
+    """(keys, ok) of the categorical fields, flat (rows * 26; row by row, so the reads walk the block in order):
+    empty (key -1) or exactly 8 hex digits."""
+    cs = t.starts[:, 1 + NUM_DENSE:].ravel()
+    cl = t.lens[:, 1 + NUM_DENSE:].ravel()
     key, hok = _sliced(_swar_hex8, t.u64[cs])
     present = cl == 8
     key[~present] = -1
@@ -225,7 +225,7 @@ def _row_reasons(t: _Tokens, lab_ok: np.ndarray, dense_ok: np.ndarray, cat_ok: n
              "is not empty or 8 hex digits")):
         rows = np.flatnonzero(mask)
         if len(rows):
-            col = np.argmin(ok.reshape(len(names), n).T[rows], axis=1)  # first failing field of each row
+            col = np.argmin(ok.reshape(n, len(names))[rows], axis=1)  # first failing field of each row
             kind = "dense" if names[0][0] == "I" else "categorical"
             groups += [(gi[rows[col == j]], f"{kind} field {names[j]} {what}") for j in np.unique(col)]
     bad: list[tuple[np.ndarray, str]] = []
