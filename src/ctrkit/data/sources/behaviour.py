@@ -213,17 +213,12 @@ def preprocess_behaviour(input: str | Path, out: str | Path, *, format: str | No
     """Behaviour log -> stores ``out/{train,valid,test}`` + ``out/report.json``; returns {split: path}.
     ``vocab_from``: the pipeline of that store (or checkpoint) applied unchanged, or with ``grow`` its
     vocabularies grown by the train samples (:mod:`ctrkit.data.pipeline.vocab_grow`), evicting values not seen in
-    the last ``expire_after`` versions. ``train_rows`` "sequence": train holds sequence rows
-    (:mod:`~ctrkit.data.sources.behaviour_sequences`)."""
+    the last ``expire_after`` versions. ``train_rows`` "sequence": :mod:`~ctrkit.data.sources.behaviour_sequences`."""
     t0 = _time.perf_counter()
-    check_expiry(grow, expire_after)
-    if item_attributes is not None:
-        check_distinct_inputs([("input", Path(input)), ("--item-attributes", Path(item_attributes))])
-    for s in SPLITS:  # fail before the work (SplitOutput checks again before writing)
-        check_replaceable(Path(out) / s, overwrite)
+    _check_before_reading(input, out, item_attributes, overwrite, grow, expire_after)
     check_options(negatives, aux_negatives, max_len, session_len, sessions, min_session_len,
                   has_time=time_col is not None and format != "s3rec", example_age=example_age)
-    stride = check_rows(train_rows, negatives=negatives, aux_negatives=aux_negatives, sessions=sessions,
+    stride = check_rows(train_rows, negatives=negatives, aux_negatives=aux_negatives, sessions=sessions,  # None: prefix
                         example_age=example_age, max_len=max_len, stride=sequence_stride)
     blog = read_behaviour_log(input, format=format, user_col=user_col, item_col=item_col, attr_cols=attr_cols,
                               time_col=time_col, type_col=type_col, behaviour_types=behaviour_types,
@@ -233,8 +228,7 @@ def preprocess_behaviour(input: str | Path, out: str | Path, *, format: str | No
                             negatives=negatives, seed=seed, aux_negatives=aux_negatives, sessions=sessions,
                             session_len=session_len, session_gap=session_gap, min_session_len=min_session_len,
                             example_age=example_age, user_names=blog.user_keys)
-    if train_rows == "sequence":
-        samples = _sequence_train(blog, samples, max_len=max_len, stride=stride, seed=seed)
+    samples = _sequence_train(blog, samples, max_len=max_len, stride=stride, seed=seed) if stride else samples
     report = {"input": str(input), **blog.stats, **samples.stats}
     if samples.stats["samples"]["train"] == 0:
         raise DataError(f"{input}: no training samples: every user has fewer than 4 behaviours (a user's last "
@@ -262,6 +256,17 @@ def preprocess_behaviour(input: str | Path, out: str | Path, *, format: str | No
              report["out_of_order_rows"], report["duplicate_user_item_rows"], report["samples"],
              report.get("users_without_train_rows", {}), report["seconds"])
     return result
+
+
+def _check_before_reading(input: str | Path, out: str | Path, item_attributes: str | Path | None, overwrite: bool,
+                          grow: bool, expire_after: int | None) -> None:
+    """Expiry options, distinct inputs and replaceable outputs, before the work (SplitOutput checks the outputs
+    again)."""
+    check_expiry(grow, expire_after)
+    if item_attributes is not None:
+        check_distinct_inputs([("input", Path(input)), ("--item-attributes", Path(item_attributes))])
+    for s in SPLITS:
+        check_replaceable(Path(out) / s, overwrite)
 
 
 def _sequence_train(blog: BehaviourLog, samples: Samples, *, max_len: int, stride: int, seed: int) -> Samples:
@@ -336,6 +341,13 @@ def add_preprocess_behaviour_args(p: argparse.ArgumentParser) -> argparse.Argume
                         "reaching --min-freq, counted with the parent's counts, get new ids after the parent's)")
     p.add_argument("--expire-after", type=cli_type(PositiveInt), default=None, metavar="N",
                    help="with --grow: evict values not seen in the last N versions (days); their ids are reused")
+    _add_sequence_args(p)
+    p.add_argument("--overwrite", action="store_true", help="replace existing output stores")
+    return p
+
+
+def _add_sequence_args(p: argparse.ArgumentParser) -> None:
+    """The train row form (:mod:`ctrkit.data.sources.behaviour_sequences`)."""
     p.add_argument("--train-rows", choices=ROWS, default="prefix",
                    help="prefix: one train row per positive (its history before it); sequence: one row per user "
                         "sequence (windows of --max-len targets), the loss at every position (SASRec; with "
@@ -343,8 +355,6 @@ def add_preprocess_behaviour_args(p: argparse.ArgumentParser) -> argparse.Argume
     p.add_argument("--sequence-stride", type=cli_type(PositiveInt), default=None,
                    help="with --train-rows sequence: a new window every this many targets (default --max-len: no "
                         "overlap); smaller gives the targets of long users more context, for more rows")
-    p.add_argument("--overwrite", action="store_true", help="replace existing output stores")
-    return p
 
 
 def run_preprocess_behaviour(args: argparse.Namespace) -> dict[str, Path]:

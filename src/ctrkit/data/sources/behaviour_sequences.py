@@ -86,15 +86,15 @@ def with_sequence_train(samples: Samples, windows: Samples) -> Samples:
 
 
 def check_rows(train_rows: str, *, negatives: str, aux_negatives: bool, sessions: int, example_age: bool,
-               max_len: int = 50, stride: int | None = None) -> int:
+               max_len: int = 50, stride: int | None = None) -> int | None:
     """Refuse a train row form that cannot be honoured, naming the option that fixes it; -> the windows' stride
-    (``max_len`` when None)."""
+    (``max_len`` when None) of sequence rows, None for per-prefix rows."""
     if train_rows not in ROWS:
         raise DataError(f"--train-rows {train_rows!r} is not one of {ROWS}")
     if stride is not None and not 1 <= stride <= max_len:
         raise DataError(f"--sequence-stride {stride} must be between 1 and --max-len {max_len}")
     if train_rows == "prefix":
-        return max_len if stride is None else stride
+        return None
     clash = [opt for opt, on in (("--negatives " + negatives, negatives != "none"), ("--aux-negatives", aux_negatives),
                                  ("--sessions", sessions > 0), ("--example-age", example_age)) if on]
     if clash:
