@@ -9,7 +9,10 @@ built by ``ctrkit preprocess behaviour --negatives none`` (MovieLens-100K with `
 vocabulary from the train rows. Every test user's true item is ranked against ALL catalogue items (never a
 sample), the user's training items (and, for test, the valid item) excluded; a cold true item (id 1) is a miss.
 Metrics HR@10, HR@50, NDCG@10 (MRR too), mean ± std over the seeds; each learned run keeps the epoch with the
-best valid NDCG@10 (best.pt), never chosen on test. Models, sizes and losses are those of
+best valid NDCG@10 (best.pt), never chosen on test. ``sasrec_seq``: sasrec trained on sequence rows (one train
+row per user sequence, the loss at every position; configs/<dataset>_retrieval_seq/sasrec.yaml), the same valid /
+test rows. Each run reports its training CPU time per epoch (this process's, all threads, evaluation excluded).
+Models, sizes and losses are those of
 configs/<dataset>_retrieval/<model>.yaml (set before these runs, not tuned on test).
 
 Baselines on the same rankings: most-popular (items by their training count) and item-kNN co-occurrence
@@ -40,13 +43,15 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("CTRKIT_SHARED_DATA", REPO.parent / "shared" / "data"))
 S3REC = SHARED / "amazon_yelp_lastfm_sequences_s3rec"
-MODELS = ("two_tower", "youtube_dnn", "sasrec")
+MODELS = ("two_tower", "youtube_dnn", "sasrec", "sasrec_seq")
+SEQUENCE_MODELS = ("sasrec_seq",)  # sasrec on sequence rows (--train-rows sequence): configs/<dataset>_retrieval_seq
 METRICS = ["hr@10", "hr@50", "ndcg@10", "mrr"]
 TARGET = {"hr@10": 0.0605, "ndcg@10": 0.0318}  # SASRec, full ranking, Beauty (S3-Rec split)
 
 
-def build_stores(dataset: str, out: Path) -> dict[str, str]:
-    """The positive-only behaviour stores of ``dataset`` under ``out`` (reused when present)."""
+def build_stores(dataset: str, out: Path, train_rows: str = "prefix") -> dict[str, str]:
+    """The positive-only behaviour stores of ``dataset`` under ``out`` (reused when present); ``train_rows``:
+    "sequence" writes train as one row per user sequence (valid / test: the same per-prefix rows)."""
     from ctrkit.data.sources.behaviour import preprocess_behaviour
 
     if (out / "test" / "manifest.json").is_file():
@@ -59,8 +64,10 @@ def build_stores(dataset: str, out: Path) -> dict[str, str]:
         from make_movielens_log import make_movielens_log
 
         src = make_movielens_log(SHARED / "movielens_100k", out.parent / f"{out.name}_log.csv")
-        kw = {"attr_cols": ["genre:cate"], "time_col": "time", "example_age": True}
-    paths = preprocess_behaviour(src, out, negatives="none", max_len=50, embedding_dim=64, overwrite=True, **kw)
+        # example age: YouTubeDNN's per-row feature; sequence rows have none (sasrec does not read it)
+        kw = {"attr_cols": ["genre:cate"], "time_col": "time", "example_age": train_rows == "prefix"}
+    paths = preprocess_behaviour(src, out, negatives="none", max_len=50, embedding_dim=64, overwrite=True,
+                                 train_rows=train_rows, **kw)
     return {k: str(v) for k, v in paths.items()}
 
 
@@ -113,6 +120,33 @@ def baselines(stores: dict[str, str]) -> dict[str, dict[str, dict[str, float]]]:
     return out
 
 
+class EpochCPU:
+    """Trainer callback: this process's CPU time (all threads, ``time.process_time``) spent in each epoch's
+    training steps, from the end of the previous epoch (its evaluation included there, not here) to the epoch's
+    last step; the first epoch is timed from its first step's end, so its row count is one batch short."""
+
+    def __init__(self) -> None:
+        self.mark: float | None = None
+        self.last = 0.0
+        self.steps = 0
+        self.per_epoch: list[float] = []
+
+    def on_step(self, trainer: Any, step: int, loss: torch.Tensor) -> None:
+        now = time.process_time()
+        if self.mark is None:
+            self.mark = now
+        self.last, self.steps = now, self.steps + 1
+
+    def on_eval(self, trainer: Any, metrics: dict[str, float]) -> None: ...
+
+    def on_record(self, trainer: Any, record: dict[str, Any]) -> None: ...
+
+    def on_epoch_end(self, trainer: Any, epoch: int) -> None:
+        if self.mark is not None and epoch > 0:
+            self.per_epoch.append(self.last - self.mark)
+        self.mark = time.process_time()
+
+
 def train_one(job: dict[str, Any]) -> dict[str, Any]:
     """One training run (in a worker process): the config's model on the stores -> best valid, test, seconds."""
     torch.set_num_threads(job["threads"])
@@ -120,16 +154,22 @@ def train_one(job: dict[str, Any]) -> dict[str, Any]:
     from ctrkit.jobs.train import train_from_config
     from ctrkit.training.config import load_config
 
-    cfg = load_config(REPO / "configs" / f"{job['dataset']}_retrieval" / f"{job['model']}.yaml", [
+    seq = job["model"] in SEQUENCE_MODELS  # sasrec_seq: configs/<dataset>_retrieval_seq/sasrec.yaml
+    cfg = load_config(REPO / "configs" / f"{job['dataset']}_retrieval{'_seq' if seq else ''}"
+                      / f"{job['model'].removesuffix('_seq')}.yaml", [
         f"data.train={job['stores']['train']}", f"data.valid={job['stores']['valid']}",
         f"data.test={job['stores']['test']}", f"train.seed={job['seed']}", f"train.device={job['device']}",
         f"train.epochs={job['epochs']}", f"run.dir={job['out']}/runs", f"run.name={job['name']}-{job['seed']}",
         "train.progress=false", f"train.early_stopping.patience={job['patience']}", *job.get("overrides", []),
     ])
     t0 = time.perf_counter()
-    s = train_from_config(cfg, progress=False)
+    cpu = EpochCPU()
+    s = train_from_config(cfg, progress=False, callbacks=[cpu])
     return {"name": job["name"], "seed": job["seed"], "valid_ndcg@10": s["best"]["value"], "best_step": s["best"]["step"],
-            "steps": s["steps"], "test": s["test"], "seconds": time.perf_counter() - t0}
+            "steps": s["steps"], "test": s["test"], "seconds": time.perf_counter() - t0,
+            "train_seconds_per_epoch": s["seconds_per_epoch"],
+            "cpu_seconds_per_epoch": float(np.median(cpu.per_epoch)) if cpu.per_epoch else None,
+            "epochs": s["epochs"]}
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
@@ -155,11 +195,13 @@ def main() -> None:
     out = Path(a.out).resolve()
     t0 = time.perf_counter()
     stores = build_stores(a.dataset, out / f"{a.dataset}_store")
+    seq_stores = (build_stores(a.dataset, out / f"{a.dataset}_seq_store", "sequence")
+                  if set(a.models) & set(SEQUENCE_MODELS) else None)
     base = baselines(stores)
     for name, r in base.items():
         print(f"{name}: test " + " ".join(f"{k} {v:.4f}" for k, v in r["test"].items()), flush=True)
     jobs = [{"dataset": "beauty" if a.dataset == "beauty" else "ml100k", "model": m, "name": m, "seed": s,
-             "stores": stores, "device": a.device, "threads": a.threads, "epochs": a.epochs, "out": str(out),
+             "stores": seq_stores if m in SEQUENCE_MODELS else stores, "device": a.device, "threads": a.threads, "epochs": a.epochs, "out": str(out),
              "patience": a.patience, "overrides": list(a.set)}
             for m in a.models for s in a.seeds]
     if a.ablation:
@@ -173,7 +215,7 @@ def main() -> None:
             runs.append(r)
             print(f"run {r['name']} seed {r['seed']}: valid ndcg@10 {r['valid_ndcg@10']:.4f} (step {r['best_step']} of "
                   f"{r['steps']}), test " + " ".join(f"{k} {v:.4f}" for k, v in r["test"].items())
-                  + f", {r['seconds']:.0f}s", flush=True)
+                  + f", {r['seconds']:.0f}s, train cpu {r['cpu_seconds_per_epoch'] or float('nan'):.1f}s/epoch", flush=True)
     table: dict[str, dict[str, Any]] = {}
     for name, r in base.items():
         table[name] = {m: (r["test"][m], 0.0) for m in METRICS} | {"valid_ndcg@10": r["valid"]["ndcg@10"]}
@@ -182,13 +224,16 @@ def main() -> None:
         table[name] = {m: mean_std([r["test"][m] for r in rs]) for m in METRICS}
         table[name]["valid_ndcg@10"] = float(np.mean([r["valid_ndcg@10"] for r in rs]))
         table[name]["seconds"] = float(np.mean([r["seconds"] for r in rs]))
+        cpu = [r["cpu_seconds_per_epoch"] for r in rs if r["cpu_seconds_per_epoch"] is not None]
+        table[name]["cpu_s_per_epoch"] = float(np.mean(cpu)) if cpu else float("nan")
     cap = torch.backends.cpu.get_cpu_capability()
     dev = torch.cuda.get_device_name() if a.device.startswith("cuda") else f"cpu ({cap}, {a.threads} thread/run)"
     print(f"\n{a.dataset}: full ranking over all items, test split, mean ± std over seeds {a.seeds}; {dev}")
-    print(f"{'model':<24}" + "".join(f"{m:>18}" for m in METRICS) + f"{'valid ndcg@10':>15}{'s/run':>8}")
+    print(f"{'model':<24}" + "".join(f"{m:>18}" for m in METRICS) + f"{'valid ndcg@10':>15}{'s/run':>8}"
+          f"{'train cpu s/epoch':>19}")
     for name, row in table.items():
         print(f"{name:<24}" + "".join(f"{row[m][0]:>11.4f}±{row[m][1]:.4f}" for m in METRICS)
-              + f"{row['valid_ndcg@10']:>15.4f}{row.get('seconds', 0):>8.0f}")
+              + f"{row['valid_ndcg@10']:>15.4f}{row.get('seconds', 0):>8.0f}{row.get('cpu_s_per_epoch', 0):>19.1f}")
     learned = [n for n in table if n not in base and "no log-Q" not in n]
     checks = {f"{n} hr@50 > baselines": table[n]["hr@50"][0] > max(table[b]["hr@50"][0] for b in base)
               for n in learned}

@@ -28,6 +28,7 @@ BASES = sorted((REPO / "configs" / "_base").glob("*.yaml"))
 DATASETS = ("criteo", "movielens")
 BEHAVIOUR_DATASETS = ("beauty", "taobao")  # behaviour stores: configs of the behaviour models
 RETRIEVAL_DATASETS = ("beauty_retrieval", "ml100k_retrieval")  # positive-only behaviour stores: retrieval models
+SEQUENCE_DATASETS = ("beauty_retrieval_seq", "ml100k_retrieval_seq")  # sequence rows (per-position training): sasrec
 ZOO = {p.stem for p in (REPO / "src" / "ctrkit" / "models").glob("*.py") if not p.stem.startswith("_")} - {
     "__init__", "registry", "base", "scoring"}  # base.py: the model contract; scoring.py: the scoring helper
 # the user-behaviour models read histories that only behaviour stores (beauty, taobao) have; dsin needs sessions
@@ -83,7 +84,12 @@ def stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     ml_r = preprocess_behaviour(_tiny_taobao(tmp / "taobao.csv"), tmp / "ml_r", header=False,
                                 names="user,item,category,type,time", attr_cols=["category:cate"], time_col="time",
                                 negatives="none", example_age=True, embedding_dim=16)
-    return {"criteo": criteo["train"], "criteo1tb": criteo["train"], "criteo1tb_small": criteo["train"],
+    beauty_s = preprocess_behaviour(_tiny_sequences(tmp / "beauty.txt"), tmp / "beauty_s", format="s3rec",
+                                    negatives="none", train_rows="sequence", embedding_dim=16)
+    ml_s = preprocess_behaviour(_tiny_taobao(tmp / "taobao.csv"), tmp / "ml_s", header=False,
+                                names="user,item,category,type,time", attr_cols=["category:cate"], time_col="time",
+                                negatives="none", train_rows="sequence", embedding_dim=16)
+    return {"beauty_retrieval_seq": beauty_s["train"], "ml100k_retrieval_seq": ml_s["train"], "criteo": criteo["train"], "criteo1tb": criteo["train"], "criteo1tb_small": criteo["train"],
             "movielens": ml["train"], "beauty": beauty["train"], "taobao": taobao["train"],
             "beauty_retrieval": beauty_r["train"], "ml100k_retrieval": ml_r["train"]}
 
@@ -123,6 +129,8 @@ def test_every_dataset_has_a_config_per_model() -> None:
     for ds in RETRIEVAL_DATASETS:
         have = {p.stem for p in CONFIGS if p.parent.name == ds}
         assert have == RETRIEVAL, f"configs/{ds}: missing {sorted(RETRIEVAL - have)}, extra {sorted(have - RETRIEVAL)}"
+    for ds in SEQUENCE_DATASETS:  # only a model with encode_positions trains on sequence rows
+        assert {p.stem for p in CONFIGS if p.parent.name == ds} == {"sasrec"}, ds
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[f"{p.parent.name}/{p.stem}" for p in CONFIGS])
@@ -144,7 +152,7 @@ def test_config_builds_its_model_and_scores_a_batch(path: Path, stores: dict[str
     assert torch.isfinite(logits).all()
 
 
-@pytest.mark.parametrize("dataset", DATASETS + BEHAVIOUR_DATASETS + RETRIEVAL_DATASETS)
+@pytest.mark.parametrize("dataset", DATASETS + BEHAVIOUR_DATASETS + RETRIEVAL_DATASETS + SEQUENCE_DATASETS)
 def test_zoo_configs_of_a_dataset_share_data_and_base(dataset: str) -> None:
     """Side-by-side numbers need the same batches and budget: the data block, epochs, dense optimizer
     and early stopping are equal across a dataset's zoo configs (the lead's criteo/dlrm.yaml excepted, and lr,
@@ -160,7 +168,7 @@ def test_zoo_configs_of_a_dataset_share_data_and_base(dataset: str) -> None:
     assert len(base) == 1, base
 
 
-@pytest.mark.parametrize("dataset", DATASETS + BEHAVIOUR_DATASETS + RETRIEVAL_DATASETS)
+@pytest.mark.parametrize("dataset", DATASETS + BEHAVIOUR_DATASETS + RETRIEVAL_DATASETS + SEQUENCE_DATASETS)
 def test_zoo_configs_inherit_their_dataset_base_and_keep_only_what_differs(dataset: str) -> None:
     """Each model file lists configs/_base/<dataset>.yaml and repeats none of its values."""
     base_file = REPO / "configs" / "_base" / f"{dataset}.yaml"

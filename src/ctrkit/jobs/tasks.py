@@ -84,12 +84,15 @@ class RetrievalKind(TaskKind):
         return replace(cfg, train=replace(t, metrics=metrics, early_stopping=es))
 
     def training_task(self, cfg: Config, store: Store) -> tuple[Task, dict[str, Any]]:
-        from ctrkit.retrieval.catalogue import ItemCatalogue, SeenItems
+        from ctrkit.retrieval.catalogue import ItemCatalogue, SeenItems, sequence_window
 
         catalogue = ItemCatalogue.from_store(store)
-        task = self.task(cfg, catalogue, SeenItems.from_store(store))
-        log.info("retrieval: %d items in the catalogue; loss %s; metrics %s", len(catalogue),
-                 cfg.train.retrieval.loss, cfg.train.metrics)
+        window = sequence_window(store)
+        per_position = window is not None
+        task = self.task(cfg, catalogue, SeenItems.from_store(store), window=window)
+        log.info("retrieval: %d items in the catalogue; loss %s%s; metrics %s", len(catalogue),
+                 cfg.train.retrieval.loss, " at every position of the sequence rows" if per_position else "",
+                 cfg.train.metrics)
         return task, {"catalogue": catalogue.to_payload()}
 
     def evaluate(self, model: torch.nn.Module, ckpt: Checkpoint, cfg: Config | None, store: Store,
@@ -107,15 +110,16 @@ class RetrievalKind(TaskKind):
         return task.bind(model).evaluate(model, eval_loader(store, batch_size, pipeline))
 
     @staticmethod
-    def task(cfg: Config, catalogue: Any, seen: Any) -> Task:
+    def task(cfg: Config, catalogue: Any, seen: Any, *, window: tuple[int, int] | None = None) -> Task:
         """The :class:`~ctrkit.training.tasks.RetrievalTask` of ``cfg.train.retrieval`` over ``catalogue``, excluding
-        the items ``seen`` (:class:`~ctrkit.retrieval.catalogue.SeenItems`; None: only the rows' own histories)."""
+        the items ``seen`` (:class:`~ctrkit.retrieval.catalogue.SeenItems`; None: only the rows' own histories);
+        ``window``: (max_len, stride) of a training store of sequence rows (per-position training)."""
         from ctrkit.training.tasks import RetrievalTask
 
         r = cfg.train.retrieval
         return RetrievalTask(catalogue, seen=seen, loss=r.loss, log_q=r.log_q, num_negatives=r.num_negatives,
                              sampling=r.sampling, alpha=r.alpha, metrics=cfg.train.metrics,
-                             precision=cfg.train.precision)
+                             precision=cfg.train.precision, per_position=window is not None, window=window)
 
 
 TASK_KINDS: dict[str, TaskKind] = {kind.name: kind for kind in (RankingKind(), RetrievalKind())}

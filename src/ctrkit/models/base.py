@@ -211,6 +211,16 @@ class TwoTowerModel(CTRModel):
         """Item vectors (B, D) from the batch's ``item_features`` only."""
         raise NotImplementedError
 
+    def encode_positions(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Query vectors at every step of the item history and its mask ((B, T, D), (B, T)), for per-position
+        training on sequence rows; only models whose :meth:`position_training_error` is None have them."""
+        raise NotImplementedError
+
+    def position_training_error(self) -> str | None:
+        """Why this model cannot train on sequence rows (None: it can, by :meth:`encode_positions`)."""
+        return (f"{self.model_name or type(self).__name__} encodes one query per row, so it trains on per-prefix "
+                "rows only: build its train store with --train-rows prefix (the default)")
+
     def forward(self, batch: Batch) -> ModelOutput:
         q, v = self.encode_query(batch), self.encode_item(batch)  # (B, D) each
         return ModelOutput((q * v).sum(-1) / self.temperature, {})  # (B,)

@@ -6,6 +6,9 @@
   Built from a training store's targets and histories, saved inside every retrieval checkpoint.
 * :class:`SeenItems`: (user group, item) pairs of the training store (targets and histories), the items a
   user's ranking excludes (DESIGN.md: full ranking over all items, excluding the user's training items).
+* :func:`sequence_rows` / :func:`position_targets`: a training store in sequence form (one row per user sequence
+  window, ``ctrkit preprocess behaviour --train-rows sequence``): its per-position targets are the history shifted
+  by one, followed by the row's own item.
 * :func:`target_ranks` / :func:`ranking_metrics`: the 0-based rank of each row's true item among all
   catalogue items not excluded for that row (ties count against the target), and HR@K / NDCG@K / MRR from
   the ranks. A true item that is excluded or not in the catalogue (cold: id 1) is a miss (rank = inf).
@@ -54,6 +57,53 @@ def history_of(schema: Schema, feature: str) -> str | None:
     return next((q for q in schema.sequences("history") if schema.table_of(q) == table), None)
 
 
+def sequence_rows(store: Store) -> bool:
+    """Whether ``store`` holds sequence rows (per-position targets; its manifest's ``preprocessing.rows``)."""
+    return store.preprocessing.get("rows") == "sequence"
+
+
+def sequence_window(store: Store) -> tuple[int, int] | None:
+    """(max_len, stride) of a store of sequence rows (which positions a row owns:
+    :func:`~ctrkit.data.sources.behaviour_sequences.owned_positions`), None for per-prefix rows."""
+    if not sequence_rows(store):
+        return None
+    w = store.preprocessing.get("sequence") or {}
+    if "max_len" not in w or "stride" not in w:
+        raise RetrievalError(f"store {store.path} holds sequence rows but its manifest lacks preprocessing.sequence "
+                             "{max_len, stride}; rebuild it with `ctrkit preprocess behaviour --train-rows sequence`")
+    return int(w["max_len"]), int(w["stride"])
+
+
+def position_targets(kj: KeyedJagged, history: str, item: str, max_len: int) -> torch.Tensor:
+    """Per-position targets of sequence rows -> (B, max_len) ids: position t of row b holds the item after its
+    t-th history step, ``hist[b, t + 1]``, and the last step's is the row's own ``item``; 0 past the history."""
+    ids, mask = kj.to_padded(history, max_len)  # (B, T) each
+    nxt = torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], 1)  # (B, T)
+    last = mask.sum(1) - 1  # (B,); -1: an empty history has no target
+    rows = torch.arange(len(ids), device=ids.device)
+    has = last >= 0
+    nxt[rows[has], last[has]] = kj[item][0][has].to(nxt.dtype)
+    return nxt.masked_fill(~mask, 0)
+
+
+def _target_ids(store: Store, item: str, hist: str | None) -> np.ndarray:
+    """Item ids of ``store``'s positive targets: the label-1 rows' items; for sequence rows, the targets of the
+    positions each row owns (position t's target is history step t + 1, the last one's the row's item)."""
+    window = sequence_window(store) if hist is not None else None
+    if window is None:
+        return np.asarray(store[item], np.int64)[_positive(store)]
+    max_len, stride = window
+    values, offsets = store[hist]
+    values, h = np.asarray(values, np.int64), np.diff(np.asarray(offsets, np.int64))
+    row = np.repeat(np.arange(len(h)), h)
+    t = np.arange(len(values)) - np.repeat(np.asarray(offsets[:-1], np.int64), h)  # (nnz,) position in its row
+    owned = (h[row] < max_len) | (t >= h[row] - stride)
+    nxt = np.append(values[1:], 0)
+    last = t == h[row] - 1
+    nxt[last] = np.asarray(store[item], np.int64)[row[last]]
+    return nxt[owned]
+
+
 def _positive(store: Store) -> np.ndarray:
     """(n,) bool: the rows whose item the user interacted with (label 1; a DIN-style store's sampled negatives
     are label 0)."""
@@ -100,7 +150,7 @@ class ItemCatalogue:
         if not len(ids):
             raise RetrievalError(f"store {store.path} has no items (no item id >= {FIRST_ITEM_ID}); "
                                  "is it empty?")
-        targets = np.asarray(store[feats[0]], np.int64)[_positive(store)]
+        targets = _target_ids(store, feats[0], item_hist)
         counts = np.bincount(targets, minlength=int(ids.max()) + 1)[ids]
         return cls({f: cols[f][first] for f in feats}, counts.astype(np.int64))
 

@@ -23,6 +23,13 @@ the batches' group ids, ...).
     loss  = in-batch softmax (log-Q corrected) | sampled softmax (k negatives, uniform or ∝ count^α)
             | full softmax over the catalogue          (ctrkit.retrieval.losses; weights honoured)
 
+On sequence rows (``per_position``: one row per user sequence, :func:`~ctrkit.retrieval.catalogue.sequence_rows`)
+every history step is a query and the item after it its positive (Kang & McAuley's per-position training)::
+
+    H, mask = model.encode_positions(batch)       (B, T, D), (B, T)       position t sees steps <= t (causal)
+    q, pos  = H[t], item after step t             over the real steps whose item is in the catalogue   (n, D)
+    loss    = the same softmax, each position one example (a row's weight on each of its positions)
+
 evaluated by full ranking: every row's query against every catalogue item, the user's training items
 excluded (:mod:`ctrkit.retrieval.catalogue`), HR@K / NDCG@K / MRR.
 """
@@ -38,16 +45,19 @@ import torch
 from torch import nn
 
 from ctrkit.batch import Batch
+from ctrkit.data.sources.behaviour_sequences import owned_positions
 from ctrkit.errors import ConfigError, TrainingError
 from ctrkit.metrics import MetricSet
 from ctrkit.models.base import CTRModel, ModelOutput, ParamGroup, TwoTowerModel
 from ctrkit.models.scoring import probabilities, scoring
+from ctrkit.retrieval.batching import batch_rows, length_groups
 from ctrkit.retrieval.catalogue import (
     ItemCatalogue,
     SeenItems,
     check_ranking_metrics,
     encode_catalogue,
     exclusion_pairs,
+    position_targets,
     ranking_metrics,
     target_ranks,
 )
@@ -176,12 +186,16 @@ class RetrievalTask(Task):
     under several processes the loss runs inside the DDP-wrapped :class:`~ctrkit.training.distributed.TaskStep`.
     ``gather_items`` (set by :func:`~ctrkit.training.distributed.wrap_for_training` with
     ``train.distributed.gather_negatives``): the in-batch negatives are every process's batch items.
+    ``per_position``: the training rows are sequence rows, every history step a query (module docstring);
+    ``window`` (max_len, stride) of their store: a row's loss is on the positions it owns
+    (:func:`~ctrkit.data.sources.behaviour_sequences.owned_positions`; None: every position).
     """
 
     def __init__(self, catalogue: ItemCatalogue, *, seen: SeenItems | None = None, loss: str = "in_batch",
                  log_q: bool = True, num_negatives: int = 100, sampling: str = "uniform", alpha: float = 0.75,
                  metrics: Sequence[str] = ("hr@10", "hr@50", "ndcg@10", "mrr"), precision: str = "fp32",
-                 eval_chunk: int = 65536) -> None:
+                 eval_chunk: int = 65536, per_position: bool = False,
+                 window: tuple[int, int] | None = None) -> None:
         for what, value, valid in (("loss", loss, RETRIEVAL_LOSSES), ("sampling", sampling, SAMPLINGS),
                                    ("precision", precision, PRECISIONS)):
             if value not in valid:
@@ -193,7 +207,8 @@ class RetrievalTask(Task):
         self.catalogue, self.seen = catalogue, seen
         self.loss_kind, self.log_q, self.num_negatives = loss, log_q, int(num_negatives)
         self.metric_names = list(metrics)
-        self.precision, self.eval_chunk = precision, int(eval_chunk)
+        self.precision, self.eval_chunk, self.per_position = precision, int(eval_chunk), bool(per_position)
+        self.window = window
         counts = torch.as_tensor(catalogue.counts, dtype=torch.float64)
         self._log_share = (counts / counts.sum().clamp_min(1)).clamp_min(1e-12).log()  # (N,) in-batch log Q
         proposal = torch.ones_like(counts) if sampling == "uniform" else counts.pow(alpha)
@@ -211,6 +226,10 @@ class RetrievalTask(Task):
         if missing:
             raise ConfigError(f"the item catalogue lacks the item features {missing} that "
                               f"{model.model_name or type(model).__name__} reads; it has {list(self.catalogue.features)}")
+        why = model.position_training_error() if self.per_position else None
+        if why is not None:
+            raise ConfigError(f"the training store holds sequence rows (one per user sequence, the loss at every "
+                              f"position): {why}")
         self._model = model
         f = model.fields
         item = model.item_id_feature
@@ -221,10 +240,35 @@ class RetrievalTask(Task):
         """Catalogue rows (B,) of the rows' items (-1: not in the catalogue)."""
         return self.catalogue.rows_of(batch.sparse[model.item_id_feature][0])
 
+    def _position_queries(self, m: TwoTowerModel, batch: Batch) -> tuple[torch.Tensor, torch.Tensor,
+                                                                          torch.Tensor | None]:
+        """Sequence rows -> (queries (n, D), their positives' catalogue rows (n,), weights (n,) or None) over the
+        real history steps whose next item is in the catalogue and that the row owns; the rows run in groups of
+        similar length (:mod:`ctrkit.retrieval.batching`: the same values, less padding)."""
+        assert self._history is not None
+        groups = length_groups(batch.sparse[self._history][1])
+        parts = [self._group_queries(m, batch if len(groups) == 1 else batch_rows(batch, g)) for g in groups]
+        q, rows, w = zip(*parts)
+        return torch.cat(q), torch.cat(rows), None if w[0] is None else torch.cat(w)
+
+    def _group_queries(self, m: TwoTowerModel, batch: Batch) -> tuple[torch.Tensor, torch.Tensor,
+                                                                       torch.Tensor | None]:
+        assert self._history is not None
+        h, mask = m.encode_positions(batch)  # (B, T, D), (B, T)
+        nxt = position_targets(batch.sparse, self._history, m.item_id_feature, h.shape[1])  # (B, T)
+        rows = self.catalogue.rows_of(nxt)  # (B, T); -1: padding, or a rare / unseen item
+        keep = mask & (rows >= 0)
+        if self.window is not None:  # overlapping windows: each target on the one row that owns it
+            keep &= owned_positions(mask.sum(1), mask.shape[1], max_len=self.window[0], stride=self.window[1])
+        w = batch.weights
+        return h[keep], rows[keep], None if w is None else w.unsqueeze(1).expand_as(keep)[keep]
+
     def loss(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         m = self._model
         if m is None:
             raise TrainingError("RetrievalTask.loss: call task.bind(model) first")
+        if self.per_position:
+            return self._position_loss(m, batch), {}
         rows = self._targets(m, batch)  # (B,) catalogue rows of the positives
         keep = rows >= 0  # a rare / unseen target (id 1) is no item: left out of the loss
         with self._autocast(batch.labels.device):
@@ -258,6 +302,34 @@ class RetrievalTask(Task):
         else:
             loss = full_softmax_loss(q, v_all, rows, temperature=t, weights=weights)
         return loss, {}
+
+    def _position_loss(self, m: TwoTowerModel, batch: Batch) -> torch.Tensor:
+        """The loss of sequence rows: every real step a query, the item after it the positive (module docstring)."""
+        t = m.temperature
+        with self._autocast(batch.labels.device):
+            q, rows, weights = self._position_queries(m, batch)  # (n, D), (n,), (n,) | None
+            if self.loss_kind == "in_batch" and self.gather_items is not None:  # in the collective even when n = 0
+                v = m.encode_item(self.catalogue.batch(rows, q.device)) if len(rows) else q.new_zeros(0, q.shape[1])
+                return self._cross_batch_loss(q, v, rows, torch.ones_like(rows, dtype=torch.bool), weights)
+            if not len(rows):
+                return q.sum() * 0.0
+            if self.loss_kind == "full":
+                v = m.encode_item(self.catalogue.batch(None, q.device))  # (N, D)
+            elif self.loss_kind == "sampled":
+                neg = torch.multinomial(self._proposal, self.num_negatives, replacement=True)  # (K,)
+                v_all = m.encode_item(self.catalogue.batch(torch.cat([rows.cpu(), neg]), q.device))
+                v, v_neg = v_all[:len(rows)], v_all[len(rows):]  # (n, D), (K, D)
+            else:
+                v = m.encode_item(self.catalogue.batch(rows, q.device))  # (n, D)
+        if self.loss_kind == "full":
+            return full_softmax_loss(q, v, rows, temperature=t, weights=weights)
+        if self.loss_kind == "sampled":
+            lq, neg = self._log_proposal.to(q.device), neg.to(q.device)
+            return sampled_softmax_loss(q, v, rows, v_neg, neg, temperature=t,
+                                        log_q_pos=lq[rows] if self.log_q else None,
+                                        log_q_neg=lq[neg] if self.log_q else None, weights=weights)
+        log_q = self._log_share.to(q.device)[rows] if self.log_q else None
+        return in_batch_softmax_loss(q, v, rows, temperature=t, log_q=log_q, weights=weights)
 
     def _cross_batch_loss(self, q: torch.Tensor, v: torch.Tensor, rows: torch.Tensor, keep: torch.Tensor,
                           weights: torch.Tensor | None) -> torch.Tensor:

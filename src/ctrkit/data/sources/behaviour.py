@@ -66,6 +66,7 @@ from ctrkit.data.pipeline.vocab import GROUP_TABLE, RARE_ID
 from ctrkit.data.pipeline.vocab_arrays import with_keys
 from ctrkit.data.sources.behaviour_log import FORMATS, BehaviourLog, parse_attr_cols, read_behaviour_log
 from ctrkit.data.sources.behaviour_samples import NEGATIVES, Samples, build_samples, check_options
+from ctrkit.data.sources.behaviour_sequences import ROWS, check_rows, sequence_windows, with_sequence_train
 from ctrkit.data.sources.driver import Chunk, Frontend, Input, Summary, check_expiry, preprocess
 from ctrkit.data.storage.store import check_replaceable
 from ctrkit.errors import DataError
@@ -140,8 +141,10 @@ class _Behaviour(Frontend):
     shuffle_train = False
 
     def __init__(self, blog: BehaviourLog, samples: Samples, pipe: FeaturePipeline, *, meta: dict[str, Any],
-                 report: dict[str, Any], t0: float) -> None:
+                 report: dict[str, Any], t0: float, train_rows: str = "prefix",
+                 window: dict[str, int] | None = None) -> None:
         self.blog, self.pipe, self.base_meta, self.report, self.t0 = blog, pipe, meta, report, t0
+        self.train_rows, self.window = train_rows, window
         self.parts = {name: samples.part(code) for code, name in enumerate(SPLITS)}
         self.positives_, self.unseen = {}, {name: {"user": 0, "item": 0} for name in SPLITS[1:]}
         # the columns of user / item among the single-valued sparse features of an encoded part
@@ -181,8 +184,11 @@ class _Behaviour(Frontend):
         n = summary.rows[split]
         rate = float(np.float32(summary.positives[split]) / np.float32(n)) if n else 0.0  # float32 mean of labels
         m = self.base_meta
-        return {"preprocessing": {"kind": "table", "builder": "behaviour", "split": split, "input": m["input"],
-                                  "options": m["options"], "spec": m["spec"], "tables": self.pipe.table_of},
+        rows = self.train_rows if split == "train" else "prefix"  # the store's form (behaviour_sequences)
+        form = {"rows": rows, **({"sequence": self.window} if rows == "sequence" else {})}
+        return {"preprocessing": {"kind": "table", "builder": "behaviour", "split": split, **form,
+                                  "input": m["input"], "options": m["options"], "spec": m["spec"],
+                                  "tables": self.pipe.table_of},
                 "stats": {"rows": n, "label_rate": rate, "behaviour": self.report}}
 
     def side_files(self, summary: Summary) -> dict[str, str]:
@@ -201,20 +207,19 @@ def preprocess_behaviour(input: str | Path, out: str | Path, *, format: str | No
                          min_session_len: int = 1, example_age: bool = False, min_freq: int = 1,
                          embedding_dim: int | str = "auto", max_bad_fraction: float = 0.001,
                          rating_col: str | None = None, min_rating: float | None = None,
+                         train_rows: str = "prefix", sequence_stride: int | None = None,
                          overwrite: bool = False, vocab_from: str | Path | None = None,
                          grow: bool = False, expire_after: int | None = None) -> dict[str, Path]:
     """Behaviour log -> stores ``out/{train,valid,test}`` + ``out/report.json``; returns {split: path}.
     ``vocab_from``: the pipeline of that store (or checkpoint) applied unchanged, or with ``grow`` its
     vocabularies grown by the train samples (:mod:`ctrkit.data.pipeline.vocab_grow`), evicting values not seen in
-    the last ``expire_after`` versions."""
+    the last ``expire_after`` versions. ``train_rows`` "sequence": :mod:`~ctrkit.data.sources.behaviour_sequences`."""
     t0 = _time.perf_counter()
-    check_expiry(grow, expire_after)
-    if item_attributes is not None:
-        check_distinct_inputs([("input", Path(input)), ("--item-attributes", Path(item_attributes))])
-    for s in SPLITS:  # fail before the work (SplitOutput checks again before writing)
-        check_replaceable(Path(out) / s, overwrite)
+    _check_before_reading(input, out, item_attributes, overwrite, grow, expire_after)
     check_options(negatives, aux_negatives, max_len, session_len, sessions, min_session_len,
                   has_time=time_col is not None and format != "s3rec", example_age=example_age)
+    stride = check_rows(train_rows, negatives=negatives, aux_negatives=aux_negatives, sessions=sessions,  # None: prefix
+                        example_age=example_age, max_len=max_len, stride=sequence_stride)
     blog = read_behaviour_log(input, format=format, user_col=user_col, item_col=item_col, attr_cols=attr_cols,
                               time_col=time_col, type_col=type_col, behaviour_types=behaviour_types,
                               header=header, names=names, delimiter=delimiter, item_attributes=item_attributes,
@@ -223,6 +228,7 @@ def preprocess_behaviour(input: str | Path, out: str | Path, *, format: str | No
                             negatives=negatives, seed=seed, aux_negatives=aux_negatives, sessions=sessions,
                             session_len=session_len, session_gap=session_gap, min_session_len=min_session_len,
                             example_age=example_age, user_names=blog.user_keys)
+    samples = _sequence_train(blog, samples, max_len=max_len, stride=stride, seed=seed) if stride else samples
     report = {"input": str(input), **blog.stats, **samples.stats}
     if samples.stats["samples"]["train"] == 0:
         raise DataError(f"{input}: no training samples: every user has fewer than 4 behaviours (a user's last "
@@ -235,12 +241,12 @@ def preprocess_behaviour(input: str | Path, out: str | Path, *, format: str | No
                "example_age": example_age, "min_freq": min_freq, "embedding_dim": embedding_dim,
                "rating_col": rating_col, "min_rating": min_rating,
                "vocab_from": str(vocab_from) if vocab_from else None, "grow": grow,
-               "expire_after": expire_after}
+               "expire_after": expire_after, "train_rows": train_rows, "sequence_stride": sequence_stride}
     spec = behaviour_spec(list(blog.attrs), max_len=max_len, aux_negatives=aux_negatives, sessions=sessions,
                           session_len=session_len, example_age=example_age)
     pipe = FeaturePipeline.table(spec, min_freq=min_freq, embedding_dim=embedding_dim)
     front = _Behaviour(blog, samples, pipe, meta={"input": str(input), "options": options, "spec": spec},
-                       report=report, t0=t0)
+                       report=report, t0=t0, train_rows=train_rows, window={"max_len": max_len, "stride": stride})
     front.vocab_from, front.grow, front.expire_after = vocab_from, grow, expire_after
     report["cold_positives"] = _cold_positives(front.parts, len(blog.item_keys))
     result, _ = preprocess(front, out, overwrite=overwrite)
@@ -250,6 +256,26 @@ def preprocess_behaviour(input: str | Path, out: str | Path, *, format: str | No
              report["out_of_order_rows"], report["duplicate_user_item_rows"], report["samples"],
              report.get("users_without_train_rows", {}), report["seconds"])
     return result
+
+
+def _check_before_reading(input: str | Path, out: str | Path, item_attributes: str | Path | None, overwrite: bool,
+                          grow: bool, expire_after: int | None) -> None:
+    """Expiry options, distinct inputs and replaceable outputs, before the work (SplitOutput checks the outputs
+    again)."""
+    check_expiry(grow, expire_after)
+    if item_attributes is not None:
+        check_distinct_inputs([("input", Path(input)), ("--item-attributes", Path(item_attributes))])
+    for s in SPLITS:
+        check_replaceable(Path(out) / s, overwrite)
+
+
+def _sequence_train(blog: BehaviourLog, samples: Samples, *, max_len: int, stride: int, seed: int) -> Samples:
+    """``samples`` with sequence rows for train (:mod:`ctrkit.data.sources.behaviour_sequences`), reported."""
+    windows = sequence_windows(blog.user, blog.item, max_len=max_len, stride=stride, seed=seed)
+    out = with_sequence_train(samples, windows)
+    out.stats = {**samples.stats, "samples": {**samples.stats["samples"], "train": len(windows)},
+                 "sequence_rows": windows.stats}
+    return out
 
 
 def _cold_positives(parts: dict[str, Samples], n_items: int) -> dict[str, int]:
@@ -315,8 +341,20 @@ def add_preprocess_behaviour_args(p: argparse.ArgumentParser) -> argparse.Argume
                         "reaching --min-freq, counted with the parent's counts, get new ids after the parent's)")
     p.add_argument("--expire-after", type=cli_type(PositiveInt), default=None, metavar="N",
                    help="with --grow: evict values not seen in the last N versions (days); their ids are reused")
+    _add_sequence_args(p)
     p.add_argument("--overwrite", action="store_true", help="replace existing output stores")
     return p
+
+
+def _add_sequence_args(p: argparse.ArgumentParser) -> None:
+    """The train row form (:mod:`ctrkit.data.sources.behaviour_sequences`)."""
+    p.add_argument("--train-rows", choices=ROWS, default="prefix",
+                   help="prefix: one train row per positive (its history before it); sequence: one row per user "
+                        "sequence (windows of --max-len targets), the loss at every position (SASRec; with "
+                        "--negatives none)")
+    p.add_argument("--sequence-stride", type=cli_type(PositiveInt), default=None,
+                   help="with --train-rows sequence: a new window every this many targets (default --max-len: no "
+                        "overlap); smaller gives the targets of long users more context, for more rows")
 
 
 def run_preprocess_behaviour(args: argparse.Namespace) -> dict[str, Path]:
@@ -333,6 +371,7 @@ def run_preprocess_behaviour(args: argparse.Namespace) -> dict[str, Path]:
         min_freq=args.min_freq, embedding_dim=args.embedding_dim, max_bad_fraction=args.max_bad_fraction,
         rating_col=args.rating_col, min_rating=args.min_rating, overwrite=args.overwrite,
         vocab_from=args.vocab_from, grow=args.grow, expire_after=args.expire_after,
+        train_rows=args.train_rows, sequence_stride=args.sequence_stride,
     )
 
 
