@@ -1,6 +1,7 @@
 """fp32 vs bf16 training: the same test AUC? DLRM on the real Criteo sample and on planted-signal synthetic data.
 
-    python benchmarks/bf16_auc.py [--seeds 0 1 2] [--synthetic-rows 120000] [--interaction dot] [--out DIR]
+    python benchmarks/bf16_auc.py [--seeds 0 1 2] [--data criteo synthetic] [--synthetic-rows 60000]
+                                  [--interaction dot] [--out DIR]
 
 The question (issue 29 item 2): may ``train.precision=bf16`` (autocast of the forward, float32 master weights,
 loss and optimizer states) become the default where the CPU has fast bf16? Only if fp32 and bf16 reach the same
@@ -80,7 +81,8 @@ def compare(name: str, stores: dict[str, str], seeds: list[int], interaction: st
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", nargs="*", type=int, default=[0, 1, 2])
-    ap.add_argument("--synthetic-rows", type=int, default=120_000)
+    ap.add_argument("--synthetic-rows", type=int, default=60_000)
+    ap.add_argument("--data", nargs="+", default=["criteo", "synthetic"], choices=("criteo", "synthetic"))
     ap.add_argument("--interaction", default="dot", choices=("dot", "dcn"))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", help="work directory (default: a temporary one)")
@@ -93,9 +95,12 @@ def main() -> int:
     print(_roof.cpu_line(roof), flush=True)
     with tempfile.TemporaryDirectory(prefix="ctrkit-bf16-") as tmp:
         out = Path(a.out) if a.out else Path(tmp)
-        results = {"criteo": compare("criteo", prepare("criteo", out), a.seeds, a.interaction, [], out / "runs"),
-                   "synthetic": compare("synthetic", synthetic_stores(out, a.synthetic_rows), a.seeds,
-                                        a.interaction, SYNTHETIC_OVERRIDES, out / "runs")}
+        results = {}
+        if "criteo" in a.data:
+            results["criteo"] = compare("criteo", prepare("criteo", out), a.seeds, a.interaction, [], out / "runs")
+        if "synthetic" in a.data:
+            results["synthetic"] = compare("synthetic", synthetic_stores(out, a.synthetic_rows), a.seeds,
+                                           a.interaction, SYNTHETIC_OVERRIDES, out / "runs")
     for name, r in results.items():
         print(f"{name}: mean test AUC fp32 {r['auc_mean']['fp32']:.4f} bf16 {r['auc_mean']['bf16']:.4f}, "
               f"mean difference {r['auc_diff_mean']:+.4f} (per seed "

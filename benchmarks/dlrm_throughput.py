@@ -307,7 +307,7 @@ def main() -> None:
                             p = run_worker(src, data, inter, prec, 0, args, profile=True)
                             profiles[f"{inter}/{prec}/{side}"] = p
                             print("\n" + format_table(p, f"{inter} {prec} {side}"), flush=True)
-    roof = _roof.median_roof(roofs)
+    roof = _roof.median_roof(roofs) if roofs else _roof.measure(THREADS)  # --reps 0: the profiles alone
     summary = summarise(runs, roofs)
     print_table(summary, roof)
     print(json.dumps({"workload": "200k rows (or --rows), 13 dense + 26 sparse, D=16, dense 512-256-16, over "
