@@ -99,7 +99,7 @@ def run_worker(src: Path, data: Path, interaction: str, precision: str, seed: in
                profile: bool = False) -> dict:
     """ctrkit of the source tree ``src`` in a fresh process (its own imports, allocator and threads)."""
     cmd = [sys.executable, __file__, "--worker", "--data", str(data), "--interaction", interaction,
-           "--precision", precision, "--seed", str(seed), "--device", args.device]
+           "--precision", precision, "--seed", str(seed), "--device", args.device, "--threads", str(args.threads)]
     cmd += ["--no-keep-freed-memory"] if args.no_keep_freed_memory else []
     cmd += ["--profile"] if profile else []
     env = {**os.environ, "PYTHONPATH": str(src)}
@@ -153,7 +153,7 @@ def worker(args: argparse.Namespace) -> None:
     import ctrkit
     from ctrkit.training.memory import keep_freed_memory
 
-    torch.set_num_threads(THREADS)
+    torch.set_num_threads(args.threads)
     if not args.no_keep_freed_memory:  # as Trainer.fit does with train.keep_freed_memory (the default)
         keep_freed_memory()
     model, opt, task, batches = build(Path(args.data), args.interaction, args.precision, args.seed, args.device)
@@ -209,7 +209,7 @@ def measure(args: argparse.Namespace, data: Path, baseline: Path | None) -> tupl
     runs: dict[str, dict[str, list[dict]]] = {}
     roofs = []
     for r in range(args.reps):
-        roofs.append(_roof.measure(THREADS))
+        roofs.append(_roof.measure(args.threads))
         print(f"rep {r}: load {os.getloadavg()[0]:.2f}; roof fp32 {roofs[-1]['fp32_gflops']:.0f} GFLOP/s, bf16 "
               f"{roofs[-1]['bf16_gflops']:.0f} GFLOP/s", flush=True)
         for inter in args.interaction:
@@ -279,6 +279,8 @@ def main() -> None:
     ap.add_argument("--interaction", nargs="+", default=["dot"], choices=("dot", "dcn"))
     ap.add_argument("--precision", nargs="+", default=["fp32"], choices=("fp32", "bf16"))
     ap.add_argument("--baseline", metavar="REF", help="also run ctrkit at this git ref (e.g. the pre-change commit)")
+    ap.add_argument("--threads", type=int, default=THREADS, help="ctrkit's torch threads (the peer script runs "
+                    f"{THREADS}: other values need --skip-peer); 1 gives steadier profiles on a busy machine")
     ap.add_argument("--rows", type=int, help="train on the first ROWS rows only (quicker, noisier)")
     ap.add_argument("--profile", action="store_true", help="after the reps: where a step's time goes (torch.profiler)")
     ap.add_argument("--no-keep-freed-memory", action="store_true",
@@ -291,6 +293,9 @@ def main() -> None:
     if args.worker:
         args.interaction, args.precision = args.interaction[0], args.precision[0]
         return worker(args)
+    if args.threads != THREADS and not args.skip_peer:
+        raise SystemExit(f"--threads {args.threads}: the torchrec peer script runs {THREADS} threads; pass "
+                         f"--skip-peer, or leave --threads at {THREADS}")
     ensure_peers_and_data(data_only=args.skip_peer)
     with tempfile.TemporaryDirectory(prefix="dlrm-throughput-") as tmp:
         data = subset(DATA, args.rows, Path(tmp))
@@ -307,11 +312,11 @@ def main() -> None:
                             p = run_worker(src, data, inter, prec, 0, args, profile=True)
                             profiles[f"{inter}/{prec}/{side}"] = p
                             print("\n" + format_table(p, f"{inter} {prec} {side}"), flush=True)
-    roof = _roof.median_roof(roofs) if roofs else _roof.measure(THREADS)  # --reps 0: the profiles alone
+    roof = _roof.median_roof(roofs) if roofs else _roof.measure(args.threads)  # --reps 0: the profiles alone
     summary = summarise(runs, roofs)
     print_table(summary, roof)
     print(json.dumps({"workload": "200k rows (or --rows), 13 dense + 26 sparse, D=16, dense 512-256-16, over "
-                      "512-256-1, B=4096, 2 threads", "rows": args.rows or 200_000, "reps": args.reps,
+                      "512-256-1, B=4096", "threads": args.threads, "rows": args.rows or 200_000, "reps": args.reps,
                       "device": args.device, "baseline": args.baseline, "keep_freed_memory": not args.no_keep_freed_memory,
                       "load_average_end": [round(x, 2) for x in os.getloadavg()], "roof": roof, "runs": summary,
                       "profiles": profiles}))
