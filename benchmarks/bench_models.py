@@ -38,6 +38,9 @@ from typing import Any
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _roof
+
 REPO = Path(__file__).resolve().parents[1]
 CRITEO_SAMPLE = REPO / "examples" / "data" / "criteo_sample.tsv.gz"
 # the shared data sets, as the tests find them (tests/conftest.py): $CTRKIT_SHARED_DATA, else ../shared/data
@@ -98,7 +101,7 @@ def run_one(config: Path, stores: dict[str, str], seed: int, run_dir: Path, over
     ])
     s = train_from_config(cfg, progress=False)
     return {"auc": s["test"]["auc"], "logloss": s["test"]["logloss"], "seconds": s["seconds"],
-            "steps": s["steps"], "best_step": s["best"]["step"]}
+            "steps": s["steps"], "best_step": s["best"]["step"], "samples_per_s": s["samples_per_second"]}
 
 
 def mean_std(xs: list[float]) -> tuple[float, float]:
@@ -142,6 +145,11 @@ def main(argv: list[str] | None = None) -> int:
                 sys.stdout.write(f"  {name:<10} seed {seed}: AUC {r['auc']:.4f}  LogLoss {r['logloss']:.4f}  "
                                  f"{r['seconds']:.1f}s  (best step {r['best_step']} of {r['steps']})\n")
                 sys.stdout.flush()
+        # the matmul roof and FLOPs per training sample (fit loop's samples/s), same run (issue 29 item 1)
+        roof = _roof.zoo_roof(_roof.measure(a.threads),
+                              {n: _roof.model_flops_from_config(p, stores["train"]) for n, p in configs.items()},
+                              {n: {"ctrkit": statistics.mean(r["samples_per_s"] for r in rs)}
+                               for n, rs in results.items()}, lambda t: sys.stdout.write(t + "\n"))
     sys.stdout.write(f"\n{a.dataset} test split, mean ± std over seeds {a.seeds}\n")
     sys.stdout.write(f"{'model':<11}{'AUC':>16}{'LogLoss':>16}{'seconds':>14}\n")
     for name, rs in sorted(results.items(), key=lambda kv: -mean_std([r["auc"] for r in kv[1]])[0]):
@@ -149,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                          f"{fmt([r['seconds'] for r in rs], 1):>14}\n")
     summary = {
         "dataset": a.dataset, "seeds": a.seeds, "threads": a.threads, "overrides": overrides,
-        "torch": torch.__version__,
+        "torch": torch.__version__, "roof": roof,
         "models": {
             name: {
                 **{f"{k}_mean": mean_std([r[k] for r in rs])[0] for k in ("auc", "logloss", "seconds")},

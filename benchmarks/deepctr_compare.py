@@ -65,6 +65,7 @@ import json
 import logging
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -76,6 +77,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _roof
 from bench_models import PEER_INSTALL, REPO, mean_std, prepare
 
 from ctrkit import stats
@@ -378,12 +380,20 @@ def main(argv: list[str] | None = None) -> int:
                                      if rows[m][side][-1].get("cpu_seconds") is not None else "") for side in sides)
                 sys.stdout.write(f"  {m:<10} seed {seed}: {line}\n")
                 sys.stdout.flush()
-    return report(a.dataset, a.seeds, a.recipes, epochs, a.threads, meta["embedding_dim"], cpu, rows, failed)
+        # the matmul roof and each model's FLOPs per training sample, same run (issue 29 item 1)
+        n_train = len(np.load(data / "train.npz")["label"])
+        rates = {m: {s: n_train * statistics.mean(r.get("epochs", epochs) / r["fit_seconds"] for r in rs)
+                     for s, rs in sides_.items()} for m, sides_ in rows.items()}
+        flops = {m: _roof.model_flops_from_config(REPO / "configs" / a.dataset / f"{m}.yaml", stores["train"])
+                 for m in rows}
+        roof = _roof.zoo_roof(_roof.measure(a.threads), flops, rates, lambda t: sys.stdout.write(t + "\n"))
+    return report(a.dataset, a.seeds, a.recipes, epochs, a.threads, meta["embedding_dim"], cpu, rows, failed,
+                  roof=roof)
 
 
 def report(dataset: str, seeds: list[int], recipes: list[str], epochs: int, threads: int, embedding_dim: int,
            cpu: str, rows: dict[str, dict[str, list[dict[str, Any]]]], failed: dict[str, str],
-           torch_version: str = torch.__version__) -> int:
+           torch_version: str = torch.__version__, roof: dict[str, Any] | None = None) -> int:
     """The table, the pooled stds, the spread verdicts and the RESULT line of per-run results ``rows``
     (model -> side -> one dict per seed)."""
     sides = ["deepctr", *recipes]
@@ -410,7 +420,7 @@ def report(dataset: str, seeds: list[int], recipes: list[str], epochs: int, thre
         "embedding_dim": embedding_dim, "torch": torch_version, "cpu_capability": cpu,
         "models": {m: {"peer": PEERS[m], **s, "runs": rows[m]} for m, s in summary.items()},
         "pooled_auc_std": pooled, "pooled_valid_auc_std": pooled_valid, "spread_verdicts": verdicts,
-        "peer_failed": failed}) + "\n")
+        "peer_failed": failed, "roof": roof}) + "\n")
     return 0
 
 

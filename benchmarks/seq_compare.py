@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _roof
 from bench_models import PEER_INSTALL, REPO, SHARED_DATA, fmt, mean_std
 from seq_export import export_for_peer
 
@@ -256,10 +257,15 @@ def main(argv: list[str] | None = None) -> int:
                              f"{g(f'{m}/ctrkit') - g(f'{m}/deepctr'):+.4f}\n")
     for name, ok in checks.items():
         sys.stdout.write(f"  {'PASS' if ok else 'FAIL'}  {name}\n")
+    roof = _roof.zoo_roof(  # the matmul roof and FLOPs per training sample, same run (issue 29 item 1)
+        _roof.measure(a.threads), {m: _roof.model_flops_from_config(REPO / "configs" / a.dataset / f"{m}.yaml",
+                                                                    stores["train"]) for m in runs},
+        {m: {s: summary[f"{m}/{s}"]["samples_per_s"][0] for s in sides if f"{m}/{s}" in summary}
+         for m, sides in runs.items()}, lambda t: sys.stdout.write(t + "\n"))
     sys.stdout.write("RESULT " + json.dumps({
         "dataset": a.dataset, "seeds": a.seeds, "epochs": a.epochs, "threads": a.threads, "train_rows": n_train,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(), "precision": "fp32", "torch": torch.__version__,
-        "results": summary, "checks": checks}) + "\n")
+        "results": summary, "checks": checks, "roof": roof}) + "\n")
     return 0
 
 

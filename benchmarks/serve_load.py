@@ -40,6 +40,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import _roof
 import numpy as np
 import torch
 
@@ -266,6 +267,7 @@ def main() -> None:
         info = Predictor.from_checkpoint(ckpt).metadata()
         rows = criteo_rows(args.rows, info["input_columns"])
         ref = in_process(ckpt, rows, args.reps)
+        flops = _roof.predict_flops(Predictor.from_checkpoint(ckpt), rows)  # forward FLOPs per row (issue 29 item 1)
         ceiling, cpu_ms = in_process_ceiling(ckpt, rows, args.workers, threads, args.seconds)
         ceiling_16, cpu_ms_16 = in_process_ceiling(ckpt, rows, args.workers, threads, args.seconds, copies=16)
         print(f"in-process ceiling, {args.workers} process(es) x {threads} thread(s), pre-encoded batches: "
@@ -287,6 +289,8 @@ def main() -> None:
     share = round(best / ceiling, 3) if ceiling else None
     print(f"server's best {best:.0f} rows/s = {share} of the in-process ceiling ({ceiling:.0f} rows/s; target 0.7)")
     busiest = max(levels, key=lambda lv: lv["rows_per_s"])
+    roof = _roof.measure(threads)  # the matmul roof on the server's threads per process, same run
+    print(_roof.cpu_line(roof) + "\n" + _roof.roof_line(roof, flops, best, label="server at saturation"))
     server_ms = busiest["server_cpu_ms_per_request"]
     cpu_share = round(cpu_ms / server_ms, 3) if server_ms else None
     print(f"CPU per {args.rows} rows: in process {cpu_ms} ms, server {server_ms} ms at {busiest['clients']} clients "
@@ -296,6 +300,7 @@ def main() -> None:
                       "client": "asyncio raw HTTP/1.1, same host", "server_workers": args.workers,
                       "server_threads": threads, "server_limits": limits, "levels": levels,
                       "in_process_ms": ref, "in_process_rows_per_s": ceiling,
+                      "roof": _roof.roof_summary(roof, flops, best),
                       "in_process_rows_per_s_16x": ceiling_16, "server_share_of_in_process": share,
                       "in_process_cpu_ms_per_request": cpu_ms, "in_process_cpu_ms_per_request_16x": cpu_ms_16,
                       "server_cpu_share_of_in_process": cpu_share,

@@ -16,6 +16,7 @@ from ctrkit.training.optim import (
     LazyAdam,
     OptimizerSet,
     RowWiseAdagrad,
+    build_dense_optimizer,
     build_optimizers,
     coalesce_rows,
     split_parameters,
@@ -53,7 +54,7 @@ def _run(model, opt, batches):
         opt.step()
 
 
-@pytest.mark.parametrize("rows, lookups", [(7, 40), (50, 12), (5, 5)])  # dense-buffer path, coalesce path, edge
+@pytest.mark.parametrize("rows, lookups", [(7, 40), (30, 12), (50, 12), (5, 5)])  # dense buffer (R <= 4n twice), sort, edge
 def test_coalesce_rows_equals_torch_coalesce(rows, lookups):
     g = torch.Generator().manual_seed(rows)
     ids = torch.randint(0, rows, (lookups,), generator=g)
@@ -312,3 +313,22 @@ def test_sparse_steps_print_no_torch_invariants_warning(sparse, optimizer):
     """).replace("SPARSE", str(sparse)).replace("OPTIMIZER", optimizer)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "0", out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("name, cls", [("adam", torch.optim.Adam), ("adamw", torch.optim.AdamW)])
+def test_dense_optimizer_is_fused_and_matches_the_per_parameter_loop(name, cls):
+    """Adam / AdamW use torch's fused kernel on the CPU, with the same updates as torch's plain loop."""
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 1))
+    fused = copy.deepcopy(ref)
+    opt = build_dense_optimizer(name, list(fused.parameters()), lr=0.05, weight_decay=0.01)
+    assert opt.param_groups[0]["fused"] is True
+    plain = cls(ref.parameters(), lr=0.05, weight_decay=0.01, foreach=False)
+    x, y = torch.randn(16, 5), torch.rand(16, 1)
+    for _ in range(5):
+        for m, o in ((ref, plain), (fused, opt)):
+            o.zero_grad(set_to_none=True)
+            nn.functional.binary_cross_entropy_with_logits(m(x), y).backward()
+            o.step()
+    for a, b in zip(ref.parameters(), fused.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

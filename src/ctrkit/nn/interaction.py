@@ -16,6 +16,7 @@ sparse rows alone: ``C = sparse [B, F, D]``, and nothing stands in the dense vec
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -48,6 +49,40 @@ def _combined(dense: torch.Tensor | None, sparse: torch.Tensor) -> torch.Tensor:
     return sparse if dense is None else torch.cat((dense.unsqueeze(1), sparse), dim=1)  # (B, F(+1), D)
 
 
+class _PairDots(torch.autograd.Function):
+    """``pairs = flat(C C^T)[:, flat_index]`` with a one-matmul backward (training only).
+
+    Autograd's own backward of ``bmm(C, C^T)`` then ``index_select`` fills a zero ``[B, n^2]`` gradient, scatters
+    the pairs into it, runs two bmm (one per operand) and adds them. The Gram matrix is symmetric, so with
+    ``G`` the pair gradients mirrored into both triangles (``G[i, j] = G[j, i] = dY_ij``, diagonal 0),
+    ``dC = G C`` is one bmm, and ``G`` is one gather of ``[dY, 0]`` by ``mirror_index``.
+    Under autocast the products run in the autocast dtype (as autocast runs ``bmm``) and ``dC`` comes back in C's.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, combined: torch.Tensor, flat_index: torch.Tensor,  # type: ignore[override]
+                mirror_index: torch.Tensor) -> torch.Tensor:
+        dev = combined.device.type
+        c = combined
+        if torch.is_autocast_enabled(dev):
+            c = combined.to(torch.get_autocast_dtype(dev))
+        B = c.shape[0]
+        with torch.autocast(dev, enabled=False):
+            gram = torch.bmm(c, c.transpose(1, 2))  # (B, n, n)
+            pairs = gram.view(B, -1).index_select(1, flat_index)  # (B, P)
+        ctx.save_for_backward(c, mirror_index)
+        ctx.input_dtype = combined.dtype
+        return pairs
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # type: ignore[override]
+        c, mirror_index = ctx.saved_tensors
+        B, n = c.shape[0], c.shape[1]
+        g = torch.cat((grad.to(c.dtype), grad.new_zeros(B, 1, dtype=c.dtype)), dim=1)  # (B, P + 1): 0 last
+        sym = g.index_select(1, mirror_index).view(B, n, n)  # (B, n, n) symmetric, zero diagonal
+        return torch.bmm(sym, c).to(ctx.input_dtype), None, None  # (B, n, D)
+
+
 class DotInteraction(nn.Module):
     """Pairwise dot products (seed 001 §2): ``[B, D], [B, F, D] -> [B, D + F(F+1)/2]``.
 
@@ -69,14 +104,20 @@ class DotInteraction(nn.Module):
                                    f"multiply), got {F}")
         i, j = torch.triu_indices(n, n, offset=1)
         self.register_buffer("flat_index", i * n + j, persistent=False)  # (n(n-1)/2,)
+        mirror = torch.full((n, n), len(i), dtype=torch.long)  # position in [pairs, 0]: the diagonal reads the 0
+        mirror[i, j] = mirror[j, i] = torch.arange(len(i))
+        self.register_buffer("mirror_index", mirror.view(-1), persistent=False)  # (n^2,)
         self.out_features = (D if self.with_dense else 0) + n * (n - 1) // 2
 
     def forward(self, dense: torch.Tensor | None, sparse: torch.Tensor) -> torch.Tensor:
         _check_inputs("DotInteraction", dense, sparse, self.num_sparse_features, self.embedding_dim, self.with_dense)
         B = sparse.shape[0]
         combined = _combined(dense, sparse)  # (B, n, D), n = F+1 (F without dense)
-        gram = torch.bmm(combined, combined.transpose(1, 2))  # (B, n, n)
-        pairs = gram.view(B, -1).index_select(1, self.flat_index)  # (B, n(n-1)/2)
+        if combined.requires_grad and torch.is_grad_enabled() and not torch.compiler.is_compiling():
+            pairs = _PairDots.apply(combined, self.flat_index, self.mirror_index)  # (B, n(n-1)/2)
+        else:  # inference, export, compile: the plain ops
+            gram = torch.bmm(combined, combined.transpose(1, 2))  # (B, n, n)
+            pairs = gram.view(B, -1).index_select(1, self.flat_index)  # (B, n(n-1)/2)
         return pairs if dense is None else torch.cat((dense, pairs), dim=1)  # (B, [D +] n(n-1)/2)
 
 
