@@ -1,0 +1,265 @@
+"""Rolling benchmark (issue 28, item 4): day-by-day incremental training vs retraining from scratch vs a frozen
+first model, on real logs with time: next-period AUC / GAUC and training seconds.
+
+    python benchmarks/incremental.py [--datasets movielens taobao] [--quick] [--periods N] [--epochs 5]
+                                     [--threads 1] [--seed 0] [--out DIR]
+
+Data (benchmarks/_rolling_data.py): MovieLens-100K cut by week (31 weeks; label rating >= 4, the user's 20
+previous items as a history) and the Taobao UserBehavior head cut by day (9 days; label: the behaviour went past
+a page view, i.e. cart / fav / buy; user, item, category, hour and the user's 20 previous items and categories).
+Rows are in time order; in each period the last ``--valid-fraction`` (10%) of rows is its validation split.
+
+Periods t = 0 .. T-2 (each evaluated on period t + 1, which no choice ever sees), three arms:
+
+* incremental: ``ctrkit preprocess table NEW --vocab-from STORE_{t-1}/train --grow`` (known ids kept, new ones
+  appended) and ``ctrkit train --warm-start RUN_{t-1}/best.pt`` on the new rows only: the rows after period
+  t - 1's train part, so period t - 1's validation rows are trained on the next day, and every row once;
+* retrain: ``ctrkit preprocess table`` fitted from scratch and ``ctrkit train`` on every row up to period t's
+  validation split (all periods so far);
+* frozen: period 0's model, never updated; period t + 1 encoded with period 0's vocabularies
+  (``--vocab-from STORE_0/train``: new ids -> 1, rare) and scored with RUN_0/best.pt.
+
+At t = 0 the three arms are the same run. Every run uses one fixed config: configs/movielens/deepfm.yaml
+(DeepFM, embedding 16, MLP 256-128, Adam 2e-3 + lazy Adam 2.5e-3 on the rows) with batch 256, no weight
+averaging (a warm-started run's average starts anew), at most ``--epochs`` epochs and early stopping on the
+period's validation AUC (patience 1); the best validation checkpoint is the period's model (and the next
+period's warm start). Commands run in this process through ``ctrkit.cli.main`` (no interpreter start-up).
+
+Figures per arm and period: AUC and GAUC (per user, impression-weighted, users with one class skipped) of
+period t + 1, from the run's predictions.npz (or the frozen model's scores); ``train_s`` = the fit loop (with its
+per-epoch validation), ``job_s`` = the whole ``ctrkit train`` job (loaders, checkpoints, test scoring, report),
+``prep_s`` = ``ctrkit preprocess``. Seconds are comparable between arms of one run only: the machine is shared
+(the load average is printed). Targets: incremental mean AUC >= retrain's - 0.002, at a fraction of its
+training seconds, and above frozen's. Prints a table per dataset and ends with ONE line ``RESULT {json}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import logging
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.csv as pacsv
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _rolling_data import REPO, Log, load
+from bench_models import SHARED_DATA
+
+CONFIG = REPO / "configs" / "movielens" / "deepfm.yaml"
+ARMS = ("incremental", "retrain", "frozen")
+AUC_SLACK = 0.002
+QUICK = {"movielens": 4, "taobao": 4}  # periods of --quick (3 evaluated)
+
+
+def ctrkit(*args: str) -> None:
+    """``ctrkit ARGS`` in this process (its stdout swallowed); a non-zero exit stops the benchmark."""
+    from ctrkit.cli import main
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        rc = main(list(args))
+    if rc:
+        raise SystemExit(f"`ctrkit {' '.join(args)}` exited {rc} (its error is logged above)")
+
+
+def preprocess(spec: Path, csv: Path, out: Path, *, valid: Path | None = None, test: Path | None = None,
+               parent: Path | None = None, grow: bool = False) -> float:
+    """``ctrkit preprocess table`` -> seconds. With ``valid`` / ``test``: stores out/{train,valid,test}, else out/train."""
+    args = ["preprocess", "table", str(csv), "--schema", str(spec), "--out", str(out), "--embedding-dim", "16",
+            "--overwrite"]
+    args += ["--valid", str(valid), "--test", str(test)] if valid else ["--split", "1"]
+    args += ["--vocab-from", str(parent)] if parent else []
+    args += ["--grow"] if grow else []
+    t0 = time.perf_counter()
+    ctrkit(*args)
+    return time.perf_counter() - t0
+
+
+def scores(label: np.ndarray, score: np.ndarray, group: np.ndarray) -> dict[str, float]:
+    from sklearn.metrics import roc_auc_score
+
+    from ctrkit.metrics import gauc
+
+    return {"auc": float(roc_auc_score(label, score)), "gauc": float(gauc(score, label, group)[0]), "rows": len(label)}
+
+
+def train(store: Path, runs: Path, name: str, overrides: list[str], warm: Path | None = None) -> dict[str, Any]:
+    """``ctrkit train`` on store/{train,valid,test} -> next-period scores, seconds and the best epoch."""
+    ctrkit("train", "--config", str(CONFIG), "--quiet", f"--data.train={store}/train", f"--data.valid={store}/valid",
+           f"--data.test={store}/test", f"--run.dir={runs}", f"--run.name={name}", *overrides,
+           *(["--warm-start", str(warm)] if warm else []))
+    run = runs / name
+    s = json.loads((run / "summary.json").read_text())
+    p = np.load(run / "predictions.npz")
+    return {**scores(p["label"], p["score"], p["group"]), "train_s": s["train_seconds"], "job_s": s["seconds"],
+            "best_epoch": s["best"]["epoch"] + 1, "epochs": s["epochs_trained"], "best": str(run / "best.pt")}
+
+
+def frozen(ckpt: str, store: Path) -> dict[str, Any]:
+    """The model of ``ckpt`` scored on ``store`` (encoded with its vocabularies) -> next-period scores."""
+    from ctrkit.checkpoint import Checkpoint
+    from ctrkit.data.storage.store import Store
+    from ctrkit.jobs.scoring import eval_loader, score_rows
+
+    c = Checkpoint.load(ckpt)
+    p = score_rows(c.build_model().eval(), eval_loader(Store(store), 4096, c.feature_pipeline()))
+    return scores(p["label"], p["score"], p["group"])
+
+
+def write(log: Log, lo: int, hi: int, path: Path) -> Path:
+    pacsv.write_csv(log.rows.slice(lo, hi - lo), path)
+    return path
+
+
+def check_rows(r: dict[str, Any], log: Log, lo: int, hi: int, what: str) -> None:
+    """The scored rows are period t + 1's, whole (a store that dropped rows would compare other data)."""
+    if r["rows"] != hi - lo:
+        raise SystemExit(f"{what}: {r['rows']} rows scored, period holds {hi - lo}")
+
+
+def roll(log: Log, periods: int, work: Path, overrides: list[str], valid_fraction: float) -> list[dict[str, Any]]:
+    """The three arms over periods 0 .. periods-2 -> one record per period: {t, rows, new ids, arm: figures}."""
+    b = log.bounds(periods)
+    cut = [int(b[k] + np.floor((1 - valid_fraction) * (b[k + 1] - b[k]))) for k in range(periods)]
+    out, prev, first = [], None, None
+    for t in range(periods - 1):
+        d = work / f"p{t}"
+        d.mkdir(parents=True, exist_ok=True)
+        valid, test = write(log, cut[t], b[t + 1], d / "valid.csv"), write(log, b[t + 1], b[t + 2], d / "next.csv")
+        new = write(log, cut[t - 1] if t else 0, cut[t], d / "new.csv")
+        rec: dict[str, Any] = {"t": t, "new_rows": cut[t] - (cut[t - 1] if t else 0), "all_rows": cut[t],
+                               "next_rows": int(b[t + 2] - b[t + 1])}
+        prep = preprocess(log.spec, new, d / "inc", valid=valid, test=test, parent=prev and prev[0], grow=bool(prev))
+        inc = train(d / "inc", work / "runs", f"inc{t}", overrides, warm=prev and Path(prev[1]))
+        rec["incremental"] = {**inc, "prep_s": prep}
+        check_rows(inc, log, b[t + 1], b[t + 2], f"{log.name} period {t} incremental")
+        if t == 0:
+            first = (d / "inc" / "train", inc["best"])
+            rec["retrain"] = rec["frozen"] = rec["incremental"]
+        else:
+            prep = preprocess(log.spec, write(log, 0, cut[t], d / "all.csv"), d / "re", valid=valid, test=test)
+            rec["retrain"] = {**train(d / "re", work / "runs", f"re{t}", overrides), "prep_s": prep}
+            prep = preprocess(log.spec, test, d / "frozen", parent=first[0])
+            rec["frozen"] = {**frozen(first[1], d / "frozen" / "train"), "prep_s": prep,
+                             "next_unseen": unseen(d / "frozen" / "train")}
+            for arm in ("retrain", "frozen"):
+                check_rows(rec[arm], log, b[t + 1], b[t + 2], f"{log.name} period {t} {arm}")
+        rec["vocab"] = vocab_growth(d / "inc")
+        prev = (d / "inc" / "train", inc["best"])
+        out.append(rec)
+        sys.stdout.write(line(log.unit, rec) + "\n")
+        sys.stdout.flush()
+    return out
+
+
+def vocab_growth(stores: Path) -> dict[str, Any]:
+    """The incremental arm's vocabulary at period t: {table: [rows before, after]} of the tables that grew (the
+    store's vocab_lineage), and the share of next-period rows whose user / item it does not know (id 1, rare)."""
+    m = json.loads((stores / "train" / "manifest.json").read_text())
+    lineage = m["preprocessing"].get("vocab_lineage") or {"tables": {}}
+    grown = {k: [v["parent_size"], v["size"]] for k, v in lineage["tables"].items() if v["size"] > v["parent_size"]}
+    return {"grown": grown, "next_unseen": unseen(stores / "test")}
+
+
+def unseen(store: Path) -> dict[str, float]:
+    """Share of ``store``'s rows whose user / item id is 1 (rare: a value its vocabulary does not hold)."""
+    return {c: float(np.mean(np.load(store / f"{c}.npy") == 1)) for c in ("user_id", "item_id")}
+
+
+def line(unit: str, rec: dict[str, Any]) -> str:
+    cells = [f"{unit} {rec['t']}->{rec['t'] + 1} new {rec['new_rows']:>6} all {rec['all_rows']:>6}"]
+    for arm in ARMS:
+        r = rec[arm]
+        cells.append(f"{arm[:4]} AUC {r['auc']:.4f} GAUC {r['gauc']:.4f}"
+                     + (f" {r['train_s']:5.1f}s (ep {r['best_epoch']}/{r['epochs']:g})" if "train_s" in r else ""))
+    return " | ".join(cells)
+
+
+def summarise(recs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Means over the periods where the arms differ (t >= 1), totals of seconds, and the targets."""
+    later = [r for r in recs if r["t"] >= 1]
+    out: dict[str, Any] = {}
+    for arm in ARMS:
+        rs = [r[arm] for r in later]
+        out[arm] = {k: statistics.fmean(x[k] for x in rs) for k in ("auc", "gauc")}
+        for k in ("train_s", "job_s", "prep_s"):
+            if all(k in x for x in rs):
+                out[arm][f"{k}_total"] = sum(x[k] for x in rs)
+    inc, re, fr = out["incremental"], out["retrain"], out["frozen"]
+    out["incremental_minus_retrain_auc"] = inc["auc"] - re["auc"]
+    out["incremental_minus_frozen_auc"] = inc["auc"] - fr["auc"]
+    out["train_s_fraction"] = inc["train_s_total"] / re["train_s_total"]
+    out["checks"] = {f"incremental_auc_within_{AUC_SLACK}_of_retrain": inc["auc"] >= re["auc"] - AUC_SLACK,
+                     "incremental_faster_than_retrain": inc["train_s_total"] < re["train_s_total"],
+                     "incremental_auc_above_frozen": inc["auc"] > fr["auc"]}
+    return out
+
+
+def table(name: str, unit: str, recs: list[dict[str, Any]], s: dict[str, Any]) -> str:
+    head = f"| {unit} -> next | new / all rows | " + " | ".join(
+        f"{a} AUC | {a} GAUC" for a in ARMS) + " | inc train s | retrain train s |"
+    rows = [f"\n{name}\n", head, "|" + "---|" * (head.count("|") - 1)]
+    for r in recs:
+        rows.append(f"| {r['t']} -> {r['t'] + 1} | {r['new_rows']} / {r['all_rows']} | " + " | ".join(
+            f"{r[a]['auc']:.4f} | {r[a]['gauc']:.4f}" for a in ARMS)
+            + f" | {r['incremental']['train_s']:.1f} | {r['retrain']['train_s']:.1f} |")
+    rows.append(f"| mean t>=1 | | " + " | ".join(f"{s[a]['auc']:.4f} | {s[a]['gauc']:.4f}" for a in ARMS)
+                + f" | {s['incremental']['train_s_total']:.1f} (total) | {s['retrain']['train_s_total']:.1f} (total) |")
+    return "\n".join(rows) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--datasets", nargs="*", default=["movielens", "taobao"], choices=["movielens", "taobao"])
+    ap.add_argument("--quick", action="store_true", help=f"the first periods only ({QUICK}) and 2 epochs: <= 2 min")
+    ap.add_argument("--periods", type=int, help="roll over the first N periods (default: all)")
+    ap.add_argument("--epochs", type=int, default=5, help="most epochs per run (early stopping on valid, patience 1)")
+    ap.add_argument("--valid-fraction", type=float, default=0.1, help="the last rows of each period: its valid split")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="/tmp/ctrkit-incremental", help="work directory (stores and runs; replaced)")
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    torch.set_num_threads(a.threads)
+    epochs = 2 if a.quick else a.epochs
+    overrides = [f"--train.epochs={epochs}", "--train.early_stopping.patience=1", "--train.ema_decay=null",
+                 "--data.batch_size=256", "--train.metrics=[auc,gauc,logloss]", f"--train.threads={a.threads}",
+                 f"--train.seed={a.seed}", "--train.progress=false"]
+    load0 = os.getloadavg()
+    sys.stdout.write(f"threads={a.threads} cpu={torch.backends.cpu.get_cpu_capability()} (fp32) torch {torch.__version__}"
+                     f" cores={os.cpu_count()} load average {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}\n")
+    result: dict[str, Any] = {}
+    t_all = time.perf_counter()
+    for name in a.datasets:
+        log = load(name, SHARED_DATA, Path(a.out) / name)
+        periods = QUICK[name] if a.quick else (a.periods or int(log.period.max()) + 1)
+        t0 = time.perf_counter()
+        recs = roll(log, periods, Path(a.out) / name, overrides, a.valid_fraction)
+        s = summarise(recs)
+        sys.stdout.write(table(name, log.unit, recs, s))
+        for check, ok in s["checks"].items():
+            sys.stdout.write(f"  {'PASS' if ok else 'FAIL'}  {check}\n")
+        result[name] = {"periods": periods, "unit": log.unit, "seconds": time.perf_counter() - t0, "summary": s,
+                        "per_period": [{k: ({kk: vv for kk, vv in v.items() if kk != "best"} if isinstance(v, dict)
+                                            else v) for k, v in r.items()} for r in recs]}
+    load1 = os.getloadavg()
+    sys.stdout.write("RESULT " + json.dumps({
+        "benchmark": "incremental", "quick": a.quick, "epochs": epochs, "threads": a.threads, "seed": a.seed,
+        "valid_fraction": a.valid_fraction, "config": str(CONFIG.relative_to(REPO)), "overrides": overrides,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(), "precision": "fp32", "torch": torch.__version__,
+        "cores": os.cpu_count(), "load_average": {"start": load0, "end": load1},
+        "seconds": time.perf_counter() - t_all, "results": result}) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
