@@ -120,39 +120,42 @@ def write(log: Log, lo: int, hi: int, path: Path) -> Path:
     return path
 
 
-def check_rows(r: dict[str, Any], log: Log, lo: int, hi: int, what: str) -> None:
-    """The scored rows are period t + 1's, whole (a store that dropped rows would compare other data)."""
-    if r["rows"] != hi - lo:
-        raise SystemExit(f"{what}: {r['rows']} rows scored, period holds {hi - lo}")
+def ranges(bounds: np.ndarray, valid_fraction: float) -> list[dict[str, tuple[int, int]]]:
+    """Row ranges [lo, hi) of each period t = 0 .. T-2 (``bounds``: :meth:`Log.bounds`, T + 1 offsets): ``valid`` the
+    last ``valid_fraction`` of period t, ``next`` period t + 1 (evaluated), ``all`` every row before t's valid split
+    (retrain), ``new`` the rows after period t - 1's train part up to t's valid split (incremental: t - 1's valid
+    rows are trained on at t, so over the periods every row is trained on once)."""
+    b = [int(x) for x in bounds]
+    cut = [b[k] + int(np.floor((1 - valid_fraction) * (b[k + 1] - b[k]))) for k in range(len(b) - 1)]
+    return [{"new": (cut[t - 1] if t else 0, cut[t]), "all": (0, cut[t]), "valid": (cut[t], b[t + 1]),
+             "next": (b[t + 1], b[t + 2])} for t in range(len(b) - 2)]
 
 
 def roll(log: Log, periods: int, work: Path, overrides: list[str], valid_fraction: float) -> list[dict[str, Any]]:
     """The three arms over periods 0 .. periods-2 -> one record per period: {t, rows, new ids, arm: figures}."""
-    b = log.bounds(periods)
-    cut = [int(b[k] + np.floor((1 - valid_fraction) * (b[k + 1] - b[k]))) for k in range(periods)]
     out, prev, first = [], None, None
-    for t in range(periods - 1):
+    for t, r in enumerate(ranges(log.bounds(periods), valid_fraction)):
         d = work / f"p{t}"
         d.mkdir(parents=True, exist_ok=True)
-        valid, test = write(log, cut[t], b[t + 1], d / "valid.csv"), write(log, b[t + 1], b[t + 2], d / "next.csv")
-        new = write(log, cut[t - 1] if t else 0, cut[t], d / "new.csv")
-        rec: dict[str, Any] = {"t": t, "new_rows": cut[t] - (cut[t - 1] if t else 0), "all_rows": cut[t],
-                               "next_rows": int(b[t + 2] - b[t + 1])}
+        valid, test, new = (write(log, *r[k], d / f"{k}.csv") for k in ("valid", "next", "new"))
+        rec: dict[str, Any] = {"t": t, "new_rows": r["new"][1] - r["new"][0], "all_rows": r["all"][1],
+                               "next_rows": r["next"][1] - r["next"][0]}
         prep = preprocess(log.spec, new, d / "inc", valid=valid, test=test, parent=prev and prev[0], grow=bool(prev))
         inc = train(d / "inc", work / "runs", f"inc{t}", overrides, warm=prev and Path(prev[1]))
         rec["incremental"] = {**inc, "prep_s": prep}
-        check_rows(inc, log, b[t + 1], b[t + 2], f"{log.name} period {t} incremental")
         if t == 0:
             first = (d / "inc" / "train", inc["best"])
             rec["retrain"] = rec["frozen"] = rec["incremental"]
         else:
-            prep = preprocess(log.spec, write(log, 0, cut[t], d / "all.csv"), d / "re", valid=valid, test=test)
+            prep = preprocess(log.spec, write(log, *r["all"], d / "all.csv"), d / "re", valid=valid, test=test)
             rec["retrain"] = {**train(d / "re", work / "runs", f"re{t}", overrides), "prep_s": prep}
             prep = preprocess(log.spec, test, d / "frozen", parent=first[0])
             rec["frozen"] = {**frozen(first[1], d / "frozen" / "train"), "prep_s": prep,
                              "next_unseen": unseen(d / "frozen" / "train")}
-            for arm in ("retrain", "frozen"):
-                check_rows(rec[arm], log, b[t + 1], b[t + 2], f"{log.name} period {t} {arm}")
+        for arm in ARMS:  # the scored rows are period t + 1's, whole (a store that dropped rows would compare others)
+            if rec[arm]["rows"] != rec["next_rows"]:
+                raise SystemExit(f"{log.name} period {t} {arm}: {rec[arm]['rows']} rows scored, period t + 1 holds "
+                                 f"{rec['next_rows']}")
         rec["vocab"] = vocab_growth(d / "inc")
         prev = (d / "inc" / "train", inc["best"])
         out.append(rec)

@@ -1,0 +1,63 @@
+"""benchmarks/incremental.py's protocol: the rolling row ranges never train on what they score, and the Taobao log
+(benchmarks/_rolling_data.py) against a naive reading of the raw file (labels, periods, histories that look back
+only)."""
+
+from __future__ import annotations
+
+import gzip
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import benchmark_module
+
+INC = benchmark_module("incremental")
+DATA = benchmark_module("_rolling_data")
+
+
+@pytest.mark.parametrize("sizes", [[10, 7, 13, 5], [4, 4], [100, 1, 2, 50, 9, 30]])
+@pytest.mark.parametrize("valid_fraction", [0.1, 0.25])
+def test_ranges_never_train_on_what_they_score(sizes: list[int], valid_fraction: float) -> None:
+    bounds = np.r_[0, np.cumsum(sizes)]
+    rs = INC.ranges(bounds, valid_fraction)
+    assert len(rs) == len(sizes) - 1  # the last period is only ever scored
+    trained: list[int] = []
+    for t, r in enumerate(rs):
+        period = set(range(bounds[t], bounds[t + 1]))
+        valid, nxt = set(range(*r["valid"])), set(range(*r["next"]))
+        everything, new = set(range(*r["all"])), set(range(*r["new"]))
+        assert nxt == set(range(bounds[t + 1], bounds[t + 2]))  # the next period, whole
+        assert valid <= period and len(valid) == sizes[t] - int(np.floor((1 - valid_fraction) * sizes[t]))
+        assert max(valid, default=-1) == bounds[t + 1] - 1 or not valid  # its last rows in time
+        assert everything == set(range(min(valid, default=bounds[t + 1])))  # retrain: all before t's valid split
+        assert new <= everything and not new & set(trained)  # incremental: rows not trained on before
+        trained += sorted(new)
+        assert not (everything | new) & (valid | nxt)  # no arm trains on its valid or evaluated rows
+    assert trained == list(range(rs[-1]["all"][1]))  # incremental trains on every row once, in order
+
+
+def test_taobao_log_against_the_raw_file(shared_data: Callable[[str], Path], tmp_path: Path) -> None:
+    folder = shared_data("taobao_userbehavior")
+    log = DATA.taobao(folder, tmp_path)
+    with gzip.open(folder / "UserBehavior_head.csv.gz", "rt") as f:
+        raw = [ln.rstrip("\n").split(",") for ln in f if ln.strip()]
+    start, end = DATA.TAOBAO_START, DATA.TAOBAO_START + DATA.TAOBAO_DAYS * DATA.DAY
+    kept = [r for r in raw if start <= int(r[4]) < end]
+    assert 0 < log.rows.num_rows == len(kept) < len(raw)  # a few rows fall outside the official window
+    t = log.rows["time"].to_numpy()
+    assert np.all(np.diff(t) >= 0) and np.array_equal(log.period, (t - start) // DATA.DAY)
+    assert np.array_equal(log.bounds()[[0, -1]], [0, len(kept)]) and len(log.bounds()) == DATA.TAOBAO_DAYS + 1
+    assert int(log.rows["label"].to_numpy().sum()) == sum(r[3] != "pv" for r in kept)
+    hours = (t + 8 * 3600) % DATA.DAY // 3600
+    assert np.array_equal(log.rows["hour"].to_numpy(), hours)
+    # histories: the user's previous (up to 20) items and categories in time order, file order among equal times
+    rows = log.rows.to_pylist()
+    for user in sorted({r[0] for r in kept})[:25]:
+        mine = sorted((r for r in kept if r[0] == user), key=lambda r: int(r[4]))  # stable: file order on ties
+        got = [r for r in rows if r["user_id"] == int(user)]
+        got.sort(key=lambda r: r["time"])
+        assert [str(r["item_id"]) for r in got] == [r[1] for r in mine]
+        for i, r in enumerate(got):
+            assert r["hist_items"] == "|".join(m[1] for m in mine[max(0, i - 20):i])
+            assert r["hist_cates"] == "|".join(m[2] for m in mine[max(0, i - 20):i])
