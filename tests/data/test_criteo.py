@@ -142,6 +142,19 @@ def test_shard_spill_rolls_over_in_order(tmp_path: Path) -> None:
     np.testing.assert_array_equal(np.concatenate([spill.read(i)["x"] for i in shards]), data)
 
 
+def test_shard_spill_reads_zero_width_columns_shuffled(tmp_path: Path) -> None:
+    """A column of zero width per row (a table spec without dense features: dense (n, 0)) has an empty file; a
+    shuffled read gives its (n, 0) rows, as the unshuffled read does, beside a permuted column."""
+    from ctrkit.data.pipeline.rows import SpillColumn
+    from ctrkit.data.storage.spill import ShardSpill
+
+    spill = ShardSpill(tmp_path / "sp", 1, {"dense": SpillColumn("<f4", (0,)), "x": SpillColumn("<i8")})
+    spill.add({"dense": np.zeros((9, 0), np.float32), "x": np.arange(9)})
+    got = spill.read(0, seed=3)
+    assert got["dense"].shape == (9, 0)
+    np.testing.assert_array_equal(got["x"], np.arange(9)[np.random.default_rng(3).permutation(9)])
+
+
 def test_shuffled_train_is_permutation_with_many_shards(tmp_path: Path) -> None:
     lines = sample_lines(2000)
     src = write(tmp_path / "s.tsv", lines)

@@ -89,7 +89,8 @@ class ShardSpill:
                 vals = np.fromfile(self._file(shard, name, "values"), dtype=spec.dtype) if n else np.zeros(0, spec.dtype)
                 lens = np.fromfile(self._file(shard, name, "lengths"), dtype=np.int64) if n else np.zeros(0, np.int64)
                 out[name] = jagged_take(vals, lens, perm) if perm is not None else (vals, lens)
-            elif perm is not None and n:  # rows gathered straight from the mapped file: no copy of it first
+            elif perm is not None and n and all(spec.inner):  # rows gathered straight from the mapped file: no copy
+                # of it first (a column of zero width, e.g. a table without dense features, has an empty file: no map)
                 a = np.memmap(self._file(shard, name), dtype=spec.dtype, mode="r", shape=(n, *spec.inner))
                 out[name] = a[perm]
                 del a
