@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,16 +31,9 @@ import numpy as np
 import pyarrow as pa
 
 from ctrkit.data.pipeline.feature_pipeline import FeaturePipeline
-from ctrkit.data.pipeline.rules import CATEGORY, HEX, TOKENS, ColumnRule
-from ctrkit.data.pipeline.values import (
-    NUMPY,
-    NonFinite,
-    Refused,
-    describe,
-    fast_column,
-    fast_hex_columns,
-    reader,
-)
+from ctrkit.data.pipeline.json_columns import NUMPY, fast_columns
+from ctrkit.data.pipeline.rules import CATEGORY, TOKENS, ColumnRule
+from ctrkit.data.pipeline.values import NonFinite, Refused, describe, reader
 from ctrkit.errors import Problem, RowErrors
 
 try:
@@ -74,13 +67,13 @@ def dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
-def _columns(objects: list[dict], names: list[str]) -> dict[str, list[Any]]:
+def _columns(objects: list[dict], names: list[str]) -> dict[str, Sequence[Any]]:
     """{name: the value of every row} (``_MISSING`` where a row lacks it). Rows that all hold the same fields in
     the same order (what a client's serializer writes) are transposed in one C pass."""
     keys = tuple(objects[0]) if objects else ()
     if objects and all(tuple(o) == keys for o in objects):
-        cols = dict(zip(keys, map(list, zip(*[o.values() for o in objects]))))
-        return {c: cols[c] if c in cols else [_MISSING] * len(objects) for c in names}
+        cols = dict(zip(keys, zip(*[o.values() for o in objects])))
+        return {c: cols[c] if c in cols else (_MISSING,) * len(objects) for c in names}
     return {c: [o.get(c, _MISSING) for o in objects] for c in names}
 
 
@@ -123,21 +116,19 @@ class RowValidator:
 
     def check(self, rows: list[Any], max_errors: int = 1000) -> Checked:
         """The canonical columns of ``rows``, or :class:`RowErrors` listing the first ``max_errors`` bad (row,
-        field, reason) in row order (``bad_rows`` and ``total`` count them all). A column whose values are all
-        of the common well-formed kind is checked at once (numpy), the others value by value."""
+        field, reason) in row order (``bad_rows`` and ``total`` count them all). ``rows`` as a JSON parser gives
+        them (dicts of str, int, float, bool, None, lists, dicts; :class:`NonFinite`). A column whose values are
+        all of the usual type and well-formed is read at once, in C (:mod:`ctrkit.data.pipeline.json_columns`);
+        the others value by value, which names every bad one."""
         found: list[Problem] = []
         objects = [r if type(r) is dict else {} for r in rows]
         not_objects = {i for i, r in enumerate(rows) if type(r) is not dict}
         found += [Problem(i, None, f"must be an object of field: value pairs; got {describe(rows[i])}")
                   for i in sorted(not_objects)]
         values = _columns(objects, [r.column for r in self.rules])
-        out: dict[str, Any] = fast_hex_columns([r for r in self.rules if r.kind == HEX], values)
+        out = fast_columns(self.rules, values)  # the columns whose values are all well-formed, read in C
         for rule, read in zip(self.rules, self._readers):
             if rule.column in out:
-                continue
-            fast = fast_column(rule, values[rule.column])
-            if fast is not None:
-                out[rule.column] = fast
                 continue
             vals = _each_value(rule, read, values[rule.column], not_objects, found)
             if not found:
@@ -150,9 +141,10 @@ class RowValidator:
         return Checked(out, len(rows))
 
 
-def _each_value(rule: ColumnRule, read: Callable[[Any], Any], vals: list[Any], skip: set[int],
+def _each_value(rule: ColumnRule, read: Callable[[Any], Any], column: Sequence[Any], skip: set[int],
                 found: list[Problem]) -> list[Any]:
-    """``vals`` read one by one (in place); a refused value of a row in ``skip`` (not an object) is not listed."""
+    """``column`` read one by one; a refused value of a row in ``skip`` (not an object) is not listed."""
+    vals = list(column)
     for i, v in enumerate(vals):
         try:
             if v is _MISSING:

@@ -50,17 +50,24 @@ F32_MAX = float(np.finfo(np.float32).max)
 KEY_LIMIT = 1 << 32
 LOG_FLOOR = math.exp(-2)  # ln(x + 3) is clamped at -2 where x + 3 <= e^-2
 SPLIT_CODES = {name: i for i, name in enumerate(SPLITS)}
-HEX_NIBBLE = np.full(256, -1, np.int64)  # byte -> its hex digit's value, -1 if not a hex digit
-for _k, _c in enumerate("0123456789abcdef"):
+HEX_DIGITS = b"0123456789abcdefABCDEF"
+HEX_NIBBLE = np.full(256, 16, np.uint8)  # byte -> its hex digit's value, 16 if not a hex digit
+for _k, _c in enumerate(HEX_DIGITS[:16].decode()):
     HEX_NIBBLE[ord(_c)] = HEX_NIBBLE[ord(_c.upper())] = _k
-_NIBBLE_SHIFT = 4 * np.arange(7, -1, -1)
+_NOT_NIBBLES = np.uint64(0xF0F0F0F0F0F0F0F0)  # 8 nibbles in a uint64: a byte >= 16 is not a hex digit
 
 
 def decode_hex8(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Keys of 8-hex-digit values given as an (m, 8) uint8 byte matrix -> (keys int64 [m], ok bool [m])."""
-    nib = HEX_NIBBLE[raw]  # (m, 8) nibble per character, -1 if not hex
-    ok = (nib >= 0).all(axis=1)
-    return np.where(ok, (np.maximum(nib, 0) << _NIBBLE_SHIFT).sum(axis=1), -1), ok
+    """Keys of 8-hex-digit values given as an (m, 8) uint8 byte matrix -> (keys int64 [m], -1 where not hex;
+    ok bool [m]). All hex (the common case): one pass of ``bytes.fromhex``; else byte by byte in numpy."""
+    b = np.ascontiguousarray(raw, np.uint8).tobytes()
+    if not b.translate(None, HEX_DIGITS):  # nothing left once the hex digits are deleted
+        keys = np.frombuffer(bytes.fromhex(b.decode("ascii")), ">u4").astype(np.int64)
+        return keys, np.ones(len(keys), bool)
+    nib = HEX_NIBBLE[raw]  # (m, 8) the value of each digit, 16 where not hex
+    ok = (np.ascontiguousarray(nib).view(np.uint64).reshape(-1) & _NOT_NIBBLES) == 0
+    packed = np.ascontiguousarray((nib[:, 0::2] << 4) | nib[:, 1::2])  # (m, 4) the key's bytes, big-endian
+    return np.where(ok, packed.view(">u4").reshape(-1).astype(np.int64), -1), ok
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,9 @@ request validation (:mod:`ctrkit.serving.validation`) reads each value of a requ
 
 :func:`reader` gives, per :class:`~ctrkit.data.pipeline.rules.ColumnRule`, a function from one JSON value to
 its canonical form (the form whose pipeline reading does not depend on the values beside it), raising
-:class:`Refused` with the reason otherwise; :func:`fast_column` and :func:`fast_hex_columns` read a whole
-column at once when every value is of the usual JSON type and well-formed. Both take the rules' constants
-(``NUMBER``, ``COUNT_TEXT``, ``F32_MAX`` through ``ColumnRule.bound``, the hex digits), so a value the server
+:class:`Refused` with the reason otherwise; :mod:`ctrkit.data.pipeline.json_columns` reads whole columns at
+once when every value is of the usual JSON type and well-formed (the same canonical values, tested). Both take
+the rules' constants (``NUMBER``, ``COUNT_TEXT``, ``F32_MAX`` through ``ColumnRule.bound``, the hex digits), so a value the server
 accepts is one the encoder reads without error, and a value it refuses is a bad row there (tested by
 ``tests/serving/test_rules_agree.py``).
 
@@ -36,10 +36,7 @@ import json
 import math
 import re
 from collections.abc import Callable
-from itertools import chain
 from typing import Any
-
-import numpy as np
 
 from ctrkit.data.pipeline.rules import (
     CATEGORY,
@@ -53,7 +50,6 @@ from ctrkit.data.pipeline.rules import (
     NUMBER,
     TOKENS,
     ColumnRule,
-    decode_hex8,
 )
 
 _NUMBER = re.compile(NUMBER)
@@ -259,87 +255,3 @@ def reader(rule: ColumnRule) -> Callable[[Any], Any]:
             CATEGORY: lambda: _category,
             TOKENS: lambda: _tokens(rule.delimiter), ID: lambda: _id(rule.table_size),
             ID_TOKENS: lambda: _id_tokens(rule.table_size)}[rule.kind]()
-
-
-# ---- whole columns at once ------------------------------------------------------------------------------
-NUMPY = {DENSE: np.float64, COUNT: np.int64, HEX: np.int64, ID: np.int64}  # kinds whose canonical column is a numpy array
-_NONE = type(None)
-_INTEGERS, _NUMBERS, _TEXT = {int, _NONE}, {int, float, _NONE}, {str, _NONE}
-
-
-def fast_column(rule: ColumnRule, vals: list[Any]) -> Any:
-    """The canonical column of ``vals`` when every value is well-formed and of the usual JSON type (numbers
-    for dense, 8-hex-digit strings or null for Criteo keys, ASCII strings or null for categories); None
-    otherwise (then every value is checked on its own, which also names the bad ones)."""
-    types = set(map(type, vals))
-    if rule.kind == COUNT:  # Criteo's I1..I13: int64, null -> 0, as the block parser reads an empty field
-        if not types <= _INTEGERS:
-            return None
-        try:
-            x = np.array(vals if _NONE not in types else [0 if v is None else v for v in vals], np.int64)
-        except OverflowError:  # beyond int64: named value by value
-            return None
-        return x if ((x > -COUNT_LIMIT) & (x < COUNT_LIMIT)).all() else None
-    if rule.kind == DENSE and types <= _INTEGERS:  # integers: int64 (null -> 0, as the pipeline reads null)
-        try:
-            return np.array(vals if _NONE not in types else [0 if v is None else v for v in vals], np.int64)
-        except OverflowError:  # beyond int64: read as floats below
-            pass
-    if rule.kind == DENSE and types <= _NUMBERS:
-        try:
-            x = np.array(vals, np.float64)  # null -> NaN (missing)
-        except OverflowError:  # an integer beyond float64
-            return None
-        with np.errstate(invalid="ignore"):
-            if np.isinf(x).any() or (rule.bound < math.inf and (np.abs(x) > rule.bound).any()):
-                return None
-        return x
-    if rule.kind == HEX and types <= _TEXT:
-        return fast_hex_columns([rule], {rule.column: vals}).get(rule.column)
-    if rule.kind == CATEGORY and types <= _TEXT:
-        strs = [v for v in vals if v is not None] if _NONE in types else vals
-        return vals if "".join(strs).isascii() else None
-    return None
-
-
-def fast_hex_columns(rules: list[ColumnRule], values: dict[str, list[Any]]) -> dict[str, np.ndarray]:
-    """Criteo keys of the columns of ``rules`` whose values are all 8-hex-digit strings, "" or null, decoded
-    together (one numpy pass for all columns): {column: keys int64 [n], -1 = missing}. A column with any other
-    value is left out (checked value by value), and so are all of them when any key is not hex."""
-    picked, keys, present = [], [], []
-    for r in rules:
-        vals = values[r.column]
-        types = set(map(type, vals))
-        if not types <= _TEXT:
-            continue
-        k = [v for v in vals if v] if _NONE in types or "" in vals else vals  # "" / null: missing
-        if k and set(map(len, k)) != {8}:
-            continue
-        picked.append(r.column)
-        keys.append(k)
-        present.append(None if len(k) == len(vals) else np.fromiter(map(bool, vals), bool, len(vals)))
-    if not picked:
-        return {}
-    try:
-        raw = "".join(chain.from_iterable(keys)).encode("ascii")
-    except UnicodeEncodeError:
-        return _each_alone(rules, values)
-    decoded, ok = decode_hex8(np.frombuffer(raw, np.uint8).reshape(-1, 8))  # (all keys,)
-    if not ok.all():
-        return _each_alone(rules, values)
-    out, at = {}, 0
-    for column, k, mask in zip(picked, keys, present):
-        part, at = decoded[at:at + len(k)], at + len(k)
-        if mask is None:
-            out[column] = part
-        else:
-            out[column] = np.full(len(mask), -1, np.int64)
-            out[column][mask] = part
-    return out
-
-
-def _each_alone(rules: list[ColumnRule], values: dict[str, list[Any]]) -> dict[str, np.ndarray]:
-    """:func:`fast_hex_columns` column by column, keeping the columns that pass (after a joint pass failed)."""
-    if len(rules) == 1:
-        return {}
-    return {k: v for r in rules for k, v in fast_hex_columns([r], values).items()}
