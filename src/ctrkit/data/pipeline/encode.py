@@ -53,9 +53,13 @@ from ctrkit.data.pipeline.rules import (
 )
 from ctrkit.data.pipeline.spec import TableSpecYaml
 from ctrkit.data.pipeline.vocab import GROUP_TABLE
+from ctrkit.data.pipeline.vocab_joint import JointLookup
 from ctrkit.errors import DataError, RowErrors
 
 KINDS = (CRITEO, TABLE, IDS)
+# chunks of at most this many rows (a served request, a micro-batch) look up all single-valued columns at once;
+# larger ones column by column, where Vocabulary.lookup first reduces each column to its distinct values
+JOINT_MAX_ROWS = 1 << 16
 __all__ = ["CRITEO", "F32_MAX", "IDS", "KINDS", "TABLE", "Encoded", "Raw", "RowEncoder", "as_columns", "jagged_key"]
 
 @dataclass
@@ -233,12 +237,17 @@ class RowEncoder:
         rules = self.rules.dense
         dense = np.zeros((c.n, len(rules)), self._dense_dtype, order="F")  # filled column by column
         clamped = np.zeros(len(rules), np.int64)
+        logged, ints = [], []  # int64 counts under ln(x + 3): transformed together below
         for j, r in enumerate(rules):
             col = c.cols[r.column]
             if r.kind == COUNT and not validated:  # Criteo's integer counts, by the block parser's rule
                 col = counts(col, c.lines, c.badm, c.bad, f"dense {r.name!r}", r.column)
             if r.transform == "log" and isinstance(col, np.ndarray) and col.dtype.kind in "iu":
-                dense[:, j], clamped[j] = dense_transform(col)  # integer counts: lookup-table fast path
+                if col.dtype == np.int64:
+                    logged.append(j)
+                    ints.append(col)
+                else:
+                    dense[:, j], clamped[j] = dense_transform(col)  # integer counts: lookup-table fast path
                 continue
             x = np.nan_to_num(np.asarray(col, np.float64) if validated
                               else _numbers(col, c.lines, c.badm, c.bad, f"dense {r.name!r}", r.column), nan=0.0)
@@ -249,6 +258,8 @@ class RowEncoder:
                 x = within_f32(x, c.lines, c.badm, c.bad, f"dense {r.name!r} is beyond the float32 range "
                                f"(|value| > {F32_MAX:.4g}{after})", r.column, 0.0)
             dense[:, j] = x
+        if logged:  # one lookup-table pass over all integer count columns (elementwise: as one by one)
+            dense[:, logged], clamped[logged] = dense_transform(np.stack(ints, axis=1))
         return dense, clamped
 
     def _weight(self, c: _Chunk) -> np.ndarray | None:
@@ -296,10 +307,7 @@ class RowEncoder:
     def _lookup(self, kept: dict[Any, Any], n: int) -> tuple[np.ndarray, dict[str, tuple[np.ndarray, np.ndarray]],
                                                               np.ndarray | None]:
         """Ids of the kept rows: (sparse [n, Ns], jagged {feature: (ids, lengths)}, group ids or None)."""
-        sparse = np.empty((n, len(self.rules.single)), self._sparse_dtype, order="F")  # filled column by column
-        for j, r in enumerate(self.rules.single):
-            v = kept[r.column]
-            sparse[:, j] = self._ids(r.table, v, v < 0 if r.kind == HEX else None)
+        sparse = self._single_ids(kept, n)
         jagged: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         for r in self.rules.jagged:
             flat, lens = kept[(r.column, r.delimiter)]
@@ -311,6 +319,26 @@ class RowEncoder:
         g = self.rules.group
         group = self._ids(GROUP_TABLE, kept[g.column]) if g is not None and g.column in kept else None
         return sparse, jagged, group
+
+
+    def _single_ids(self, kept: dict[Any, Any], n: int) -> np.ndarray:
+        """Ids [n, Ns] of the single-valued columns: in one lookup (:meth:`_joint`) when every column holds
+        integer keys and the chunk is small, else column by column (the same ids)."""
+        single = self.rules.single
+        cols = [kept[r.column] for r in single]
+        joint = self._joint() if single and n <= JOINT_MAX_ROWS else None
+        if joint is not None and all(isinstance(v, np.ndarray) and v.dtype.kind in "iu" for v in cols):
+            keys = np.stack(cols)  # (Ns, n)
+            hexed = np.array([r.kind == HEX for r in single])[:, None]  # Criteo keys: negative = missing
+            return joint.lookup(keys, (keys < 0) & hexed).T.astype(self._sparse_dtype)  # (n, Ns)
+        sparse = np.empty((n, len(single)), self._sparse_dtype, order="F")  # filled column by column
+        for j, (r, v) in enumerate(zip(single, cols)):
+            sparse[:, j] = self._ids(r.table, v, v < 0 if r.kind == HEX else None)
+        return sparse
+
+    def _joint(self) -> JointLookup | None:
+        """One id lookup for all single-valued columns, or None (ids come column by column)."""
+        return None
 
 
 @dataclass

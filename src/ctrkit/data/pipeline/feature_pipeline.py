@@ -60,6 +60,7 @@ from ctrkit.data.pipeline.spec import TableSpecYaml, load_spec
 from ctrkit.data.pipeline.vocab import Vocabulary, check_vocab_options
 from ctrkit.data.pipeline.vocab_arrays import vocab_fingerprint
 from ctrkit.data.pipeline.vocab_grow import GrowFrom, Pending
+from ctrkit.data.pipeline.vocab_joint import JointLookup
 from ctrkit.errors import DataError, NotFittedError
 from ctrkit.schema import DenseFeature, Schema, SequenceFeature, SparseFeature
 
@@ -171,6 +172,16 @@ class FeaturePipeline(RowEncoder):
         # a group key training never saw keeps a group of its own (GAUC of new users), not the shared id 1
         base = UNSEEN_GROUP_BASE if table == GROUP_TABLE else None
         return self.vocabs_[table].lookup(values, missing, unseen_base=base)
+
+    def _joint(self) -> JointLookup | None:
+        """:class:`JointLookup` of the single-valued columns' vocabularies, built once for these vocabularies
+        (None: kind ids, or a vocabulary it cannot join)."""
+        if self.kind == IDS or self.vocabs_ is None:
+            return None
+        cached = self.__dict__.get("_joint_of")
+        if cached is None or cached[0] is not self.vocabs_:
+            cached = self._joint_of = (self.vocabs_, JointLookup.of([self.vocabs_[r.table] for r in self.rules.single]))
+        return cached[1]
 
     # ---- transform ---------------------------------------------------------------------------------
     def transform(self, raw: Raw, *, lines: np.ndarray | None = None, unit: str | None = None,
