@@ -38,7 +38,8 @@ def probabilities(output: torch.Tensor | ModelOutput) -> torch.Tensor:
 def scoring(model: nn.Module) -> Iterator[nn.Module]:
     """``model`` in eval mode with gradients off inside; its training mode is put back on the way out."""
     was_training = model.training
-    model.eval()
+    if was_training or any(m.training for m in model.modules()):  # eval() walks every module: ~0.15 ms a call
+        model.eval()
     try:
         with torch.no_grad():
             yield model

@@ -242,7 +242,7 @@ class FeaturePipeline(RowEncoder):
         s = self.schema
         first = columns[s.dense[0].name] if s.dense else columns[s.sparse_keys[0]]
         n = len(first[1]) if isinstance(first, tuple) else len(first)
-        feats = [s.feature(k) for k in s.sparse_keys]
+        feats = [*s.sparse, *s.sequence]  # the order of s.sparse_keys
 
         def opt(name: str | None) -> np.ndarray | None:
             return columns[name] if name and name in columns else None
