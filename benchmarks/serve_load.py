@@ -10,6 +10,7 @@
    in-process throughput ceiling on the same cores: as many processes as server workers, each with the server's
    torch threads, scoring pre-encoded batches of the request's rows (``Predictor.score_columns``) in a loop for
    ``--seconds``: rows/s summed (and the same at 16x the rows, the size of a busy server's micro-batches);
+   ``benchmarks/serve_path.py`` times the same stages as CPU time, beside another checkout;
 3. the server: ``ctrkit serve`` (``python -m ctrkit.cli serve``) in a subprocess on 127.0.0.1
    and a free port, polled on /healthz until ready;
 4. the load: for each client count, that many keep-alive HTTP/1.1 connections, each sending its next request
@@ -116,6 +117,8 @@ def in_process(ckpt: Path, rows: list[dict], reps: int) -> dict[str, dict[str, f
         with torch.no_grad():
             p.model(batch)
 
+    scores = p.score_columns(encoded).tolist()
+
     return {"predictor_predict": timed(lambda: p.predict(rows), reps),
             "server_path_json_loads": timed(lambda: loads(body), reps),
             "server_path_validate": timed(lambda: v.check(rows), reps),
@@ -123,7 +126,7 @@ def in_process(ckpt: Path, rows: list[dict], reps: int) -> dict[str, dict[str, f
             "server_path_encode": timed(lambda: p.pipeline.transform(arrays, validated=True), reps),
             "server_path_to_batch": timed(lambda: p.pipeline.to_batch(encoded), reps),
             "server_path_model_forward": timed(forward, reps),
-            "server_path_dumps": timed(lambda: dumps({"scores": p.score_columns(encoded).tolist()}), reps)}
+            "server_path_dumps": timed(lambda: dumps({"scores": scores}), reps)}
 
 
 def _score_loop(ckpt: str, rows: list[dict], copies: int, threads: int, seconds: float, out) -> None:
