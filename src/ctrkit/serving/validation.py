@@ -3,10 +3,13 @@ serve`` runs on every request before any row reaches the model.
 
 A request holds raw rows as JSON objects (``{"I1": 3, "C1": "68fd1e64", ...}``). :class:`RowValidator` reads
 every value with the rule of its column, the checkpoint pipeline's compiled
-:class:`~ctrkit.data.pipeline.rules.ColumnRule` (one per input column, ``pipeline.rules.inputs``), through the
-per-value readers of :mod:`ctrkit.data.pipeline.values` (the table of accepted values is there). It gives
-back, per column, one canonical value per row, or raises :class:`~ctrkit.errors.RowErrors` whose
-``problems`` list every bad (row, field, reason), which the server renders as its 422 answer (:func:`render`).
+:class:`~ctrkit.data.pipeline.rules.ColumnRule` (one per input column, ``pipeline.rules.inputs``): the columns
+whose values are all of the usual type and well-formed at once, in C (:mod:`ctrkit.data.pipeline.json_columns`:
+all count columns in one conversion, all Criteo keys in one hex decode), any other column value by value
+through the readers of :mod:`ctrkit.data.pipeline.values` (the table of accepted values is there), which give
+the same canonical values and name every bad one. It gives back, per column, one canonical value per row, or
+raises :class:`~ctrkit.errors.RowErrors` whose ``problems`` list every bad (row, field, reason), which the
+server renders as its 422 answer (:func:`render`).
 
 Why canonical values: rows of several requests are scored together (micro-batching, :mod:`ctrkit.serving.
 batching`), and the pipeline reads a column of mixed JSON types as text; one request's integers beside
