@@ -145,6 +145,8 @@ def _dense(rule: ColumnRule, vals: Sequence[Any]) -> np.ndarray | None:
     with np.errstate(invalid="ignore"):
         if np.isinf(x).any() or (rule.bound < math.inf and (np.abs(x) > rule.bound).any()):
             return None
+    if float in types and int(np.isnan(x).sum()) != vals.count(None):  # a float NaN (not a null) is refused
+        return None
     return x
 
 
