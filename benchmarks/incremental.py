@@ -44,10 +44,12 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.csv as pacsv
 import torch
 
@@ -124,42 +126,85 @@ def ranges(bounds: np.ndarray, valid_fraction: float) -> list[dict[str, tuple[in
     """Row ranges [lo, hi) of each period t = 0 .. T-2 (``bounds``: :meth:`Log.bounds`, T + 1 offsets): ``valid`` the
     last ``valid_fraction`` of period t, ``next`` period t + 1 (evaluated), ``all`` every row before t's valid split
     (retrain), ``new`` the rows after period t - 1's train part up to t's valid split (incremental: t - 1's valid
-    rows are trained on at t, so over the periods every row is trained on once)."""
+    rows are trained on at t, so over the periods every row is trained on once), ``earlier`` the train splits
+    [lo, hi) of periods 0 .. t-1 (the pool of ``--replay``)."""
     b = [int(x) for x in bounds]
     cut = [b[k] + int(np.floor((1 - valid_fraction) * (b[k + 1] - b[k]))) for k in range(len(b) - 1)]
     return [{"new": (cut[t - 1] if t else 0, cut[t]), "all": (0, cut[t]), "valid": (cut[t], b[t + 1]),
-             "next": (b[t + 1], b[t + 2])} for t in range(len(b) - 2)]
+             "next": (b[t + 1], b[t + 2]), "earlier": [(b[k], cut[k]) for k in range(t)]} for t in range(len(b) - 2)]
 
 
-def roll(log: Log, periods: int, work: Path, overrides: list[str], valid_fraction: float) -> list[dict[str, Any]]:
+def replay_rows(earlier: list[tuple[int, int]], new_rows: int, fraction: float, seed: int, t: int) -> np.ndarray:
+    """``--replay``: a sample (without replacement, ``default_rng([seed, t])``) of ``fraction`` x ``new_rows`` rows,
+    at most all of them, drawn from ``earlier`` (the train splits of periods 0 .. t-1: never a validation split,
+    period t's rows or the evaluated period) -> sorted row indices."""
+    pool = np.concatenate([np.arange(lo, hi) for lo, hi in earlier] or [np.empty(0, np.int64)])
+    n = min(len(pool), round(fraction * new_rows))
+    return np.sort(np.random.default_rng([seed, t]).choice(pool, size=n, replace=False)) if n else pool[:0]
+
+
+@dataclass(frozen=True)
+class Warm:
+    """The incremental arm's warm runs (t >= 1): ``replay`` x the new rows drawn from earlier train splits and
+    appended to its training rows (:func:`replay_rows`, seeded by ``seed``); ``dense_lr`` the dense
+    (non-embedding) learning rate (None: the config's); ``only`` runs the incremental arm alone (tuning on its
+    validation AUC)."""
+
+    replay: float = 0.0
+    dense_lr: float | None = None
+    seed: int = 0
+    only: bool = False
+
+
+def incremental(log: Log, r: dict[str, Any], d: Path, t: int, prev: tuple[Path, str] | None, overrides: list[str],
+                warm: Warm, valid: Path, test: Path) -> dict[str, Any]:
+    """Period t's incremental run: the vocabulary grown from the new rows only (store d/inc), then, with replay,
+    new + replayed rows encoded with that vocabulary (store d/incr: the replayed ids are known) -> its figures."""
+    new = write(log, *r["new"], d / "new.csv")
+    prep = preprocess(log.spec, new, d / "inc", valid=valid, test=test, parent=prev and prev[0], grow=bool(prev))
+    store, extra, replayed = d / "inc", [], 0
+    if prev is not None:
+        idx = replay_rows(r["earlier"], r["new"][1] - r["new"][0], warm.replay, warm.seed, t)
+        replayed = len(idx)
+        if replayed:
+            rows = pa.concat_tables([log.rows.slice(r["new"][0], r["new"][1] - r["new"][0]), log.rows.take(idx)])
+            pacsv.write_csv(rows, d / "new_replay.csv")
+            store = d / "incr"
+            prep += preprocess(log.spec, d / "new_replay.csv", store, valid=valid, test=test, parent=d / "inc" / "train")
+        extra = [f"--train.lr={warm.dense_lr}"] if warm.dense_lr else []
+    inc = train(store, d.parent / "runs", f"inc{t}", overrides + extra, warm=prev and Path(prev[1]))
+    return {**inc, "prep_s": prep, "replayed_rows": replayed}
+
+
+def roll(log: Log, periods: int, work: Path, overrides: list[str], valid_fraction: float,
+         warm: Warm = Warm()) -> list[dict[str, Any]]:
     """The three arms over periods 0 .. periods-2 -> one record per period: {t, rows, new ids, arm: figures}."""
     out, prev, first = [], None, None
     for t, r in enumerate(ranges(log.bounds(periods), valid_fraction)):
         d = work / f"p{t}"
         d.mkdir(parents=True, exist_ok=True)
-        valid, test, new = (write(log, *r[k], d / f"{k}.csv") for k in ("valid", "next", "new"))
+        valid, test = (write(log, *r[k], d / f"{k}.csv") for k in ("valid", "next"))
         rec: dict[str, Any] = {"t": t, "new_rows": r["new"][1] - r["new"][0], "all_rows": r["all"][1],
                                "next_rows": r["next"][1] - r["next"][0]}
-        prep = preprocess(log.spec, new, d / "inc", valid=valid, test=test, parent=prev and prev[0], grow=bool(prev))
-        inc = train(d / "inc", work / "runs", f"inc{t}", overrides, warm=prev and Path(prev[1]))
-        rec["incremental"] = {**inc, "prep_s": prep}
+        rec["incremental"] = inc = incremental(log, r, d, t, prev, overrides, warm, valid, test)
         if t == 0:
             first = (d / "inc" / "train", inc["best"])
             rec["retrain"] = rec["frozen"] = rec["incremental"]
-        else:
+        elif not warm.only:
             prep = preprocess(log.spec, write(log, *r["all"], d / "all.csv"), d / "re", valid=valid, test=test)
             rec["retrain"] = {**train(d / "re", work / "runs", f"re{t}", overrides), "prep_s": prep}
             prep = preprocess(log.spec, test, d / "frozen", parent=first[0])
             rec["frozen"] = {**frozen(first[1], d / "frozen" / "train"), "prep_s": prep,
                              "next_unseen": unseen(d / "frozen" / "train")}
-        for arm in ARMS:  # the scored rows are period t + 1's, whole (a store that dropped rows would compare others)
+        for arm in ARMS if not warm.only else ARMS[:1]:  # period t + 1 scored whole (else others would compare)
             if rec[arm]["rows"] != rec["next_rows"]:
                 raise SystemExit(f"{log.name} period {t} {arm}: {rec[arm]['rows']} rows scored, period t + 1 holds "
                                  f"{rec['next_rows']}")
         rec["vocab"] = vocab_growth(d / "inc")
         prev = (d / "inc" / "train", inc["best"])
         out.append(rec)
-        sys.stdout.write(line(log.unit, rec) + "\n")
+        sys.stdout.write((line(log.unit, rec) if not warm.only else
+                          f"{log.unit} {t}: valid AUC {inc['valid_auc']:.4f} replayed {inc['replayed_rows']}") + "\n")
         sys.stdout.flush()
     return out
 
@@ -209,6 +254,13 @@ def summarise(recs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def tuned(recs: list[dict[str, Any]]) -> dict[str, Any]:
+    """``--tune``: the incremental arm's mean validation AUC over t >= 1 (the only figure a choice may read)."""
+    later = [r["incremental"] for r in recs if r["t"] >= 1]
+    return {"valid_auc": statistics.fmean(x["valid_auc"] for x in later), "valid_auc_per_period":
+            [x["valid_auc"] for x in later], "train_s_total": sum(x["train_s"] for x in later)}
+
+
 def table(name: str, unit: str, recs: list[dict[str, Any]], s: dict[str, Any]) -> str:
     head = f"| {unit} -> next | new / all rows | " + " | ".join(
         f"{a} AUC | {a} GAUC" for a in ARMS) + " | inc train s | retrain train s |"
@@ -235,7 +287,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="/tmp/ctrkit-incremental", help="work directory (stores and runs; replaced)")
+    ap.add_argument("--replay", type=float, default=0.0, metavar="F",
+                    help="incremental arm: append F x the new rows, sampled from earlier periods' train splits")
+    ap.add_argument("--warm-dense-lr", type=float, help="incremental arm, warm runs: the dense (non-embedding) lr")
+    ap.add_argument("--tune", action="store_true",
+                    help="the incremental arm alone, judged on its validation AUC (for choosing --replay / lr)")
     a = ap.parse_args(argv)
+    if a.replay < 0 or (a.warm_dense_lr is not None and a.warm_dense_lr <= 0):
+        ap.error(f"--replay must be >= 0 and --warm-dense-lr > 0, got {a.replay} and {a.warm_dense_lr}")
+    warm = Warm(a.replay, a.warm_dense_lr, a.seed, a.tune)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(a.threads)
     epochs = 2 if a.quick else a.epochs
@@ -251,7 +311,11 @@ def main(argv: list[str] | None = None) -> int:
         log = load(name, SHARED_DATA, Path(a.out) / name)
         periods = QUICK[name] if a.quick else (a.periods or int(log.period.max()) + 1)
         t0 = time.perf_counter()
-        recs = roll(log, periods, Path(a.out) / name, overrides, a.valid_fraction)
+        recs = roll(log, periods, Path(a.out) / name, overrides, a.valid_fraction, warm)
+        if a.tune:
+            result[name] = tuned(recs)
+            sys.stdout.write(f"{name}: incremental mean valid AUC (t>=1) {result[name]['valid_auc']:.4f}\n")
+            continue
         s = summarise(recs)
         sys.stdout.write(table(name, log.unit, recs, s))
         for check, ok in s["checks"].items():
@@ -262,7 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     load1 = os.getloadavg()
     sys.stdout.write("RESULT " + json.dumps({
         "benchmark": "incremental", "quick": a.quick, "epochs": epochs, "threads": a.threads, "seed": a.seed,
-        "valid_fraction": a.valid_fraction, "config": str(CONFIG.relative_to(REPO)), "overrides": overrides,
+        "valid_fraction": a.valid_fraction, "replay": a.replay, "warm_dense_lr": a.warm_dense_lr, "tune": a.tune,
+        "config": str(CONFIG.relative_to(REPO)), "overrides": overrides,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(), "precision": "fp32", "torch": torch.__version__,
         "cores": os.cpu_count(), "load_average": {"start": load0, "end": load1},
         "seconds": time.perf_counter() - t_all, "cpu_seconds": time.process_time(), "results": result}) + "\n")
