@@ -2,7 +2,7 @@
 first model, on real logs with time: next-period AUC / GAUC and training seconds.
 
     python benchmarks/incremental.py [--datasets movielens taobao] [--quick] [--periods N] [--epochs 5]
-                                     [--threads 1] [--seed 0] [--out DIR]
+                                     [--threads 1] [--seed 0] [--out DIR] [--replay F] [--warm-dense-lr LR] [--tune]
 
 Data (benchmarks/_rolling_data.py): MovieLens-100K cut by week (31 weeks; label rating >= 4, the user's 20
 previous items as a history) and the Taobao UserBehavior head cut by day (9 days; label: the behaviour went past
@@ -14,6 +14,12 @@ Periods t = 0 .. T-2 (each evaluated on period t + 1, which no choice ever sees)
 * incremental: ``ctrkit preprocess table NEW --vocab-from STORE_{t-1}/train --grow`` (known ids kept, new ones
   appended) and ``ctrkit train --warm-start RUN_{t-1}/best.pt`` on the new rows only: the rows after period
   t - 1's train part, so period t - 1's validation rows are trained on the next day, and every row once;
+  With ``--replay F`` (t >= 1) a seeded sample of F x the new rows, drawn from the train splits of periods
+  0 .. t-1 (never a validation split, period t or the evaluated period), is appended to them: the vocabulary is
+  still grown from the new rows alone (store p{t}/inc), and new + replayed rows are encoded with it (store
+  p{t}/incr, ``--vocab-from p{t}/inc/train``; every replayed id is known). ``--warm-dense-lr`` sets the dense
+  (non-embedding) learning rate of the warm runs. ``--tune`` runs the incremental arm alone and reports its mean
+  validation AUC, the only figure these settings are chosen on;
 * retrain: ``ctrkit preprocess table`` fitted from scratch and ``ctrkit train`` on every row up to period t's
   validation split (all periods so far);
 * frozen: period 0's model, never updated; period t + 1 encoded with period 0's vocabularies
@@ -171,6 +177,8 @@ def incremental(log: Log, r: dict[str, Any], d: Path, t: int, prev: tuple[Path, 
             pacsv.write_csv(rows, d / "new_replay.csv")
             store = d / "incr"
             prep += preprocess(log.spec, d / "new_replay.csv", store, valid=valid, test=test, parent=d / "inc" / "train")
+            if any(unseen(store / "train").values()):  # replayed rows come from rows the vocabulary already holds
+                raise SystemExit(f"{log.name} period {t}: replayed rows hold user / item ids unknown to {d / 'inc'}")
         extra = [f"--train.lr={warm.dense_lr}"] if warm.dense_lr else []
     inc = train(store, d.parent / "runs", f"inc{t}", overrides + extra, warm=prev and Path(prev[1]))
     return {**inc, "prep_s": prep, "replayed_rows": replayed}

@@ -61,3 +61,23 @@ def test_taobao_log_against_the_raw_file(shared_data: Callable[[str], Path], tmp
         for i, r in enumerate(got):
             assert r["hist_items"] == "|".join(m[1] for m in mine[max(0, i - 20):i])
             assert r["hist_cates"] == "|".join(m[2] for m in mine[max(0, i - 20):i])
+
+
+@pytest.mark.parametrize("sizes", [[10, 7, 13, 5], [40, 3, 60, 20, 9]])
+@pytest.mark.parametrize("fraction", [0.5, 1.0, 3.0])
+def test_replay_draws_only_earlier_train_rows(sizes: list[int], fraction: float) -> None:
+    bounds = np.r_[0, np.cumsum(sizes)]
+    rs = INC.ranges(bounds, 0.25)
+    for t, r in enumerate(rs):
+        idx = INC.replay_rows(r["earlier"], r["new"][1] - r["new"][0], fraction, 0, t)
+        # naive reference: every period k < t's rows minus its validation split (rs[k]["valid"])
+        pool = {i for k in range(t) for i in range(bounds[k], bounds[k + 1]) if not rs[k]["valid"][0] <= i < rs[k]["valid"][1]}
+        assert set(idx.tolist()) <= pool and len(set(idx.tolist())) == len(idx)  # earlier train rows, no repeats
+        assert len(idx) == min(len(pool), round(fraction * (r["new"][1] - r["new"][0])))
+        banned = set(range(*r["new"])) | set(range(*r["valid"])) | set(range(*r["next"]))
+        assert not banned & set(idx.tolist())  # never the new, validation or evaluated rows
+        assert np.array_equal(idx, INC.replay_rows(r["earlier"], r["new"][1] - r["new"][0], fraction, 0, t))
+    assert len(INC.replay_rows(rs[0]["earlier"], 5, 1.0, 0, 0)) == 0  # period 0 has nothing to replay
+    last = rs[-1]
+    a, b = (INC.replay_rows(last["earlier"], 4, 1.0, s, len(rs) - 1) for s in (0, 1))
+    assert not np.array_equal(a, b)  # the seed picks the sample
