@@ -148,9 +148,9 @@ def add_touched_row_l2_(p: torch.Tensor, l2: float) -> None:
             rows = g.indices()[0]
             values = g.values() + l2 * p[rows]
             p.grad = torch.sparse_coo_tensor(g.indices(), values, g.shape, is_coalesced=True, check_invariants=False)
-        else:
-            rows, _ = _touched_rows(p.grad)
-            p.grad.index_add_(0, rows, p[rows], alpha=l2)
+        else:  # every row at once, the untouched ones' zero gradients kept (a dense gradient: a small table)
+            touched = p.grad.reshape(p.grad.shape[0], -1).ne(0).any(1).view(-1, *([1] * (p.dim() - 1)))
+            p.grad.copy_(torch.where(touched, p.grad + l2 * p, p.grad))
 
 
 def _row_sparse(grad: torch.Tensor) -> torch.Tensor:
@@ -193,22 +193,45 @@ class LazyAdam(torch.optim.SparseAdam):
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["step"] += 1
-                rows, g = _touched_rows(p.grad)  # (R',), (R', D)
-                if rows.numel() == 0:
-                    continue
-                if group.get("maximize", False):
-                    g = -g
                 step = state["step"]
                 step_size = group["lr"] * math.sqrt(1 - beta2**step) / (1 - beta1**step)
-                m, v = state["exp_avg"], state["exp_avg_sq"]
-                old_m, old_v = m.index_select(0, rows), v.index_select(0, rows)  # (R', D)
-                dm = g.sub(old_m).mul_(1 - beta1)
-                dv = g.pow(2).sub_(old_v).mul_(1 - beta2)
-                m.index_add_(0, rows, dm)
-                v.index_add_(0, rows, dv)
-                denom = dv.add_(old_v).sqrt_().add_(group["eps"])
-                p.index_add_(0, rows, dm.add_(old_m).div_(denom).mul_(-step_size))
+                moments = (state["exp_avg"], state["exp_avg_sq"])
+                update = _lazy_adam_rows if p.grad.is_sparse else _lazy_adam_masked
+                update(p, p.grad, *moments, beta1, beta2, group["eps"], step_size, group.get("maximize", False))
         return loss
+
+
+def _lazy_adam_rows(p: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torch.Tensor, beta1: float,
+                    beta2: float, eps: float, step_size: float, maximize: bool) -> None:
+    """LazyAdam's update of the touched rows of ``p``, gathered (a sparse gradient: a large table)."""
+    rows, g = _touched_rows(grad)  # (R',), (R', D)
+    if rows.numel() == 0:
+        return
+    if maximize:
+        g = -g
+    old_m, old_v = m.index_select(0, rows), v.index_select(0, rows)  # (R', D)
+    dm = g.sub(old_m).mul_(1 - beta1)
+    dv = g.pow(2).sub_(old_v).mul_(1 - beta2)
+    m.index_add_(0, rows, dm)
+    v.index_add_(0, rows, dv)
+    denom = dv.add_(old_v).sqrt_().add_(eps)
+    p.index_add_(0, rows, dm.add_(old_m).div_(denom).mul_(-step_size))
+
+
+def _lazy_adam_masked(p: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torch.Tensor, beta1: float,
+                      beta2: float, eps: float, step_size: float, maximize: bool) -> None:
+    """LazyAdam's update on a dense gradient (a small table, :mod:`ctrkit.nn.embedding_grad`): every row
+    computed with the float operations of :func:`_lazy_adam_rows`, then kept only where the row was touched
+    (a non-zero gradient row). Cheaper than gathering and scattering rows when the table is small."""
+    touched = grad.reshape(grad.shape[0], -1).ne(0).any(1).view(-1, *([1] * (grad.dim() - 1)))  # (R, 1)
+    g = -grad if maximize else grad
+    dm = g.sub(m).mul_(1 - beta1)  # (R, D)
+    dv = g.pow(2).sub_(v).mul_(1 - beta2)
+    denom = dv.add(v).sqrt_().add_(eps)
+    update = dm.add(m).div_(denom).mul_(-step_size)
+    m.copy_(torch.where(touched, m.add(dm), m))
+    v.copy_(torch.where(touched, v.add(dv), v))
+    p.copy_(torch.where(touched, p.add(update), p))
 
 
 class OptimizerSet:
