@@ -25,11 +25,13 @@ import torch.nn.functional as F
 
 __all__ = ["DENSE_GRAD_MAX_ROWS", "bag_rows", "gather_rows"]
 
-# A fused weight of at most this many rows gets a dense gradient. The costs (one thread, D = 16, a MovieLens
-# batch of 1,024 rows: 7 single-valued fields + 22 ids in mean-pooled bags, forward + backward + LazyAdam):
-# docs/benchmarks.md, "dense gradients for small tables". The dense path's extra work grows with R x D (zeroing,
-# summing and scanning the gradient), the sparse path's with the ids of a batch; 2^16 rows is where they cross.
-DENSE_GRAD_MAX_ROWS = 1 << 16
+# A fused weight of at most this many rows gets a dense gradient: where the dense path stops winning on both
+# batch shapes of the zoo comparison (benchmarks/embedding_grad_layout.py, D = 16, one thread, CPU ms per step
+# of forward + backward + L2 + LazyAdam, sparse / dense): MovieLens-like (batch 1,024, ~30k ids) 1.56x at 2,048
+# rows, 1.49x at 8,192, 1.42x at 16,384, 0.76x at 65,536; Criteo-like (batch 256, 6,656 ids) 1.28x at 2,048,
+# 1.24x at 8,192, 0.60x at 16,384. The dense path's extra work grows with R x D (zeroing, summing, scanning and
+# updating the whole gradient), the sparse path's with the ids of a batch.
+DENSE_GRAD_MAX_ROWS = 1 << 13
 
 
 def gather_rows(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
