@@ -54,7 +54,8 @@ def _run(model, opt, batches):
         opt.step()
 
 
-@pytest.mark.parametrize("rows, lookups", [(7, 40), (30, 12), (50, 12), (5, 5)])  # dense buffer (R <= 4n twice), sort, edge
+# counting (R <= 4 x lookups: fewer rows than ids, and more), torch's coalesce() (more than 4x), edge
+@pytest.mark.parametrize("rows, lookups", [(7, 40), (30, 12), (50, 12), (5, 5)])
 def test_coalesce_rows_equals_torch_coalesce(rows, lookups):
     g = torch.Generator().manual_seed(rows)
     ids = torch.randint(0, rows, (lookups,), generator=g)
@@ -112,7 +113,7 @@ def test_sparse_and_dense_gradients_agree(sparse_opt, l2):
 
 @pytest.mark.parametrize("layout", ["sparse", "dense"])
 @pytest.mark.parametrize("maximize", [False, True])
-@pytest.mark.parametrize("rows", [30, 7])  # coalesced by torch's sort / by the dense-buffer path
+@pytest.mark.parametrize("rows", [300, 30, 7])  # coalesced by torch's sort / by counting (24 ids a batch)
 def test_lazy_adam_is_torch_sparse_adam_bit_for_bit(rows, maximize, layout):
     """LazyAdam's weights and moments equal torch.optim.SparseAdam's exactly, step after step, on batches with
     duplicate ids and untouched rows (both given the gradient coalesced once, as OptimizerSet does; LazyAdam
