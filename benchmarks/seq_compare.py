@@ -229,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.write(line + "\n")
             sys.stdout.flush()
     sys.stdout.write(f"\n{a.dataset}, test split (epoch chosen on valid AUC), mean ± std over seeds {a.seeds}\n")
-    sys.stdout.write(f"{'model':<7}{'library':<9}{'test AUC':>16}{'test GAUC':>16}{'valid AUC':>16}{'samples/s':>12}\n")
+    sys.stdout.write(f"{'model':<7}{'library':<9}{'test AUC':>16}{'test GAUC':>16}{'valid AUC':>16}{'samples/s':>12}"
+                     f"{'fit cpu s':>11}\n")
     summary: dict[str, Any] = {}
     for m, sides in runs.items():
         for side, rs in sides.items():
@@ -237,7 +238,9 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             sys.stdout.write(f"{m:<7}{side:<9}{fmt([r['test']['auc'] for r in rs]):>16}"
                              f"{fmt([r['test']['gauc'] for r in rs]):>16}{fmt([r['valid']['auc'] for r in rs]):>16}"
-                             f"{mean_std([r['samples_per_s'] for r in rs])[0]:>12.0f}\n")
+                             f"{mean_std([r['samples_per_s'] for r in rs])[0]:>12.0f}"
+                             + (f"{mean_std([r['cpu_seconds'] for r in rs])[0]:>11.1f}"
+                                if all(r.get("cpu_seconds") is not None for r in rs) else "") + "\n")
             summary[f"{m}/{side}"] = {
                 **{f"test_{k}": mean_std([r["test"][k] for r in rs]) for k in ("auc", "gauc", "logloss")},
                 "valid_auc": mean_std([r["valid"]["auc"] for r in rs]),
