@@ -19,7 +19,8 @@ DeepCTR's DIEN adds ``alpha`` x its auxiliary loss (mean BCE over 2 x pairs) to 
 ctrkit's aux weight w (sum of the two terms, mean over pairs, on a mean BCE) is ``alpha = 2 w batch_size``.
 
 Speed: training samples/s = train rows x epochs / seconds in the fit loop (scoring valid / test after each
-epoch excluded on both sides), same threads; ctrkit's loader is built before the clock starts, DeepCTR's
+epoch excluded on both sides), same threads, and the fit's process CPU seconds on both sides (``cpu x``, DeepCTR /
+ctrkit: steadier than wall time where other work shares the cores); ctrkit's loader is built before the clock starts, DeepCTR's
 fit time includes its packing of the inputs (measured alone: ``pack_seconds``).
 
 Targets (issue 9): DIN's GAUC > the dnn baseline's; DIEN (AUGRU + aux) >= DIN; ctrkit DIN / DIEN GAUC >=
@@ -114,23 +115,25 @@ def run_ctrkit(config: Path, stores: dict[str, str], seed: int, epochs: int) -> 
     class Score(Callback):
         def __init__(self) -> None:
             self.preds: dict[str, list[np.ndarray]] = {"valid": [], "test": []}
-            self.seconds = 0.0
+            self.seconds = self.cpu_seconds = 0.0
 
         def on_epoch_end(self, trainer: Trainer, epoch: int) -> None:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             for s, store in held.items():
                 self.preds[s].append(predict_store(model, store, cfg.data.eval_batch_size))
             model.train()
             self.seconds += time.perf_counter() - t0
+            self.cpu_seconds += time.process_time() - c0
 
     score = Score()
     seed_everything(seed)  # the training run's draws (dropout), as the train job seeds them
     trainer = Trainer(model, train, cfg.train, callbacks=[score])  # no valid loader / run dir: the fit loop only
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     trainer.fit()
     fit = time.perf_counter() - t0 - score.seconds
+    cpu = time.process_time() - c0 - score.cpu_seconds
     rows = len(train.store)
-    return {"valid": score.preds["valid"], "test": score.preds["test"], "fit_seconds": fit,
+    return {"valid": score.preds["valid"], "test": score.preds["test"], "fit_seconds": fit, "cpu_seconds": cpu,
             "samples_per_s": rows * epochs / fit, "params": sum(p.numel() for p in model.parameters())}
 
 
@@ -161,6 +164,7 @@ def run_peer(python: Path, data: Path, model: str, params: dict[str, Any], seed:
     arrays = np.load(out)
     res["valid"], res["test"] = list(arrays["valid"]), list(arrays["test"])
     res["fit_seconds"] = float(np.sum(arrays["fit_seconds"]))
+    res["cpu_seconds"] = float(np.sum(res["cpu_seconds"])) if "cpu_seconds" in res else None
     res["samples_per_s"] = res["mean_samples_per_s"]
     return res
 
@@ -220,11 +224,13 @@ def main(argv: list[str] | None = None) -> int:
                 sel = select(r.pop("valid"), r.pop("test"), truth)
                 runs[m][side].append({**r, **sel})
                 line += (f" | {side} test AUC {sel['test']['auc']:.4f} GAUC {sel['test']['gauc']:.4f} (epoch "
-                         f"{sel['epoch']}) {r['samples_per_s']:.0f} samples/s")
+                         f"{sel['epoch']}) {r['samples_per_s']:.0f} samples/s"
+                         + (f" (cpu {r['cpu_seconds']:.1f}s)" if r.get("cpu_seconds") is not None else ""))
             sys.stdout.write(line + "\n")
             sys.stdout.flush()
     sys.stdout.write(f"\n{a.dataset}, test split (epoch chosen on valid AUC), mean ± std over seeds {a.seeds}\n")
-    sys.stdout.write(f"{'model':<7}{'library':<9}{'test AUC':>16}{'test GAUC':>16}{'valid AUC':>16}{'samples/s':>12}\n")
+    sys.stdout.write(f"{'model':<7}{'library':<9}{'test AUC':>16}{'test GAUC':>16}{'valid AUC':>16}{'samples/s':>12}"
+                     f"{'fit cpu s':>11}\n")
     summary: dict[str, Any] = {}
     for m, sides in runs.items():
         for side, rs in sides.items():
@@ -232,11 +238,15 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             sys.stdout.write(f"{m:<7}{side:<9}{fmt([r['test']['auc'] for r in rs]):>16}"
                              f"{fmt([r['test']['gauc'] for r in rs]):>16}{fmt([r['valid']['auc'] for r in rs]):>16}"
-                             f"{mean_std([r['samples_per_s'] for r in rs])[0]:>12.0f}\n")
+                             f"{mean_std([r['samples_per_s'] for r in rs])[0]:>12.0f}"
+                             + (f"{mean_std([r['cpu_seconds'] for r in rs])[0]:>11.1f}"
+                                if all(r.get("cpu_seconds") is not None for r in rs) else "") + "\n")
             summary[f"{m}/{side}"] = {
                 **{f"test_{k}": mean_std([r["test"][k] for r in rs]) for k in ("auc", "gauc", "logloss")},
                 "valid_auc": mean_std([r["valid"]["auc"] for r in rs]),
                 "samples_per_s": mean_std([r["samples_per_s"] for r in rs]),
+                "cpu_seconds": (mean_std([r["cpu_seconds"] for r in rs])
+                                if all(r.get("cpu_seconds") is not None for r in rs) else None),
                 "epochs_chosen": [r["epoch"] for r in rs]}
     checks = {}
 
@@ -253,8 +263,13 @@ def main(argv: list[str] | None = None) -> int:
             speed = summary[f"{m}/ctrkit"]["samples_per_s"][0] / summary[f"{m}/deepctr"]["samples_per_s"][0]
             summary[f"{m}/speed_ratio"] = speed
             checks[f"{m}_speed_at_least_{SPEED_TARGET}x"] = speed >= SPEED_TARGET
-            sys.stdout.write(f"{m}: ctrkit / DeepCTR samples/s = {speed:.2f}x; GAUC difference "
-                             f"{g(f'{m}/ctrkit') - g(f'{m}/deepctr'):+.4f}\n")
+            # the fit's CPU seconds, DeepCTR / ctrkit: steadier than wall time on cores shared with other work
+            cpu = [summary[f"{m}/{side}"]["cpu_seconds"] for side in ("deepctr", "ctrkit")]
+            cpu_x = cpu[0][0] / cpu[1][0] if None not in cpu else None
+            summary[f"{m}/cpu_ratio"] = cpu_x
+            sys.stdout.write(f"{m}: ctrkit / DeepCTR samples/s = {speed:.2f}x"
+                             + (f", cpu x {cpu_x:.2f} (fit CPU s {cpu[1][0]:.1f} / {cpu[0][0]:.1f})" if cpu_x else "")
+                             + f"; GAUC difference {g(f'{m}/ctrkit') - g(f'{m}/deepctr'):+.4f}\n")
     for name, ok in checks.items():
         sys.stdout.write(f"  {'PASS' if ok else 'FAIL'}  {name}\n")
     roof = _roof.zoo_roof(  # the matmul roof and FLOPs per training sample, same run (issue 29 item 1)

@@ -128,39 +128,49 @@ def test_per_sample_weights(single):
         ebc_mean(kj)
 
 
-@pytest.mark.parametrize("single", [False, True], ids=["jagged", "one_id_per_bag"])
-def test_backward_equals_seed_p_transpose_dy(single):
-    """Seed 000 §5: dL/dW = P^T dL/dY, P[n, m] = number of times id m occurs in bag n."""
+@pytest.mark.parametrize("layout", ["sparse", "dense"])
+@pytest.mark.parametrize(("single", "weights"), [(False, False), (True, False), (False, True)],
+                         ids=["jagged", "one_id_per_bag", "weighted"])
+def test_backward_equals_seed_p_transpose_dy(single, weights, layout):
+    """Seed 000 §5: dL/dW = P^T dL/dY, P[n, m] = the weight of id m in bag n (1 per occurrence, its per-sample
+    weight, or 1/|bag| under mean pooling), whether the fused weights get sparse gradients (dense_grad_max_rows
+    0) or dense ones built by index_add_ (tables this small, by default)."""
     g = torch.Generator().manual_seed(4)
-    ebc = EmbeddingBagCollection(TABLES)
-    kj = random_kj(list(SIZES), SIZES, B=6, gen=g, single=single)
+    pool = {} if weights else {"b": "mean", "d": "mean"}  # mean next to sum in one fused weight and alone
+    ebc = EmbeddingBagCollection(TABLES, feature_pooling=pool, **({"dense_grad_max_rows": 0} if layout == "sparse" else {}))
+    kj = random_kj(list(SIZES), SIZES, B=6, gen=g, single=single, weights=weights)
     out = ebc(kj)
     dY = {k: torch.randn(6, ebc.tables[ebc.feature_to_table[k]].embedding_dim, generator=g) for k in ebc.keys}
     loss = sum((out[k] * dY[k]).sum() for k in ebc.keys)
     loss.backward()
+    assert all(p.grad.is_sparse == (layout == "sparse") for p in ebc.embedding_parameters())
     for name, t in ebc.tables.items():
         expected = torch.zeros(t.num_embeddings, t.embedding_dim)
         for k in t.features:  # a shared table sums the P^T dY of its features
             values, _, offsets = kj[k]
+            w = kj.weights[kj.offset_per_key()[kj.keys.index(k)]:] if weights else None
             P = torch.zeros(6, t.num_embeddings)
             for n in range(6):
-                for x in values[int(offsets[n]) : int(offsets[n + 1])].tolist():
-                    P[n, x] += 1
+                lo, hi = int(offsets[n]), int(offsets[n + 1])
+                for j, x in enumerate(values[lo:hi].tolist(), start=lo):
+                    P[n, x] += float(w[j]) if weights else 1.0 / (hi - lo) if pool.get(k) == "mean" else 1.0
             expected += P.t() @ dY[k]
-        assert all(p.grad.is_sparse for p in ebc.embedding_parameters())
         torch.testing.assert_close(fused_grad(ebc, name), expected)
 
 
 def test_sparse_grad_touches_only_used_rows():
-    ebc = EmbeddingBagCollection([TableSpec("t", 100, 4, ("x",))])
+    big = EmbeddingBagCollection([TableSpec("t", 100, 4, ("x",))], dense_grad_max_rows=99)
     kj = KeyedJagged.from_dense(["x"], torch.tensor([[3], [7], [3]]))
-    ebc(kj).stacked().sum().backward()
-    (w,) = ebc.embedding_parameters()
+    big(kj).stacked().sum().backward()
+    (w,) = big.embedding_parameters()
     assert sorted(w.grad.coalesce().indices()[0].tolist()) == [3, 7]
-    ebc_dense = EmbeddingBagCollection([TableSpec("t", 100, 4, ("x",))], sparse_grad=False)
-    ebc_dense(kj).stacked().sum().backward()
-    (w,) = ebc_dense.embedding_parameters()
-    assert not w.grad.is_sparse
+    assert big.sparse_grad_parameters() == [w]
+    for ebc in (EmbeddingBagCollection([TableSpec("t", 100, 4, ("x",))], sparse_grad=False),
+                EmbeddingBagCollection([TableSpec("t", 100, 4, ("x",))], dense_grad_max_rows=100)):
+        ebc(kj).stacked().sum().backward()
+        (w,) = ebc.embedding_parameters()
+        assert not w.grad.is_sparse and ebc.sparse_grad_parameters() == []
+        assert w.grad.ne(0).any(1).nonzero().squeeze(1).tolist() == [3, 7]
 
 
 def test_out_of_range_id_names_feature_id_and_table():
@@ -274,7 +284,7 @@ def test_sequence_matches_padding_loop_and_keeps_most_recent():
     (emb * weights).sum().backward()
     torch.testing.assert_close(fused_grad(ebc, "item"), expected_grad)
     (w,) = ebc.embedding_parameters()
-    assert 0 not in w.grad.coalesce().indices()[0].tolist()  # padding touched no row
+    assert not w.grad.to_dense()[0].any()  # padding touched no row
     with pytest.raises(KeyError, match="no unpooled sequence feature 'item'"):
         ebc.sequence(kj, "item")
 

@@ -54,7 +54,8 @@ def _run(model, opt, batches):
         opt.step()
 
 
-@pytest.mark.parametrize("rows, lookups", [(7, 40), (30, 12), (50, 12), (5, 5)])  # dense buffer (R <= 4n twice), sort, edge
+# counting (R <= 4 x lookups: fewer rows than ids, and more), torch's coalesce() (more than 4x), edge
+@pytest.mark.parametrize("rows, lookups", [(7, 40), (30, 12), (50, 12), (5, 5)])
 def test_coalesce_rows_equals_torch_coalesce(rows, lookups):
     g = torch.Generator().manual_seed(rows)
     ids = torch.randint(0, rows, (lookups,), generator=g)
@@ -110,12 +111,14 @@ def test_sparse_and_dense_gradients_agree(sparse_opt, l2):
     assert not torch.equal(a.emb.weight[:15], before[:15])
 
 
+@pytest.mark.parametrize("layout", ["sparse", "dense"])
 @pytest.mark.parametrize("maximize", [False, True])
-@pytest.mark.parametrize("rows", [30, 7])  # coalesced by torch's sort / by the dense-buffer path
-def test_lazy_adam_is_torch_sparse_adam_bit_for_bit(rows, maximize):
+@pytest.mark.parametrize("rows", [300, 30, 7])  # coalesced by torch's sort / by counting (24 ids a batch)
+def test_lazy_adam_is_torch_sparse_adam_bit_for_bit(rows, maximize, layout):
     """LazyAdam's weights and moments equal torch.optim.SparseAdam's exactly, step after step, on batches with
-    duplicate ids and untouched rows (both given the gradient coalesced once, as OptimizerSet does); its state
-    dict loads into torch's optimizer and back."""
+    duplicate ids and untouched rows (both given the gradient coalesced once, as OptimizerSet does; LazyAdam
+    also given it as a dense tensor, a small table's gradient, whose zero rows are the untouched ones); its
+    state dict loads into torch's optimizer and back."""
     torch.manual_seed(4)
     a = Tiny(rows=rows)
     b = copy.deepcopy(a)
@@ -126,6 +129,8 @@ def test_lazy_adam_is_torch_sparse_adam_bit_for_bit(rows, maximize):
             opt.zero_grad(set_to_none=True)
             nn.functional.binary_cross_entropy_with_logits(model(ids % rows, offsets), y).backward()
             model.emb.weight.grad = coalesce_rows(model.emb.weight.grad)
+            if opt is ours and layout == "dense":
+                model.emb.weight.grad = model.emb.weight.grad.to_dense()
             opt.step()
         assert torch.equal(a.emb.weight, b.emb.weight)
     s_ours, s_ref = ours.state[a.emb.weight], ref.state[b.emb.weight]

@@ -44,6 +44,7 @@ from torch import nn
 
 from ctrkit.batch import KeyedJagged
 from ctrkit.errors import IdOutOfRangeError, LayerConfigError, UnknownKeyError
+from ctrkit.nn.embedding_grad import DENSE_GRAD_MAX_ROWS, bag_rows, gather_rows
 from ctrkit.nn.embedding_interface import (
     EmbeddingCollection,
     PooledEmbeddings,
@@ -68,7 +69,11 @@ class EmbeddingBagCollection(EmbeddingCollection):
             in ``tables[i].features``, in table order.
         feature_pooling: pooled feature -> "sum" | "mean" (default "sum").
         sequence_keys: unpooled sequence feature -> (table, max_len), embedded by ``sequence``.
-        sparse_grad: sparse gradients (only touched rows) for the fused weights.
+        sparse_grad: sparse gradients (only touched rows) for the fused weights larger than
+            ``dense_grad_max_rows``; False: dense gradients for every fused weight.
+        dense_grad_max_rows: a fused weight of at most this many rows gets a dense gradient even with
+            ``sparse_grad`` (built by ``index_add_``, :mod:`ctrkit.nn.embedding_grad`: cheaper than sparse
+            gradients on a table that most batches touch throughout). 0: sparse gradients for every weight.
         validate: check every id lies in ``[0, num_embeddings)`` of its table (cheap; one compare per id).
         init: "uniform" (torchrec's default) | "normal" (N(0, std^2)) | "zeros".
         std: the standard deviation of ``init="normal"``.
@@ -88,6 +93,7 @@ class EmbeddingBagCollection(EmbeddingCollection):
         validate: bool = True,
         init: str = "uniform",
         std: float | None = None,
+        dense_grad_max_rows: int = DENSE_GRAD_MAX_ROWS,
     ) -> None:
         super().__init__()
         self.init, self.std = _checked_init(init, std)
@@ -105,9 +111,13 @@ class EmbeddingBagCollection(EmbeddingCollection):
                 raise LayerConfigError(f"feature {k!r}: pooling {p!r} is not one of {POOLINGS}")
         self.sequence_keys: dict[str, tuple[str, int]] = {k: (t, int(n)) for k, (t, n) in sequence_keys.items()}
         self.sparse_grad = bool(sparse_grad)
+        self.dense_grad_max_rows = int(dense_grad_max_rows)
         self.validate = bool(validate)
         self.dims: list[int] = [self.tables[self.feature_to_table[k]].embedding_dim for k in self.keys]
         self._allocate(tables)
+        # the dims whose fused weight gets sparse gradients: large ones, when sparse gradients are asked for
+        self._sparse_dims = {d for d in self._fused_dims() if self.sparse_grad
+                             and self._fused(d).shape[0] > self.dense_grad_max_rows}
         self._group_keys()
         self.reset_parameters()
 
@@ -162,13 +172,20 @@ class EmbeddingBagCollection(EmbeddingCollection):
 
     def table_rows(self) -> list[tuple[nn.Parameter, dict[str, int]]]:
         return [(self._fused(d), {n: self.row_offset[n] for n, t in self.tables.items() if t.embedding_dim == d})
-                for d in dict.fromkeys(t.embedding_dim for t in self.tables.values())]
+                for d in self._fused_dims()]
 
     def _fused(self, dim: int) -> nn.Parameter:
         return self._parameters[_fused_name(dim)]  # type: ignore[return-value]
 
+    def _fused_dims(self) -> list[int]:
+        return list(dict.fromkeys(t.embedding_dim for t in self.tables.values()))
+
     def embedding_parameters(self) -> Iterator[nn.Parameter]:
         yield from self._parameters.values()  # type: ignore[misc]
+
+    def sparse_grad_parameters(self) -> list[nn.Parameter]:
+        """The fused weights whose gradients are sparse COO tensors (the rest get dense ones)."""
+        return [self._fused(d) for d in self._fused_dims() if d in self._sparse_dims]
 
     # ---- state dict: one entry per table ---------------------------------------------------------
     def _save_to_state_dict(self, destination: dict[str, Any], prefix: str, keep_vars: bool) -> None:
@@ -210,7 +227,6 @@ class EmbeddingBagCollection(EmbeddingCollection):
                     f"per-sample weights need pooling 'sum', but features {list(g.keys)} use {g.pooling!r}"
                 )
             offs, size = getattr(self, f"_offs{gi}"), getattr(self, f"_size{gi}")
-            weight = self._fused(g.dim)
             n = values.numel()
             if n == Fg * B and B and not bool((lengths == 0).any()):
                 # every bag holds exactly one id (e.g. Criteo): a plain gather, whose sparse backward
@@ -220,7 +236,7 @@ class EmbeddingBagCollection(EmbeddingCollection):
                     lo, hi = torch.aminmax(v, dim=1)
                     if bool(((lo < 0) | (hi >= size)).any()):
                         self._raise_bad_id(g.keys, values, lengths.view(Fg, B).sum(1), size)
-                out = F.embedding((v + offs.unsqueeze(1)).view(-1), weight, sparse=self.sparse_grad)
+                out = self._gather(g.dim, (v + offs.unsqueeze(1)).view(-1))
                 if weights is not None:
                     out = out * weights.unsqueeze(1)
             else:
@@ -228,10 +244,7 @@ class EmbeddingBagCollection(EmbeddingCollection):
                 if self.validate and n:
                     self._check_ids(g.keys, values, per_key, size)
                 ids = values + offs.repeat_interleave(per_key, output_size=n) if n else values
-                out = F.embedding_bag(
-                    ids, weight, offsets, mode=g.pooling, sparse=self.sparse_grad,
-                    per_sample_weights=weights, include_last_offset=True,
-                )  # (F_g*B, D)
+                out = self._bag(g.dim, ids, offsets, g.pooling, weights)  # (F_g*B, D)
             tensors.append(out.view(Fg, B, g.dim))  # (F_g, B, D)
         return PooledEmbeddings(self.keys, self.dims, self._groups, tensors)
 
@@ -275,7 +288,22 @@ class EmbeddingBagCollection(EmbeddingCollection):
                     f"{who}: id {bad} is outside table {t.name!r} of size {t.num_embeddings} "
                     f"(valid ids 0..{t.num_embeddings - 1})"
                 )
-        return F.embedding(ids + self.row_offset[t.name], self._fused(t.embedding_dim), sparse=self.sparse_grad)
+        return self._gather(t.embedding_dim, ids + self.row_offset[t.name])
+
+    def _gather(self, dim: int, ids: torch.Tensor) -> torch.Tensor:
+        """Rows of the fused weight of ``dim`` for fused-row ``ids`` -> ``(*ids.shape, D)``."""
+        if dim in self._sparse_dims:
+            return F.embedding(ids, self._fused(dim), sparse=True)
+        return gather_rows(self._fused(dim), ids)
+
+    def _bag(self, dim: int, ids: torch.Tensor, offsets: torch.Tensor, pooling: str,
+             weights: torch.Tensor | None) -> torch.Tensor:
+        """Pooled bags of fused-row ``ids`` (offsets include the last) -> ``(len(offsets) - 1, D)``."""
+        weight = self._fused(dim)
+        if dim in self._sparse_dims or (weights is not None and weights.requires_grad):
+            return F.embedding_bag(ids, weight, offsets, mode=pooling, sparse=dim in self._sparse_dims,
+                                   per_sample_weights=weights, include_last_offset=True)
+        return bag_rows(weight, ids, offsets, pooling, weights)
 
     def _check_ids(self, keys: Sequence[str], values: torch.Tensor, per_key: torch.Tensor,
                    size: torch.Tensor) -> None:
@@ -297,7 +325,7 @@ class EmbeddingBagCollection(EmbeddingCollection):
 
     def extra_repr(self) -> str:
         ts = ", ".join(f"{t.name}({t.num_embeddings}x{t.embedding_dim})" for t in self.tables.values())
-        return f"keys={self.keys}, tables=[{ts}], init={self.init}, sparse_grad={self.sparse_grad}"
+        return f"keys={self.keys}, tables=[{ts}], init={self.init}, sparse_grad={self.sparse_grad}, dense_grad_max_rows={self.dense_grad_max_rows}"
 
 
 def _fused_name(dim: int) -> str:

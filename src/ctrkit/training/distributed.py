@@ -171,14 +171,15 @@ class TaskStep(nn.Module):
 
     def declare_sparse_gradients(self) -> None:
         """Tell DDP which parameters get sparse gradients: the fused tables of every embedding collection with
-        ``sparse_grad``. DDP recognises them only on modules of type nn.Embedding / nn.EmbeddingBag (it would
+        ``sparse_grad`` (its ``sparse_grad_parameters()`` where it has them: small tables get dense ones). DDP recognises them only on modules of type nn.Embedding / nn.EmbeddingBag (it would
         copy a sparse gradient into a dense bucket and fail), so each such table is also registered, first, on
         an nn.EmbeddingBag that is never called (``sparse_tables``, the same Parameter objects: DDP takes a
         parameter from the first module that holds it). The model's own parameters and state dict do not change."""
         holders = nn.ModuleList()
         for module in self.model.modules():
             if getattr(module, "sparse_grad", False) and hasattr(module, "embedding_parameters"):
-                for p in module.embedding_parameters():
+                params = getattr(module, "sparse_grad_parameters", module.embedding_parameters)
+                for p in params():
                     holder = nn.EmbeddingBag(1, 1, sparse=True)
                     holder.weight = p
                     holders.append(holder)
