@@ -201,3 +201,15 @@ def store_rows(path: Path) -> np.ndarray:
     s = Store(path)
     cols = [s["label"]] + [s[n] for n in DENSE_NAMES] + [s[c] for c in SPARSE_NAMES]
     return np.stack([np.asarray(c, np.float64) for c in cols], axis=1)
+
+
+def two_behaviour_days(d: Path) -> tuple[Path, Path]:
+    """Two small user,item,time logs under ``d``: the second brings back users A and items i1, i2, drops user B
+    and items i3..i6, and brings user C and items i7, i8, i9 (for growing / expiring behaviour vocabularies)."""
+    def log(name: str, users: str, items: str) -> Path:
+        rows = [f"{u},{i},{t}" for t, (u, i) in enumerate(zip(users.split(), items.split()))]
+        (d / name).write_text("user,item,time\n" + "\n".join(rows) + "\n")
+        return d / name
+
+    return (log("a.csv", "A A A A A B B B B", "i1 i2 i3 i4 i5 i1 i2 i6 i3"),
+            log("b.csv", "A A A A C C C C C", "i7 i1 i2 i8 i1 i9 i7 i2 i8"))

@@ -24,6 +24,7 @@ from ctrkit.data.sources.table import preprocess_table
 from ctrkit.data.storage.fitted import fitted_at
 from ctrkit.data.storage.store import Store
 from ctrkit.errors import DataError
+from tests.conftest import two_behaviour_days
 
 SAMPLE = Path(__file__).resolve().parents[2] / "examples" / "data" / "criteo_sample.tsv.gz"
 SPEC = {"label": "label", "dense": [{"name": "price", "transform": "standardize"}],
@@ -168,13 +169,7 @@ def test_lowered_min_freq_admits_pending_values_after_those_of_the_new_data(tmp_
 
 # ---- behaviour stores --------------------------------------------------------------------------------------
 def test_behaviour_store_grows_items_and_users(tmp_path: Path) -> None:
-    def log(name: str, users: str, items: str) -> Path:
-        rows = [f"{u},{i},{t}" for t, (u, i) in enumerate(zip(users.split(), items.split()))]
-        (tmp_path / name).write_text("user,item,time\n" + "\n".join(rows) + "\n")
-        return tmp_path / name
-
-    first = log("a.csv", "A A A A A B B B B", "i1 i2 i3 i4 i5 i1 i2 i6 i3")
-    second = log("b.csv", "A A A A C C C C C", "i7 i1 i2 i8 i1 i9 i7 i2 i8")
+    first, second = two_behaviour_days(tmp_path)
     s1 = preprocess_behaviour(first, tmp_path / "s1", negatives="none", max_len=4)["train"]
     s2 = preprocess_behaviour(second, tmp_path / "s2", negatives="none", max_len=4, vocab_from=s1, grow=True)
     p1, p2 = fitted_at(s1), fitted_at(s2["train"])
