@@ -4,13 +4,13 @@ and both backends; refusals name the model, feature or table at fault; the vocab
 
 from __future__ import annotations
 
-import copy
 from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 from conftest import behaviour_schema, contract_schema, make_batch, planted_data
+from warm_cases import TRCH, step, trained_checkpoint
 
 from ctrkit.checkpoint import Checkpoint
 from ctrkit.data.pipeline.vocab import Vocabulary
@@ -21,11 +21,9 @@ from ctrkit.errors import CheckpointError, StoreError
 from ctrkit.models.base import logits_of
 from ctrkit.models.registry import create_model
 from ctrkit.nn.embedding_interface import EmbeddingCollection
-from ctrkit.nn.embedding_torchrec import torchrec_available
 from ctrkit.schema import DenseFeature, Schema
 from ctrkit.training.config import TrainConfig
 from ctrkit.training.optim import build_optimizers
-from ctrkit.training.tasks import CTRTask
 from ctrkit.training.warm_start import (
     check_warm_start,
     load_grown_optimizer,
@@ -38,20 +36,11 @@ def grown(schema: Schema) -> Schema:
     return replace(schema, sparse=[replace(f, vocab_size=f.vocab_size + 3 + i) for i, f in enumerate(schema.sparse)])
 
 
-def step(model, opt, batch) -> None:
-    model.train()
-    opt.zero_grad()
-    torch.manual_seed(11)  # the same dropout masks on both sides
-    CTRTask().bind(model).loss(model, batch)[0].backward()
-    opt.step()
-
-
 def tables(model) -> dict[str, torch.Tensor]:
     return {f"{p}.{t}": m.table_weight(t).detach().clone() for p, m in model.named_modules()
             if isinstance(m, EmbeddingCollection) for t in m.tables}
 
 
-TRCH = pytest.mark.skipif(not torchrec_available(), reason="torchrec is not installed")
 CASES = [("deepfm", {"dnn_hidden": (16,)}, "fused", "adagrad"),
          ("deepfm", {"dnn_hidden": (16,)}, "fused", "rowwise_adagrad"),
          ("deepfm", {"dnn_hidden": (16,)}, "fused", "sparse_adam"),
@@ -68,14 +57,7 @@ def test_the_next_step_on_known_ids_is_the_checkpoints_run_next_step(name, param
     params = {**params, "embedding_backend": backend}
     cfg = TrainConfig(lr=0.02, sparse_optimizer="adagrad" if optimizer == "ftrl" else optimizer,
                       wide_optimizer="ftrl" if optimizer == "ftrl" else "default")
-    torch.manual_seed(0)
-    old = create_model(name, schema, **params)
-    opt = build_optimizers(old, cfg)
-    for s in range(3):
-        step(old, opt, make_batch(data, slice(64 * s, 64 * (s + 1)), schema))
-    Checkpoint.of(old, schema=schema, model_params=params, optimizer=copy.deepcopy(opt.state_dict())).save(
-        tmp_path / "old.pt")
-    ckpt = Checkpoint.load(tmp_path / "old.pt")
+    old, opt, ckpt = trained_checkpoint(name, schema, params, cfg, data, tmp_path / "old.pt")
 
     def warm(with_state: bool):
         torch.manual_seed(7)

@@ -5,15 +5,14 @@ every other row keeps the checkpoint's."""
 
 from __future__ import annotations
 
-import copy
 from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 from conftest import behaviour_schema, contract_schema, make_batch, planted_data
+from warm_cases import TRCH, trained_checkpoint
 
-from ctrkit.checkpoint import Checkpoint
 from ctrkit.data.pipeline.vocab import VocabBuilder, Vocabulary
 from ctrkit.data.pipeline.vocab_grow import grow_vocabulary
 from ctrkit.data.storage.agree import Vocabularies
@@ -22,10 +21,8 @@ from ctrkit.errors import StoreError
 from ctrkit.models.base import logits_of
 from ctrkit.models.registry import create_model
 from ctrkit.nn.embedding_interface import EmbeddingCollection
-from ctrkit.nn.embedding_torchrec import torchrec_available
 from ctrkit.training.config import TrainConfig
 from ctrkit.training.optim import build_optimizers
-from ctrkit.training.tasks import CTRTask
 from ctrkit.training.warm_start import load_grown_optimizer, load_grown_weights, table_layout
 
 
@@ -66,19 +63,10 @@ def test_an_evicted_value_is_accepted_only_where_its_id_is_recorded_as_reset():
 
 
 # ---- rows and optimizer states reset --------------------------------------------------------------------------
-def step(model, opt, batch) -> None:
-    model.train()
-    opt.zero_grad()
-    torch.manual_seed(11)
-    CTRTask().bind(model).loss(model, batch)[0].backward()
-    opt.step()
-
-
 def collections(model) -> dict[str, EmbeddingCollection]:
     return {p: m for p, m in model.named_modules() if isinstance(m, EmbeddingCollection)}
 
 
-TRCH = pytest.mark.skipif(not torchrec_available(), reason="torchrec is not installed")
 CASES = [("deepfm", {"dnn_hidden": (16,)}, "fused", "adagrad"),
          ("din", {"dnn_hidden": (16,), "att_hidden": (8,), "mba_l2": 0.01}, "fused", "rowwise_adagrad"),
          pytest.param("deepfm", {"dnn_hidden": (16,)}, "torchrec", "adagrad", marks=TRCH),
@@ -91,16 +79,12 @@ def test_reset_rows_and_their_optimizer_states_start_fresh(name, params, backend
     data = planted_data(300, seed=3, schema=schema)
     params = {**params, "embedding_backend": backend}
     cfg = TrainConfig(lr=0.05, sparse_optimizer=optimizer)
-    torch.manual_seed(0)
-    old = create_model(name, schema, **params)
-    if "mba_l2" in params:  # DIN's id counts: a buffer with a row per id
-        old.get_buffer(next(k for k, _ in old.named_buffers() if k.endswith("counts_item"))).fill_(5.0)
-    opt = build_optimizers(old, cfg)
-    for s in range(3):
-        step(old, opt, make_batch(data, slice(64 * s, 64 * (s + 1)), schema))
-    Checkpoint.of(old, schema=schema, model_params=params, optimizer=copy.deepcopy(opt.state_dict())).save(
-        tmp_path / "old.pt")
-    ckpt = Checkpoint.load(tmp_path / "old.pt")
+
+    def counts(model) -> None:  # DIN's id counts: a buffer with a row per id
+        if "mba_l2" in params:
+            model.get_buffer(next(k for k, _ in model.named_buffers() if k.endswith("counts_item"))).fill_(5.0)
+
+    old, opt, ckpt = trained_checkpoint(name, schema, params, cfg, data, tmp_path / "old.pt", prepare=counts)
     reset = {"user": np.array([3, 7]), "item": np.array([2, 5, 39])}  # the tables keep their sizes (expiry)
 
     def build():
