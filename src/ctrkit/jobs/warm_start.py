@@ -26,6 +26,7 @@ from ctrkit.errors import JobError
 from ctrkit.jobs.common import checkpoint_vocabularies
 from ctrkit.models.base import CTRModel
 from ctrkit.training.config import Config
+from ctrkit.training.sharded_warm import load_grown_sharded
 from ctrkit.training.sharding import sharded_of
 from ctrkit.training.warm_start import (
     check_warm_start,
@@ -44,6 +45,7 @@ class WarmStart:
 
     ckpt: Checkpoint
     reset: dict[str, np.ndarray] = field(default_factory=dict)
+    sharded: bool = False  # a sharded checkpoint's directory (torchrec tables on several processes), read whole
 
 
 def what(cfg: Config) -> str:
@@ -60,7 +62,8 @@ def read_warm_start(cfg: Config, resume: str | None, store: Store) -> WarmStart 
                        "--resume continues a run on its own vocabulary, --warm-start begins a new run on a grown one; "
                        "keep one")
     ckpt = Checkpoint.load(path)
-    if (Path(path) / SHARDED_META).is_file():  # read whole as the fused backend; its dense optimizer state is here
+    sharded = (Path(path) / SHARDED_META).is_file()
+    if sharded:  # read whole as the fused backend; its dense and replicated tables' optimizer states are here
         ckpt.optimizer = Checkpoint.load(Path(path) / SHARDED_META).optimizer
     check_warm_start(ckpt, cfg.model.name, store.schema, what(cfg))
     growth = check_grown(checkpoint_vocabularies(ckpt, path), Vocabularies.of_store(store), what(cfg))
@@ -68,7 +71,7 @@ def read_warm_start(cfg: Config, resume: str | None, store: Store) -> WarmStart 
     if reset:
         log.info("%s: rows reset by expiry (their values were evicted or their ids reused): %s", what(cfg),
                  {t: len(r) for t, r in reset.items()})
-    return WarmStart(ckpt, reset)
+    return WarmStart(ckpt, reset, sharded)
 
 
 def warm_weights(model: CTRModel, warm: WarmStart, cfg: Config) -> None:
@@ -77,25 +80,43 @@ def warm_weights(model: CTRModel, warm: WarmStart, cfg: Config) -> None:
 
 
 def warm_trainer(trainer: Any, warm: WarmStart, cfg: Config) -> list[str]:
-    """The Trainer's optimizer states from the checkpoint (:func:`warm_optimizer`); the fused optimizers of sharded
-    tables (torchrec, several processes) start fresh, with a warning."""
-    sharded = sharded_of(trainer.module) is not None
-    if sharded:
-        log.warning("%s: the sharded tables' fused optimizer states start fresh (their weights are the checkpoint's; "
-                    "keeping the fused states through a warm start is not implemented yet)", what(cfg))
-    return warm_optimizer(trainer.optimizer, None if sharded else trainer.model, warm, cfg)
+    """The Trainer's optimizer states from the checkpoint: :func:`warm_optimizer`, or, from a sharded checkpoint into
+    a sharded run, :func:`~ctrkit.training.sharded_warm.load_grown_sharded` (the fused optimizers' states of the
+    sharded tables too, any world size and plan). Between a sharded and an unsharded run the table states start
+    fresh, with a warning. Returns the parts loaded."""
+    sm = sharded_of(trainer.module)
+    same = same_optimizers(warm, cfg)
+    if sm is not None and warm.sharded:
+        return load_grown_sharded(trainer.module, sm.replicated, trainer.optimizer, warm.ckpt, cfg.train.warm_start,
+                                  same, warm.reset, what(cfg))
+    if (sm is not None) != warm.sharded:
+        log.warning("%s: the tables' optimizer states start fresh: the checkpoint's tables were %s, this run's are %s "
+                    "(their weights are the checkpoint's)", what(cfg), _kind(warm.sharded), _kind(sm is not None))
+        same["sparse"] = False
+    return warm_optimizer(trainer.optimizer, None if sm is not None else trainer.model, warm, cfg, same)
 
 
-def warm_optimizer(optimizer: Any, model: CTRModel | None, warm: WarmStart, cfg: Config) -> list[str]:
-    """The Trainer's optimizer set <- the checkpoint's states, grown; each part ("dense", "sparse", "wide") only when
-    this run uses the optimizer the checkpoint's did (and, for the tables, the same embedding backend). Returns the
-    parts loaded."""
+def _kind(sharded: bool) -> str:
+    return "sharded (torchrec, several processes)" if sharded else "in one process"
+
+
+def same_optimizers(warm: WarmStart, cfg: Config) -> dict[str, bool]:
+    """Part ("dense", "sparse", "wide") -> whether this run trains it with the optimizer the checkpoint's run did
+    (for the tables, also with the same embedding backend)."""
     ckpt = warm.ckpt
     old = ((ckpt.config or {}).get("train") or {}) if isinstance(ckpt.config, dict) else {}
-    params = cfg.model.params
-    same_backend = (ckpt.model_params.get("embedding_backend", "fused") == params.get("embedding_backend", "fused"))
-    same = {"dense": old.get("dense_optimizer") == cfg.train.dense_optimizer,
+    then = "torchrec" if warm.sharded else ckpt.model_params.get("embedding_backend", "fused")
+    same_backend = then == cfg.model.params.get("embedding_backend", "fused")
+    return {"dense": old.get("dense_optimizer") == cfg.train.dense_optimizer,
             "sparse": same_backend and old.get("sparse_optimizer") == cfg.train.sparse_optimizer,
             "wide": old.get("wide_optimizer") == cfg.train.wide_optimizer}
-    layout = table_layout(model, ckpt.weights, warm.reset) if model is not None else {}  # None: one-table weights
-    return load_grown_optimizer(optimizer, ckpt, layout, same, what(cfg))
+
+
+def warm_optimizer(optimizer: Any, model: CTRModel | None, warm: WarmStart, cfg: Config,
+                   same: dict[str, bool] | None = None) -> list[str]:
+    """The Trainer's optimizer set <- the checkpoint's states, grown; each part ("dense", "sparse", "wide") only when
+    ``same`` (default :func:`same_optimizers`) says this run uses the optimizer the checkpoint's did. Returns the
+    parts loaded."""
+    same = same if same is not None else same_optimizers(warm, cfg)
+    layout = table_layout(model, warm.ckpt.weights, warm.reset) if model is not None else {}  # None: one-table weights
+    return load_grown_optimizer(optimizer, warm.ckpt, layout, same, what(cfg))
