@@ -15,7 +15,8 @@ What a warm-started run holds before its first step:
   to where the table now starts in its weight (the fused backend holds the tables of one dim in one weight, so a
   grown table shifts the ones after it) and the new rows' states as a fresh optimizer has them. The learning rates
   and other settings are this run's. A checkpoint trained with another optimizer, or whose optimizer state does not
-  match (another embedding backend), leaves the states fresh, with a warning;
+  match (another embedding backend), leaves the states fresh, with a warning. A sharded checkpoint into a sharded
+  run also keeps the fused optimizers' states of its sharded tables (:mod:`ctrkit.training.sharded_warm`);
 - progress, early stopping, RNG and weight average start anew: it is a new run, with its own run directory.
 
 Expiry (``preprocess --grow --expire-after N``): the rows of the ids the new vocabulary reset (an evicted value's
