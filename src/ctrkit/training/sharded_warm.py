@@ -5,8 +5,8 @@ A sharded run's table states live in two places, and both are kept:
 
 - the fused optimizers (fbgemm's, inside the backward) of the sharded tables. The checkpoint's DCP files hold them
   under ``fused_optimizer`` (torchrec's ``fused_optimizer.state_dict()``: per table parameter, e.g.
-  ``...embedding_bags.user#b8.weight``, states such as ``user#b8.momentum1``). They are read whole
-  (:func:`read_fused_states`) and written into each rank's local shards of the new run's states
+  ``...embedding_bags.user#b8.weight``, states such as ``user#b8.momentum1``). Each rank reads those of the tables it
+  holds shards of, whole (:func:`read_fused_states`), and writes them into its local shards of the new run's states
   (:func:`load_grown_fused`). torchrec lays a state out in one of three ways, told apart by its global shape:
 
   ========================  ==============================  ===========================================
@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -62,18 +62,21 @@ def table_key(name: str) -> str | None:
     return f"{m['path']}.tables.{ctrkit_name(m['name'])}" if m["path"] else f"tables.{ctrkit_name(m['name'])}"
 
 
-def read_fused_states(path: str | Path) -> dict[str, dict[str, torch.Tensor]]:
+def read_fused_states(path: str | Path, params: Iterable[str] | None = None) -> dict[str, dict[str, torch.Tensor]]:
     """The fused optimizers' states in the sharded checkpoint at ``path``, whole: table parameter -> {state name:
-    tensor}; {} when the checkpoint holds none (an optimizer without state, as sgd). Every rank reads them whole."""
+    tensor}, of the parameters ``params`` only (default all: a rank reads the tables it holds shards of); {} when the
+    checkpoint holds none (an optimizer without state, as sgd)."""
     from torch.distributed.checkpoint import FileSystemReader, default_planner, state_dict_loader
 
     reader = FileSystemReader(str(Path(path) / SHARDED_WEIGHTS))
     if not any(k.startswith("fused_optimizer.") for k in reader.read_metadata().state_dict_metadata):
         return {}
+    keys = {"fused_optimizer"} if params is None else {f"fused_optimizer.state.{p}" for p in params}
     state: dict[str, Any] = {}
-    state_dict_loader._load_state_dict(state, storage_reader=reader, no_dist=True,
-                                       planner=default_planner._EmptyStateDictLoadPlanner(keys={"fused_optimizer"}))
-    return {k: dict(v) for k, v in state["fused_optimizer"].get("state", {}).items()}
+    if keys:
+        state_dict_loader._load_state_dict(state, storage_reader=reader, no_dist=True,
+                                           planner=default_planner._EmptyStateDictLoadPlanner(keys=keys))
+    return {k: dict(v) for k, v in state.get("fused_optimizer", {}).get("state", {}).items()}
 
 
 def load_grown_fused(module: Any, saved: Mapping[str, Mapping[str, torch.Tensor]], old_rows: Mapping[str, int],
@@ -185,6 +188,7 @@ def load_grown_sharded(module: Any, replicated: list[str], optimizer: Any, ckpt:
                     "another sparse optimizer or embedding backend (%s)", what, ckpt.source)
         return parts
     rows = {k: int(v.shape[0]) for k, v in ckpt.weights.items() if ".tables." in f".{k}" and v.dim() == 2}
-    if load_grown_fused(module, read_fused_states(path), rows, reset, what):
+    mine = list(module.fused_optimizer.state_dict()["state"])  # the tables this rank holds shards of
+    if load_grown_fused(module, read_fused_states(path, mine), rows, reset, what):
         parts.append("fused")
     return parts
