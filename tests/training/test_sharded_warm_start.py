@@ -100,3 +100,48 @@ def check_replicated(kept: dict, fresh: dict, reset: torch.Tensor) -> None:
             torch.testing.assert_close(got[keep], ref[keep], rtol=0, atol=0)
         else:
             torch.testing.assert_close(got, ref, rtol=0, atol=0)
+
+
+# ---- the growing rule on one process (plain tensors: one shard at offset 0), against a loop ----------------------
+class _Fused:
+    """A fused optimizer as load_grown_fused reads it: params, a state dict of tensors, load_state_dict."""
+
+    def __init__(self, states: dict[str, dict[str, torch.Tensor]], rows: dict[str, int]) -> None:
+        self.states, self.params = states, {p: torch.zeros(n, 4) for p, n in rows.items()}
+
+    def state_dict(self) -> dict:
+        return {"state": self.states}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.states = state["state"]
+
+
+def test_fused_states_grow_row_by_row_as_a_loop_does(caplog):
+    from types import SimpleNamespace
+
+    from ctrkit.training.sharded_warm import load_grown_fused, table_key
+
+    bag, seq = "model.embedding.ebc.ebc.embedding_bags.user#b4.weight", "model.m.ecs.d4.embeddings.item#s4.weight"
+    assert table_key(bag) == "model.embedding.ebc.tables.user" and table_key(seq) == "model.m.tables.item"
+    assert table_key("model.deep.out.weight") is None
+    old_rows, new_rows, reset = 5, 8, [1, 3]
+    saved = {bag: {"user#b4.momentum1": torch.arange(2 * old_rows, dtype=torch.float) + 1},  # 2 column shards
+             seq: {"item#s4.momentum1": torch.rand(old_rows, 4) + 1, "item#s4.other": torch.rand(3 * old_rows)}}
+    fresh = {bag: {"user#b4.momentum1": torch.full((2 * new_rows,), -1.0)},
+             seq: {"item#s4.momentum1": torch.full((new_rows, 4), -1.0), "item#s4.other": torch.zeros(2 * new_rows)}}
+    fused = _Fused({p: {k: v.clone() for k, v in s.items()} for p, s in fresh.items()}, {bag: new_rows, seq: new_rows})
+    rows = {"embedding.ebc.tables.user": old_rows, "m.tables.item": old_rows}
+    loaded = load_grown_fused(SimpleNamespace(fused_optimizer=fused), saved, rows, {"user": reset})
+    assert sorted(loaded) == [f"{bag}.user#b4.momentum1", f"{seq}.item#s4.momentum1"]
+    assert "item#s4.other" in caplog.text and "3 column shards in the checkpoint and 2 now" in caplog.text
+    for param, name, blocks in ((bag, "user#b4.momentum1", 2), (seq, "item#s4.momentum1", 0)):
+        want = fresh[param][name].clone()
+        for b in range(max(blocks, 1)):
+            for r in range(old_rows):
+                if not (param == bag and r in reset):
+                    if blocks:
+                        want[b * new_rows + r] = saved[param][name][b * old_rows + r]
+                    else:
+                        want[r] = saved[param][name][r]
+        torch.testing.assert_close(fused.states[param][name], want, rtol=0, atol=0)
+    torch.testing.assert_close(fused.states[seq]["item#s4.other"], torch.zeros(2 * new_rows), rtol=0, atol=0)
