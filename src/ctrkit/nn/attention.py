@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from ctrkit.errors import LayerConfigError
+from ctrkit.nn.field_attention import fused_self_attention
 from ctrkit.nn.fm import check_embeddings, pair_indices
 
 __all__ = [
@@ -202,6 +203,10 @@ class MultiHeadSelfAttention(nn.Module):
         return out.transpose(1, 2).reshape(b, f, h * dh), weights  # (B, F, H*d')
 
     def forward(self, emb: Tensor, mask: Tensor | None = None) -> Tensor:
+        if not torch.jit.is_scripting():  # noqa: SIM102 - alone, so that TorchScript skips the block
+            if mask is None and self._fused(emb):  # training: one autograd node, nn/field_attention.py
+                out = self._fused_forward(emb)  # (B, F, H*d')
+                return out if self.norm is None else self.norm(out)
         out, _ = self._attend(emb, mask)  # (B, F, H*d')
         if self.w_res is not None:
             out = out + self.w_res(emb)
@@ -210,6 +215,18 @@ class MultiHeadSelfAttention(nn.Module):
         if self.norm is not None:
             out = self.norm(out)
         return out
+
+    def _fused(self, emb: Tensor) -> bool:
+        """Whether the training path applies: training with gradients, no attention dropout, float32/64, no autocast."""
+        return (self.training and torch.is_grad_enabled() and self.dropout.p == 0.0
+                and emb.dtype in (torch.float32, torch.float64) and not torch.is_autocast_enabled(emb.device.type))
+
+    def _fused_forward(self, emb: Tensor) -> Tensor:
+        check_embeddings("MultiHeadSelfAttention", emb, dim=self.embedding_dim)
+        w_q = self.w_q.weight * self.head_dim**-0.5 if self.scaled else self.w_q.weight
+        rows = [w_q, self.w_k.weight, self.w_v.weight, *([self.w_res.weight] if self.w_res is not None else [])]
+        return fused_self_attention(emb, torch.cat(rows), self.num_heads, self.head_dim,
+                                    residual=self.w_res is not None, relu=self.use_relu)
 
     def extra_repr(self) -> str:
         return (

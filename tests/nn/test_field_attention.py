@@ -1,0 +1,111 @@
+"""AutoInt's fused training path (nn/field_attention.py) against the layer's formula written with einsum."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from ctrkit.nn.attention import MultiHeadSelfAttention
+from ctrkit.nn.field_attention import fused_self_attention
+
+B, F, D = 4, 6, 8
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(0)
+
+
+def einsum_reference(layer: MultiHeadSelfAttention, e: torch.Tensor) -> torch.Tensor:
+    """ReLU(concat_h softmax(Q^h K^h^T [/ sqrt(d')]) V^h + E W_res) with every product an einsum."""
+    h, dh = layer.num_heads, layer.head_dim
+    q, k, v = (torch.einsum("bfd,od->bfo", e, lin.weight).unflatten(2, (h, dh)) for lin in (layer.w_q, layer.w_k, layer.w_v))
+    s = torch.einsum("bmhj,bkhj->bhmk", q, k)  # (B, H, F, F)
+    if layer.scaled:
+        s = s / math.sqrt(dh)
+    out = torch.einsum("bhmk,bkhj->bmhj", torch.softmax(s, dim=3), v).flatten(2)  # (B, F, H*d')
+    if layer.w_res is not None:
+        out = out + torch.einsum("bfd,od->bfo", e, layer.w_res.weight)
+    return torch.relu(out) if layer.use_relu else out
+
+
+@pytest.mark.parametrize(("scaled", "use_residual", "use_relu"),
+                         [(False, True, True), (True, False, True), (False, True, False), (True, False, False)])
+def test_fused_layer_equals_einsum_values_and_gradients(scaled: bool, use_residual: bool, use_relu: bool) -> None:
+    layer = MultiHeadSelfAttention(D, num_heads=2, head_dim=3, scaled=scaled, use_residual=use_residual,
+                                   use_relu=use_relu).double().train()
+    assert layer._fused(torch.zeros(1, 1, D, dtype=torch.float64))  # the path under test
+    e = torch.randn(B, F, D, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(B, F, 6, dtype=torch.float64)
+    params = [e, *layer.parameters()]
+    out = layer(e)
+    grads = torch.autograd.grad(out, params, g)
+    ref = einsum_reference(layer, e)
+    ref_grads = torch.autograd.grad(ref, params, g)
+    torch.testing.assert_close(out, ref)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want)
+
+
+def test_stacked_layers_feature_major_output_and_gradients() -> None:
+    """The output is a feature-major view the next layer reads in place; values and gradients through three layers
+    (the last one's gradient arriving contiguous, as from AutoInt's flatten) equal the einsum stack."""
+    layers = [MultiHeadSelfAttention(D, num_heads=2).double() for _ in range(3)]
+    e = torch.randn(B, F, D, dtype=torch.float64, requires_grad=True)
+    x, r = e, e
+    for layer in layers:
+        x, r = layer(x), einsum_reference(layer, r)
+    assert not x.is_contiguous()  # (B, F, H*d') view of the (H*d', B*F) result
+    torch.testing.assert_close(x, r)
+    params = [e, *(p for layer in layers for p in layer.parameters())]
+    got = torch.autograd.grad(x.flatten(1).square().sum(), params)
+    want = torch.autograd.grad(r.flatten(1).square().sum(), params)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+
+
+def test_gradcheck() -> None:
+    x = torch.randn(3, 5, 4, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(4 * 2 * 3, 4, dtype=torch.float64, requires_grad=True)  # W_Q, W_K, W_V, W_res of 2 heads of 3
+    for residual, relu in ((True, True), (False, False)):
+        rows = w if residual else w[:18]
+        assert torch.autograd.gradcheck(
+            lambda x, w, res=residual, act=relu: fused_self_attention(x, w, 2, 3, residual=res, relu=act), (x, rows))
+
+
+def test_overflowing_scores_fall_back_to_the_row_maximum() -> None:
+    """A row whose largest score is far above its mean (exp overflows in float32 after the mean shift) gets the
+    stable softmax: finite, and equal to the einsum formula."""
+    layer = MultiHeadSelfAttention(D, num_heads=2, use_relu=False).train()
+    e = torch.randn(B, F, D)
+    e[0, 2] *= 60.0  # one field's key dominates: scores ~1e3 above the row mean
+    s = torch.einsum("bfd,od->bfo", e, layer.w_q.weight)[0, :, :4] @ torch.einsum(
+        "bfd,od->bfo", e, layer.w_k.weight)[0, :, :4].T
+    assert (s.amax(1) - s.mean(1)).max() > 100  # the mean shift alone would overflow
+    e.requires_grad_()
+    out = layer(e)
+    ref = einsum_reference(layer, e)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-3)
+    (gx,) = torch.autograd.grad(out.sum(), e)
+    (gr,) = torch.autograd.grad(ref.sum(), e)
+    assert torch.isfinite(gx).all()
+    torch.testing.assert_close(gx, gr, rtol=1e-4, atol=1e-3)
+
+
+def test_eval_and_masks_keep_the_plain_path() -> None:
+    layer = MultiHeadSelfAttention(D, num_heads=2)
+    e = torch.randn(B, F, D)
+    assert layer._fused(e)
+    train_out = layer(e)
+    layer.eval()
+    assert not layer._fused(e)
+    torch.testing.assert_close(layer(e), train_out)  # same function, another order of sums
+    layer.train()
+    with torch.no_grad():
+        assert not layer._fused(e)
+    assert not MultiHeadSelfAttention(D, dropout=0.1)._fused(e)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not layer._fused(e)
