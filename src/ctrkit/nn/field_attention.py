@@ -7,11 +7,15 @@ mask or attention dropout. The formula is the layer's (H heads of size d', E (B,
     A^h = softmax_k(Q^h K^h^T)                                                           (B, F, F) per head
     y   = ReLU([A^1 V^1; ...; A^H V^H] + R)                                              (B, F, H·d')
 
-Why a hand-written node, measured at B 256, F 26, D 16, 2 heads (one thread, CPU ms, forward + backward): the
-layer as separate autograd ops copies Q, K, V and the output through head-major transposes, builds the softmax
-over rows of 26 keys (ATen's kernel costs about as much as the two batched matmuls together), and its backward
-materialises a zero-filled gradient of the projection for every slice taken from it. Here the heads are strided
-views of one projection (no copies), the gradients of all the slices are written into one buffer, and:
+Why a hand-written node: at AutoInt's sizes (B 256, F 26, D 16, 2 heads of 8) every op is small, so the plain
+layer's cost is its copies and passes, not its FLOPs: Q, K, V and the output go through head-major transposes,
+ATen's softmax over rows of 26 keys costs about as much as the two batched matmuls together, and autograd
+materialises a zero-filled projection gradient for every slice taken from it. Here the projection is one matmul
+T = W X^T ((3|4)·H·d', B·F) in a feature-major layout, so each head's Q^T, K^T, V^T, R^T are contiguous row
+blocks, a sample's matrices are strided views of them that the batched matmuls read in place, the division,
+residual and ReLU run over contiguous rows, and the output is a (B, F, H·d') view that the next layer reads back
+as its X^T without a copy. Measured: one AutoInt training step on the Criteo sample 20.5 -> 18.0 CPU ms (steps of
+the two paths alternated in one process, median of 300, load average 13 on two cores). Also:
 
 - The softmax is shifted by the row mean of the scores instead of the row maximum (any per-row shift gives the
   same softmax): Q^h (K^h - mean_k K^h)^T has row mean 0, so its largest entry is >= 0 and the row sum of the
@@ -24,7 +28,7 @@ views of one projection (no copies), the gradients of all the slices are written
 
       G = dO / z,   dS = exp(S) ⊙ (G V^T - rowsum(G ⊙ O)),   dQ = dS K,   dK = dS^T Q,   dV = exp(S)^T G
 
-The arithmetic differs from the softmax path by rounding only (tested against the loop formula in float64 and
+The arithmetic differs from the softmax path by rounding only (tested against the einsum formula in float64 and
 with torch.autograd.gradcheck). Training only: the overflow check branches on the data, which torch.export
 cannot capture, so evaluation and export keep the plain path.
 """
