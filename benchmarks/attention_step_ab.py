@@ -1,0 +1,87 @@
+"""AutoInt's training step with the plain and the fused interacting layer, alternated step by step in one process.
+
+    python benchmarks/attention_step_ab.py --store OUT/criteo --config configs/criteo/autoint.yaml [--steps 300]
+
+``--store``: a directory with the ``train`` store of a prepared dataset (``deepctr_compare.py --out OUT`` leaves
+``OUT/criteo`` / ``OUT/movielens``). Two models are built from the same seed and config (the matched recipe's
+settings: one thread, DeepCTR's L2 strength); one runs every ``MultiHeadSelfAttention`` on its plain path, the
+other on the fused one (:mod:`ctrkit.nn.field_attention`). Their steps alternate (the order flips every step) on
+the same batches, so drift in the machine's load reaches both; the medians of the per-step CPU seconds and
+their ratio are printed, with the load average. Ends with one ``RESULT {json}`` line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def build(store: Path, config: Path, plain: bool) -> tuple[object, list[object]]:
+    """A Trainer of ``config`` on ``store``'s train split and its batches; ``plain``: the attention's plain path."""
+    from ctrkit.data.storage.loader import BatchLoader
+    from ctrkit.data.storage.store import Store
+    from ctrkit.jobs.common import seed_everything
+    from ctrkit.models.registry import create_model
+    from ctrkit.nn.attention import MultiHeadSelfAttention
+    from ctrkit.training.config import load_config
+    from ctrkit.training.trainer import Trainer
+
+    cfg = load_config(config, ["train.seed=0", "train.epochs=1", "train.ema_decay=null", "train.progress=false"])
+    b = cfg.data.batch_size
+    cfg.train.embedding_l2 = 2e-5 / b  # the matched recipe's per-row L2 (deepctr_compare.py)
+    loader = BatchLoader(Store(str(store / "train")), b, shuffle=True, seed=0, prefetch=0)
+    seed_everything(0)
+    model = create_model(cfg.model.name, loader.store.schema, **cfg.model.params)
+    if plain:
+        for m in model.modules():
+            if isinstance(m, MultiHeadSelfAttention):
+                m._fused = lambda emb: False  # type: ignore[method-assign]
+    return Trainer(model, loader, cfg.train), list(loader)[:-1]  # full batches only
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--store", required=True, help="directory holding the prepared 'train' store")
+    ap.add_argument("--config", default=str(REPO / "configs" / "criteo" / "autoint.yaml"))
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--warmup", type=int, default=10)
+    a = ap.parse_args(argv)
+    if not (Path(a.store) / "train").is_dir():
+        ap.error(f"--store {a.store}: no 'train' store there; run benchmarks/deepctr_compare.py --out DIR first "
+                 "and pass DIR/criteo or DIR/movielens")
+    torch.set_num_threads(1)
+    trainers = {"plain": build(Path(a.store), Path(a.config), True), "fused": build(Path(a.store), Path(a.config), False)}
+    batches = trainers["plain"][1]
+    seconds: dict[str, list[float]] = {"plain": [], "fused": []}
+    for i in range(a.warmup + a.steps):
+        batch = batches[i % len(batches)]
+        for name in ("plain", "fused") if i % 2 else ("fused", "plain"):
+            tr = trainers[name][0]
+            c0 = time.process_time()
+            loss, _ = tr.module(batch)  # type: ignore[attr-defined]
+            tr.optimizer.zero_grad(set_to_none=True)  # type: ignore[attr-defined]
+            loss.backward()
+            tr.optimizer.step()  # type: ignore[attr-defined]
+            if i >= a.warmup:
+                seconds[name].append(time.process_time() - c0)
+    med = {k: statistics.median(v) * 1e3 for k, v in seconds.items()}
+    load = os.getloadavg()
+    sys.stdout.write(f"{a.config}: median CPU ms per step, plain {med['plain']:.2f}, fused {med['fused']:.2f}, "
+                     f"ratio {med['plain'] / med['fused']:.3f} ({a.steps} steps each, load average "
+                     f"{load[0]:.1f} / {load[1]:.1f})\n")
+    sys.stdout.write("RESULT " + json.dumps({"config": a.config, "steps": a.steps, "median_ms": med,
+                                             "ratio": med["plain"] / med["fused"], "loadavg": load}) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
