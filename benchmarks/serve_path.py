@@ -9,6 +9,8 @@ What ``ctrkit serve`` does with one request's body once HTTP has delivered it: J
 the model's forward (``scoring`` + ``probabilities``, 1 torch thread) and the answer's JSON (``dumps``). Each
 stage is timed on its own, ``--reps`` times, as the CPU time of this thread (``time.thread_time``), which other
 processes on a shared machine change far less than wall time; p50 and p99 per stage and for the whole path.
+Parse, validate and the whole path are timed for the body as a list of row objects and (``*_columns``) for the
+same rows as a columnar body (``{"columns": {field: [values]}}``; a tree from before it lacks those stages).
 
 ``--compare OTHER_SRC`` times another checkout's ``src`` (e.g. main's) on the same checkpoint and rows: each
 round runs both trees one after the other in fresh processes (``--rounds`` times, alternating which goes
@@ -30,7 +32,8 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-STAGES = ("parse", "validate", "encode", "to_batch", "forward", "dumps", "path")
+STAGES = ("parse", "validate", "parse_columns", "validate_columns", "encode", "to_batch", "forward", "dumps", "path",
+          "path_columns")
 
 
 def measure(ckpt: str, rows: int, reps: int) -> dict[str, dict[str, float]]:
@@ -45,7 +48,9 @@ def measure(ckpt: str, rows: int, reps: int) -> dict[str, dict[str, float]]:
     from ctrkit.serving.validation import RowValidator, dumps, loads, to_arrays
 
     p = Predictor.from_checkpoint(ckpt)
-    body = json.dumps(criteo_rows(rows, p.input_columns)).encode()
+    raw = criteo_rows(rows, p.input_columns)
+    body = json.dumps(raw).encode()
+    body_columns = json.dumps({"columns": {c: [r[c] for r in raw] for c in raw[0]}}).encode()
     v = RowValidator(p.pipeline)
     data = loads(body)
     cols = v.check(data).columns
@@ -67,6 +72,21 @@ def measure(ckpt: str, rows: int, reps: int) -> dict[str, dict[str, float]]:
            "encode": lambda: p.pipeline.transform(to_arrays(v.rules, cols), validated=True),
            "to_batch": lambda: p.pipeline.to_batch(encoded), "forward": forward,
            "dumps": lambda: dumps({"scores": scores.tolist()}), "path": path}
+    if hasattr(v, "check_columns"):  # the columnar body (a tree from before it has no such stages)
+        from ctrkit.serving.validation import column_lists
+
+        def checked_columns(parsed):
+            values, n = column_lists(parsed["columns"], v.names)
+            return v.check_columns(values, n)
+
+        def path_columns():
+            c = checked_columns(loads(body_columns)).columns
+            b = p.pipeline.to_batch(p.pipeline.transform(to_arrays(v.rules, c), validated=True))
+            return dumps({"scores": forward(b).tolist()})
+
+        data_columns = loads(body_columns)
+        fns |= {"parse_columns": lambda: loads(body_columns),
+                "validate_columns": lambda: checked_columns(data_columns), "path_columns": path_columns}
     out = {}
     for name, fn in fns.items():
         for _ in range(5):
@@ -93,7 +113,8 @@ def run_tree(src: Path, ckpt: str, args: argparse.Namespace) -> dict:
 
 
 def median_of(runs: list[dict]) -> dict:
-    return {s: {k: round(float(np.median([r[s][k] for r in runs])), 1) for k in ("p50_us", "p99_us")} for s in STAGES}
+    return {s: {k: round(float(np.median([r[s][k] for r in runs])), 1) for k in ("p50_us", "p99_us")}
+            for s in STAGES if s in runs[0]}
 
 
 def main() -> None:
@@ -128,9 +149,10 @@ def main() -> None:
     result = {name: median_of(rs) for name, rs in runs.items()}
     print(f"CPU time per {args.rows}-row request, p50 / p99 in microseconds (median of {args.rounds} rounds); "
           f"load average {load0[0]:.1f} -> {load1[0]:.1f} on {os.cpu_count()} cores")
-    print(f"{'stage':10s}" + "".join(f"{name + ' (' + str(trees[name]) + ')':>40s}" for name in trees))
+    print(f"{'stage':17s}" + "".join(f"{name + ' (' + str(trees[name]) + ')':>40s}" for name in trees))
     for s in STAGES:
-        print(f"{s:10s}" + "".join(f"{result[n][s]['p50_us']:>31.1f} / {result[n][s]['p99_us']:>6.1f}" for n in trees))
+        print(f"{s:17s}" + "".join(f"{result[n][s]['p50_us']:>24.1f} / {result[n][s]['p99_us']:>6.1f}"
+                                   if s in result[n] else f"{'-':>33s}" for n in trees))
     print(json.dumps({"benchmark": "serve_path", "rows": args.rows, "reps": args.reps, "rounds": args.rounds,
                       "load_average": [round(load0[0], 2), round(load1[0], 2)], "cpu_count": os.cpu_count(),
                       "trees": {k: str(v) for k, v in trees.items()}, "cpu_us": result}))

@@ -574,6 +574,98 @@ def test_malformed_bodies_never_give_a_5xx(criteo, body):
     assert_serving(client, predictor)
 
 
+# ---- a columnar body: {"columns": {field: [values]}} ------------------------------------------------------
+def columnar(rows: list[dict], key: str = "columns") -> dict:
+    """The rows as one list per field (every field of the first row, in reverse order: order does not matter)."""
+    return {key: {f: [r[f] for r in rows] for f in reversed(list(rows[0]))}}
+
+
+def answer(client, body) -> dict:
+    r = post(client, body)
+    return {"status": r.status_code, **r.json()}
+
+
+def test_columns_score_as_rows_do(criteo):
+    predictor, _, client = criteo
+    want = answer(client, ROWS)
+    assert want["status"] == 200 and len(want["scores"]) == len(ROWS)
+    np.testing.assert_allclose(want["scores"], predictor.predict(ROWS), rtol=1e-6, atol=1e-7)
+    for key in ("columns", "inputs"):
+        got = answer(client, columnar(ROWS, key))
+        assert got == want  # the same scores, bit for bit, and the same model and version
+    # counts as text, upper-case keys, "" for missing, fields beyond the inputs: read as in a row
+    alt = [{**r, "I2": "" if r["I2"] is None else str(r["I2"]), "C5": (r["C5"] or "").upper(), "mine": k}
+           for k, r in enumerate(ROWS)]
+    assert answer(client, columnar(alt)) == answer(client, alt)
+    assert answer(client, {"columns": {f: [] for f in FIELDS}})["scores"] == []
+
+
+def test_table_columns_score_as_rows_do(table_ckpt):
+    """Strings, integers, a multi-valued field as lists and as delimited text, nulls."""
+    predictor = Predictor.from_checkpoint(table_ckpt)
+    rows = table_rows(20) + [{"x": None, "age": "", "u": None, "item": None, "tags": None}]
+    as_lists = [{**r, "tags": (r["tags"] or "").split("|") + [None]} for r in rows]  # the same tags
+    with TestClient(create_app(predictor)) as client:
+        want = answer(client, rows)
+        assert want["status"] == 200
+        np.testing.assert_allclose(want["scores"], predictor.predict(rows), rtol=1e-6, atol=1e-7)
+        assert answer(client, columnar(rows)) == want
+        assert answer(client, columnar(as_lists)) == want
+
+
+@pytest.mark.parametrize("field, value", [("I3", "seven"), ("I3", 2.5), ("C2", "68fd1e6g"), ("C2", 1759059556),
+                                          ("C7", ["68fd1e64"]), ("I1", {"a": 1}), ("I13", True)])
+def test_a_bad_value_is_named_by_its_row_and_field_as_in_a_row(criteo, field, value):
+    client = criteo[2]
+    rows = [dict(r) for r in ROWS[:5]]
+    rows[3][field] = value
+    rows[1]["I9"] = "x"
+    want = answer(client, rows)
+    assert want["status"] == 422 and [(e["row"], e["field"]) for e in want["errors"]] == [(1, "I9"), (3, field)]
+    assert answer(client, columnar(rows)) == want
+
+
+def test_columns_that_are_not_one_list_per_field_are_a_422_naming_them(criteo):
+    client = criteo[2]
+    cols = columnar(ROWS[:4])["columns"]
+    del cols["C7"]
+    cols["I4"] = 5
+    cols["C1"] = cols["C1"][:3]
+    out = answer(client, {"columns": cols})
+    assert out["status"] == 422 and out["error"] == "invalid_columns"
+    assert [(e["row"], e["field"]) for e in out["errors"]] == [(None, "I4"), (None, "C1"), (None, "C7")]
+    messages = [e["message"] for e in out["errors"]]
+    assert messages == ["column 'I4' must be a list with one value per row; got the number 5",
+                        "column 'C1' holds 3 values, but the other columns hold 4; send one value per row",
+                        "the columns lack the required field 'C7'; send a list of 4 values (null for a missing value)"]
+    assert "(3 problem(s)), so none was scored" in out["message"] and messages[0] in out["message"]
+    out = answer(client, {"columns": [1, 2]})
+    assert out["status"] == 422 and "the columns must be an object of field: list of values; got a list" in \
+        out["message"]
+    out = answer(client, {**columnar(ROWS[:2]), "rows": ROWS[:2]})
+    assert out["status"] == 422 and out["error"] == "invalid_body" and "both 'rows' and 'columns'" in out["message"]
+    out = answer(client, columnar(ROWS[:1] * 51))
+    assert out["status"] == 413 and "51 rows is more than this server's limit of 50" in out["message"]
+    assert answer(client, columnar(ROWS[:3]))["status"] == 200  # and the server keeps serving
+
+
+CELLS = st.none() | st.booleans() | st.integers(-(10 ** 20), 10 ** 20) | st.floats() | st.text(max_size=10) \
+    | st.sampled_from(["68fd1e64", "68FD1E64", "", " 7", "-3", "0x12abcd", "\ud800"]) | st.lists(st.integers(), max_size=2)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                  HealthCheck.too_slow])
+@given(rows=st.lists(st.sampled_from(ROWS[:10]), min_size=1, max_size=4),
+       changes=st.lists(st.tuples(st.integers(0, 3), st.sampled_from(FIELDS), CELLS), max_size=4))
+def test_any_rows_answer_the_same_as_columns(criteo, rows, changes):
+    """Any values (well-formed or not) get the same answer in both layouts: scores, or the same errors."""
+    client = criteo[2]
+    rows = [dict(r) for r in rows]
+    for i, field, value in changes:
+        rows[i % len(rows)][field] = value
+    assert answer(client, columnar(rows)) == answer(client, rows)
+
+
 # ---- the command ------------------------------------------------------------------------------------------
 def test_serve_args_defaults():
     import argparse

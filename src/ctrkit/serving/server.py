@@ -66,10 +66,11 @@ from ctrkit.serving.options import (
     WATCH_INTERVAL_S,
 )
 from ctrkit.serving.predictor import Predictor
-from ctrkit.serving.validation import Checked, dumps, loads, render
+from ctrkit.serving.validation import BadColumns, Checked, column_lists, dumps, loads, render
 
 log = logging.getLogger(__name__)
 
+COLUMNAR = ("columns", "inputs")  # a columnar body's key: ours, and TF-Serving's name for its columnar format
 _INLINE_BYTES = 256 << 10  # larger bodies are parsed and validated in a thread, keeping the event loop free
 
 
@@ -191,18 +192,40 @@ class _Service:
             detail = str(e) if not isinstance(e, RecursionError) else "nested too deeply"
             raise _Refused(400, "malformed_json", f"the body is not valid JSON ({detail[:200]}); send a JSON list "
                            "of row objects") from None
-        rows = data.get("rows") if isinstance(data, dict) else data
+        validator = self.live.current.validator
+        keys = [k for k in ("rows", *COLUMNAR) if k in data] if type(data) is dict else []
+        if len(keys) > 1:
+            raise _Refused(422, "invalid_body", f"the body holds both {keys[0]!r} and {keys[1]!r}; send the rows "
+                           "either as \"rows\" or as \"columns\"")
+        if keys and keys[0] in COLUMNAR:
+            try:
+                values, n = column_lists(data[keys[0]], validator.names)
+            except BadColumns as e:
+                raise _Refused(422, "invalid_columns", f"the body's columns are malformed ({len(e.problems)} "
+                               f"problem(s)), so none was scored; fix them and send the request again. First: "
+                               f"{e.problems[0][1]}",
+                               errors=[
+                    {"row": None, "field": f, "message": m} for f, m in e.problems]) from None
+            self._check_rows(n)
+            try:
+                return validator.check_columns(values, n, self.limits["max_errors"])
+            except RowErrors as e:
+                raise _invalid_rows(e.problems, render, n, e.bad_rows, e.total) from None
+        rows = data.get("rows") if type(data) is dict else data
         if not isinstance(rows, list):
             got = "an object without a \"rows\" list" if isinstance(data, dict) else f"a JSON {_json_type(data)}"
-            raise _Refused(422, "invalid_body", f"the body must be a list of row objects or {{\"rows\": [...]}}; "
-                           f"got {got}")
-        if len(rows) > self.limits["max_rows"]:
-            raise _Refused(413, "too_many_rows", f"{len(rows)} rows is more than this server's limit of "
-                           f"{self.limits['max_rows']} per request; split them into several requests")
+            raise _Refused(422, "invalid_body", f"the body must be a list of row objects, {{\"rows\": [...]}} or "
+                           f"{{\"columns\": {{field: [values]}}}}; got {got}")
+        self._check_rows(len(rows))
         try:
-            return self.live.current.validator.check(rows, self.limits["max_errors"])
+            return validator.check(rows, self.limits["max_errors"])
         except RowErrors as e:
             raise _invalid_rows(e.problems, render, len(rows), e.bad_rows, e.total) from None
+
+    def _check_rows(self, n: int) -> None:
+        if n > self.limits["max_rows"]:
+            raise _Refused(413, "too_many_rows", f"{n} rows is more than this server's limit of "
+                           f"{self.limits['max_rows']} per request; split them into several requests")
 
     async def predict(self, request: Request) -> Response:
         """POST /predict: {"scores": [...], "model": name, "version": the sha256 of the checkpoint that scored}."""

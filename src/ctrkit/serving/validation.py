@@ -37,7 +37,7 @@ from ctrkit.data.pipeline.feature_pipeline import FeaturePipeline
 from ctrkit.data.pipeline.json_columns import NUMPY, fast_columns
 from ctrkit.data.pipeline.rules import CATEGORY, TOKENS, ColumnRule
 from ctrkit.data.pipeline.values import NonFinite, Refused, describe, reader
-from ctrkit.errors import Problem, RowErrors
+from ctrkit.errors import DataError, Problem, RowErrors
 
 try:
     import orjson as _orjson
@@ -46,7 +46,8 @@ except ImportError:  # an optional speed-up (ctrkit[serve])
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LACKS", "Checked", "NonFinite", "RowValidator", "describe", "dumps", "loads", "render", "to_arrays"]
+__all__ = ["LACKS", "BadColumns", "Checked", "NonFinite", "RowValidator", "column_lists", "describe", "dumps", "loads",
+           "render", "to_arrays"]
 
 
 def loads(body: bytes) -> Any:
@@ -111,6 +112,7 @@ class RowValidator:
             log.warning("column %r is read as %s by one feature and as %s by %r; requests are checked as %s",
                         kept.column, kept.kind, other.kind, other.name, kept.kind)
         self.rules: list[ColumnRule] = list(pipeline.rules.inputs)
+        self.names = [r.column for r in self.rules]  # the input fields, in order
         self._readers: list[Callable[[Any], Any]] = [reader(r) for r in self.rules]
 
     def fields(self) -> list[dict[str, str]]:
@@ -123,12 +125,22 @@ class RowValidator:
         them (dicts of str, int, float, bool, None, lists, dicts; :class:`NonFinite`). A column whose values are
         all of the usual type and well-formed is read at once, in C (:mod:`ctrkit.data.pipeline.json_columns`);
         the others value by value, which names every bad one."""
-        found: list[Problem] = []
         objects = [r if type(r) is dict else {} for r in rows]
         not_objects = {i for i, r in enumerate(rows) if type(r) is not dict}
-        found += [Problem(i, None, f"must be an object of field: value pairs; got {describe(rows[i])}")
-                  for i in sorted(not_objects)]
-        values = _columns(objects, [r.column for r in self.rules])
+        found = [Problem(i, None, f"must be an object of field: value pairs; got {describe(rows[i])}")
+                 for i in sorted(not_objects)]
+        return self._read(_columns(objects, self.names), len(rows), not_objects, found, max_errors)
+
+    def check_columns(self, columns: dict[str, list[Any]], n: int, max_errors: int = 1000) -> Checked:
+        """:meth:`check` of the same rows given column by column (``columns``: every input field's list of ``n``
+        values, as :func:`column_lists` gives them): the same canonical columns, or the same :class:`RowErrors`
+        (a bad value named by its row and field). No transposition: each column goes to the readers as sent."""
+        return self._read(columns, n, set(), [], max_errors)
+
+    def _read(self, values: dict[str, Sequence[Any]], n: int, not_objects: set[int], found: list[Problem],
+              max_errors: int) -> Checked:
+        """Every input column of ``values`` read by its rule (see :meth:`check`); rows in ``not_objects`` were
+        not objects (``found`` lists them) and their refused values are not listed again."""
         out = fast_columns(self.rules, values)  # the columns whose values are all well-formed, read in C
         for rule, read in zip(self.rules, self._readers):
             if rule.column in out:
@@ -139,9 +151,41 @@ class RowValidator:
         if found:
             found.sort(key=lambda p: p.row)  # stable: per row, fields in input-column order
             bad_rows = len({p.row for p in found})
-            raise RowErrors(f"{bad_rows} of {len(rows)} rows are invalid: {render(found[0])}", found[:max_errors],
+            raise RowErrors(f"{bad_rows} of {n} rows are invalid: {render(found[0])}", found[:max_errors],
                             bad_rows=bad_rows, total=len(found))
-        return Checked(out, len(rows))
+        return Checked(out, n)
+
+
+class BadColumns(DataError):
+    """A columnar request body whose columns are not one list of n values per input field: ``problems`` lists
+    (field, what is wrong), every one found."""
+
+    def __init__(self, problems: list[tuple[str | None, str]]) -> None:
+        super().__init__("; ".join(m for _, m in problems))
+        self.problems = problems
+
+
+def column_lists(columns: Any, fields: list[str]) -> tuple[dict[str, list[Any]], int]:
+    """({field: its values}, n) of a columnar body's ``columns`` object ({"I1": [3, null, ...], "C1": [...],
+    ...}: one list per input field, all of one length n; other keys are ignored), or :class:`BadColumns`
+    naming every field that is missing, not a list, or of another length than most fields'."""
+    if type(columns) is not dict:
+        raise BadColumns([(None, f"the columns must be an object of field: list of values; got {describe(columns)}")])
+    values = {f: columns.get(f, _MISSING) for f in fields}
+    lengths = [len(v) for v in values.values() if type(v) is list]
+    n = max(set(lengths), key=lambda k: (lengths.count(k), -k)) if lengths else 0  # the most common length
+    problems = [(f, _column_problem(f, v, n)) for f, v in values.items() if type(v) is not list or len(v) != n]
+    if problems:
+        raise BadColumns(problems)
+    return values, n
+
+
+def _column_problem(field: str, v: Any, n: int) -> str:
+    if v is _MISSING:
+        return f"the columns lack the required field {field!r}; send a list of {n} values (null for a missing value)"
+    if type(v) is not list:
+        return f"column {field!r} must be a list with one value per row; got {describe(v)}"
+    return f"column {field!r} holds {len(v)} values, but the other columns hold {n}; send one value per row"
 
 
 def _each_value(rule: ColumnRule, read: Callable[[Any], Any], column: Sequence[Any], skip: set[int],
