@@ -1,7 +1,8 @@
 """``ctrkit serve`` under load: QPS and latency of POST /predict with 100 raw Criteo rows per request.
 
     python benchmarks/serve_load.py [--checkpoint CKPT] [--seconds 10] [--max-requests 20000]
-                                    [--clients 1,8,32] [--rows 100] [--workers N] [--threads N] [--batch-wait-ms 2]
+                                    [--clients 1,8,32] [--rows 100] [--body columns|rows] [--workers N]
+                                    [--threads N] [--batch-wait-ms 2]
 
 1. the checkpoint: ``--checkpoint``, or a DeepFM trained for one epoch on the bundled Criteo sample
    (``preprocess_criteo`` with min_freq 8, D = 16, then ``configs/criteo/deepfm.yaml``) in a temporary dir;
@@ -13,7 +14,8 @@
    ``benchmarks/serve_path.py`` times the same stages as CPU time, beside another checkout;
 3. the server: ``ctrkit serve`` (``python -m ctrkit.cli serve``) in a subprocess on 127.0.0.1
    and a free port, polled on /healthz until ready;
-4. the load: for each client count, that many keep-alive HTTP/1.1 connections, each sending its next request
+4. the load (``--body``: the rows as a columnar body, ``{"columns": {field: [values]}}``, the default, or as a
+   list of row objects, which older servers take): for each client count, that many keep-alive HTTP/1.1 connections, each sending its next request
    as soon as the last answer arrived (closed loop), for ``--seconds`` (or ``--max-requests``) after a short
    warm-up; requests/s, rows/s and latency percentiles per level, and the server's batching counters (mean
    requests per model call) from /metadata, and the CPU seconds the server's processes and the client spent.
@@ -100,15 +102,32 @@ def timed(fn, reps: int) -> dict[str, float]:
     return {"p50_ms": round(float(np.percentile(ts, 50)) * 1e3, 3), "p99_ms": round(float(np.percentile(ts, 99)) * 1e3, 3)}
 
 
-def in_process(ckpt: Path, rows: list[dict], reps: int) -> dict[str, dict[str, float]]:
+def request_body(rows: list[dict], layout: str) -> bytes:
+    """The JSON body of ``rows``: a list of row objects, or one list per field (``{"columns": {...}}``)."""
+    if layout == "rows":
+        return json.dumps(rows).encode()
+    return json.dumps({"columns": {f: [r[f] for r in rows] for f in rows[0]}}).encode()
+
+
+def in_process(ckpt: Path, rows: list[dict], reps: int, layout: str) -> dict[str, dict[str, float]]:
     """Predictor.predict of the rows, and the server path's stages, in this process with 1 torch thread."""
     from ctrkit.serving.predictor import Predictor
     from ctrkit.serving.validation import RowValidator, dumps, loads, to_arrays
 
     p = Predictor.from_checkpoint(ckpt)
-    body = json.dumps(rows).encode()
+    body = request_body(rows, layout)
     v = RowValidator(p.pipeline)
     cols = v.check(rows).columns
+
+    parsed = loads(body)
+
+    def validate() -> None:  # the parsed body's rows -> canonical columns
+        if layout == "rows":
+            v.check(parsed)
+        else:
+            from ctrkit.serving.validation import column_lists
+
+            v.check_columns(*column_lists(parsed["columns"], v.names))
     arrays = to_arrays(v.rules, cols)
     encoded = p.pipeline.transform(arrays, validated=True)
     batch = p.pipeline.to_batch(encoded)
@@ -121,7 +140,7 @@ def in_process(ckpt: Path, rows: list[dict], reps: int) -> dict[str, dict[str, f
 
     return {"predictor_predict": timed(lambda: p.predict(rows), reps),
             "server_path_json_loads": timed(lambda: loads(body), reps),
-            "server_path_validate": timed(lambda: v.check(rows), reps),
+            "server_path_validate": timed(validate, reps),
             "server_path_score_validated": timed(lambda: p.score_validated(to_arrays(v.rules, cols)), reps),
             "server_path_encode": timed(lambda: p.pipeline.transform(arrays, validated=True), reps),
             "server_path_to_batch": timed(lambda: p.pipeline.to_batch(encoded), reps),
@@ -255,6 +274,8 @@ def main() -> None:
     ap.add_argument("--max-requests", type=int, default=20000, help="measured requests per level, at most")
     ap.add_argument("--clients", default="1,8,32", help="comma-separated concurrent client counts")
     ap.add_argument("--rows", type=int, default=100, help="raw rows per request")
+    ap.add_argument("--body", choices=("columns", "rows"), default="columns",
+                    help="request body layout: one list per field (default) or a list of row objects")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="server processes (default: cores)")
     ap.add_argument("--threads", type=int, help="server torch threads per worker (default: ctrkit serve's)")
     ap.add_argument("--batch-wait-ms", type=float, default=None, help="server micro-batch wait (default: serve's)")
@@ -270,7 +291,7 @@ def main() -> None:
 
         info = Predictor.from_checkpoint(ckpt).metadata()
         rows = criteo_rows(args.rows, info["input_columns"])
-        ref = in_process(ckpt, rows, args.reps)
+        ref = in_process(ckpt, rows, args.reps, args.body)
         flops = _roof.predict_flops(Predictor.from_checkpoint(ckpt), rows)  # forward FLOPs per row (issue 29 item 1)
         ceiling, cpu_ms = in_process_ceiling(ckpt, rows, args.workers, threads, args.seconds)
         ceiling_16, cpu_ms_16 = in_process_ceiling(ckpt, rows, args.workers, threads, args.seconds, copies=16)
@@ -299,7 +320,7 @@ def main() -> None:
     cpu_share = round(cpu_ms / server_ms, 3) if server_ms else None
     print(f"CPU per {args.rows} rows: in process {cpu_ms} ms, server {server_ms} ms at {busiest['clients']} clients "
           f"(share {cpu_share}: the same comparison, less sensitive to other work on the machine)")
-    print(json.dumps({"benchmark": "serve_load", "model": info["model"], "rows_per_request": args.rows,
+    print(json.dumps({"benchmark": "serve_load", "model": info["model"], "rows_per_request": args.rows, "body": args.body,
                       "cpu_capability": cap, "cpu_count": os.cpu_count(), "load_average": load,
                       "client": "asyncio raw HTTP/1.1, same host", "server_workers": args.workers,
                       "server_threads": threads, "server_limits": limits, "levels": levels,
@@ -315,7 +336,7 @@ def main() -> None:
 
 def serve(ckpt: Path, rows: list[dict], args: argparse.Namespace, work: Path) -> tuple[list[dict], dict]:
     """Start ``ctrkit serve`` and run every client level against it: (levels, the server's limits)."""
-    body = json.dumps(rows).encode()
+    body = request_body(rows, args.body)
     port = free_port()
     cmd = [sys.executable, "-m", "ctrkit.cli", "serve", "--checkpoint", str(ckpt), "--host", "127.0.0.1",
            "--port", str(port), "--workers", str(args.workers)]
