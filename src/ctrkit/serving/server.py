@@ -2,7 +2,11 @@
 
 Endpoints:
 
-* ``POST /predict``: body a JSON list of raw row objects, or ``{"rows": [...]}``; answers
+* ``POST /predict``: body a JSON list of raw row objects, ``{"rows": [...]}``, or the same rows column by column,
+  ``{"columns": {"I1": [3, null, ...], "C1": ["68fd1e64", ...], ...}}`` (``"inputs"``, TF-Serving's name for its
+  columnar format, is read the same way): one list of n values per input field, the layout DeepCTR's
+  ``predict`` takes (a dict of one array per feature); it skips the per-row objects, so parsing and checking
+  cost less (``benchmarks/serve_path.py``). Either way the answer is
   ``{"scores": [p_0, ..., p_n-1], "model": name, "version": "sha256:..."}``, one click probability per row, in
   order, and the version (checkpoint sha256) of the model that scored them all. A row holds the
   checkpoint's input fields (``GET /metadata`` lists them with what each accepts; the rules are those of
@@ -23,7 +27,9 @@ with 0-based row indices, and ``"invalid_rows"``):
 400   ``bad_content_length`` a Content-Length header that is not a number
 413   ``body_too_large``     more than ``max_body_bytes`` (Content-Length, or the bytes actually sent)
 413   ``too_many_rows``      more than ``max_rows`` rows
-422   ``invalid_body``       not a list of rows, nor an object with a "rows" list
+422   ``invalid_body``       not a list of rows, nor an object with a "rows" list or a "columns" object (or both)
+422   ``invalid_columns``    a columnar body lacking an input field, or holding one that is not a list or not
+                             of the others' length (``errors`` names every such field, with ``"row": null``)
 422   ``invalid_rows``       rows that are not objects, lack an input field, or hold a value of the wrong
                              type, a non-finite number (NaN / Infinity tokens, 1e400), a non-hex Criteo key
 500   ``internal``           a server failure (logged with its traceback); nothing was scored
