@@ -207,11 +207,10 @@ class _Service:
             try:
                 values, n = column_lists(data[keys[0]], validator.names)
             except BadColumns as e:
-                raise _Refused(422, "invalid_columns", f"the body's columns are malformed ({len(e.problems)} "
-                               f"problem(s)), so none was scored; fix them and send the request again. First: "
-                               f"{e.problems[0][1]}",
-                               errors=[
-                    {"row": None, "field": f, "message": m} for f, m in e.problems]) from None
+                errors = [{"row": None, "field": f, "message": m} for f, m in e.problems]
+                raise _Refused(422, "invalid_columns", f"the body's columns are malformed ({len(errors)} "
+                               "problem(s)), so none was scored; fix them and send the request again. First: "
+                               f"{errors[0]['message']}", errors=errors) from None
             self._check_rows(n)
             try:
                 return validator.check_columns(values, n, self.limits["max_errors"])
