@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from ctrkit.checkpoint import Checkpoint
+from ctrkit.data.pipeline.id_dropout import IdDropout
 from ctrkit.data.pipeline.persist import to_payload
 from ctrkit.data.storage.agree import check_same_vocabulary
 from ctrkit.data.storage.days import DayStreamLoader
@@ -135,6 +136,8 @@ def _train(cfg: Config, resume: str | None, progress: bool | None, callbacks: li
         warm_weights(model, warm, cfg)
     elif model.needs_prefit:  # e.g. GBDT+LR fits its trees on the training rows first, DIN counts ids
         model.prefit(train if ctx is None else config_loader(cfg.data.train, cfg, train=True, what="train"))
+    # after prefit (which reads the rows as they are): the training batches' ids dropped to the rare id
+    train.id_dropout = IdDropout(cfg.train.id_dropout, store.schema.sparse_keys, cfg.train.seed)
     run_dir = _run_dir(cfg, resume, ctx)
     resume = _restarted_from(run_dir, ctx) or resume  # a restarted job goes on from its own last.pt
     if "tensorboard" in cfg.run.log and (ctx is None or ctx.is_main):

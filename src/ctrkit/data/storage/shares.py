@@ -16,6 +16,7 @@ from typing import Any
 
 from ctrkit.background import background
 from ctrkit.batch import Batch
+from ctrkit.data.pipeline.id_dropout import IdDropout
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ class RoundLoader:
     epoch: int
     batches_yielded: int
     _resume_from: int
+    id_dropout: IdDropout | None = None  # training loaders: ids dropped to the rare id (train.id_dropout)
     _prefetch_thread = "ctrkit-batch-prefetch"
 
     def __len__(self) -> int:
@@ -81,6 +83,8 @@ class RoundLoader:
         self._resume_from = 0
         self.batches_yielded = start
         batches = self._epoch_batches(epoch, start)
+        if self.id_dropout:
+            batches = self.id_dropout.apply(batches, epoch, start)
         source = background(batches, self.prefetch, self._prefetch_thread) if self.prefetch > 0 else batches
         try:
             for batch in source:
