@@ -2,7 +2,8 @@
 first model, on real logs with time: next-period AUC / GAUC and training seconds.
 
     python benchmarks/incremental.py [--datasets movielens taobao] [--quick] [--periods N] [--epochs 5]
-                                     [--threads 1] [--seed 0] [--out DIR] [--replay F] [--warm-dense-lr LR] [--tune]
+                                     [--threads 1] [--seed 0] [--out DIR] [--replay F] [--warm-dense-lr LR]
+                                     [--id-dropout KEY=P ...] [--tune]
 
 Data (benchmarks/_rolling_data.py): MovieLens-100K cut by week (31 weeks; label rating >= 4, the user's 20
 previous items as a history) and the Taobao UserBehavior head cut by day (9 days; label: the behaviour went past
@@ -24,6 +25,10 @@ Periods t = 0 .. T-2 (each evaluated on period t + 1, which no choice ever sees)
   validation split (all periods so far);
 * frozen: period 0's model, never updated; period t + 1 encoded with period 0's vocabularies
   (``--vocab-from STORE_0/train``: new ids -> 1, rare) and scored with RUN_0/best.pt.
+
+``--id-dropout user_id=0.1`` sets ``train.id_dropout`` for every run of every arm (a change of the shared config):
+while training, each user id becomes the rare id 1 with probability 0.1, which trains the row the next period's
+unseen users are scored with (ctrkit/data/pipeline/id_dropout.py).
 
 At t = 0 the three arms are the same run. Every run uses one fixed config: configs/movielens/deepfm.yaml
 (DeepFM, embedding 16, MLP 256-128, Adam 2e-3 + lazy Adam 2.5e-3 on the rows) with batch 256, no weight
@@ -285,6 +290,18 @@ def table(name: str, unit: str, recs: list[dict[str, Any]], s: dict[str, Any]) -
     return "\n".join(rows) + "\n"
 
 
+def id_dropout(items: list[str], ap: argparse.ArgumentParser) -> dict[str, float]:
+    """``--id-dropout user_id=0.1 ...`` -> {key: probability} (the keys and ranges are checked by ``ctrkit train``)."""
+    out = {}
+    for item in items:
+        key, _, p = item.partition("=")
+        try:
+            out[key] = float(p)
+        except ValueError:
+            ap.error(f"--id-dropout takes KEY=P (e.g. user_id=0.1), got {item!r}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--datasets", nargs="*", default=["movielens", "taobao"], choices=["movielens", "taobao"])
@@ -298,11 +315,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replay", type=float, default=0.0, metavar="F",
                     help="incremental arm: append F x the new rows, sampled from earlier periods' train splits")
     ap.add_argument("--warm-dense-lr", type=float, help="incremental arm, warm runs: the dense (non-embedding) lr")
+    ap.add_argument("--id-dropout", nargs="*", default=[], metavar="KEY=P",
+                    help="every arm: train.id_dropout, e.g. user_id=0.1 (training ids -> the rare id 1 with prob. P)")
     ap.add_argument("--tune", action="store_true",
                     help="the incremental arm alone, judged on its validation AUC (for choosing --replay / lr)")
     a = ap.parse_args(argv)
     if a.replay < 0 or (a.warm_dense_lr is not None and a.warm_dense_lr <= 0):
         ap.error(f"--replay must be >= 0 and --warm-dense-lr > 0, got {a.replay} and {a.warm_dense_lr}")
+    drop = id_dropout(a.id_dropout, ap)
     warm = Warm(a.replay, a.warm_dense_lr, a.seed, a.tune)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(a.threads)
@@ -310,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     overrides = [f"--train.epochs={epochs}", "--train.early_stopping.patience=1", "--train.ema_decay=null",
                  "--data.batch_size=256", "--train.metrics=[auc,gauc,logloss]", f"--train.threads={a.threads}",
                  f"--train.seed={a.seed}", "--train.progress=false", "--run.overwrite=true"]
+    overrides += [f"--train.id_dropout={json.dumps(drop)}"] if drop else []
     load0 = os.getloadavg()
     sys.stdout.write(f"threads={a.threads} cpu={torch.backends.cpu.get_cpu_capability()} (fp32) torch {torch.__version__}"
                      f" cores={os.cpu_count()} load average {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}\n")
@@ -334,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     load1 = os.getloadavg()
     sys.stdout.write("RESULT " + json.dumps({
         "benchmark": "incremental", "quick": a.quick, "epochs": epochs, "threads": a.threads, "seed": a.seed,
-        "valid_fraction": a.valid_fraction, "replay": a.replay, "warm_dense_lr": a.warm_dense_lr, "tune": a.tune,
+        "valid_fraction": a.valid_fraction, "replay": a.replay, "warm_dense_lr": a.warm_dense_lr, "id_dropout": drop, "tune": a.tune,
         "config": str(CONFIG.relative_to(REPO)), "overrides": overrides,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(), "precision": "fp32", "torch": torch.__version__,
         "cores": os.cpu_count(), "load_average": {"start": load0, "end": load1},

@@ -81,3 +81,13 @@ def test_replay_draws_only_earlier_train_rows(sizes: list[int], fraction: float)
     last = rs[-1]
     a, b = (INC.replay_rows(last["earlier"], 4, 1.0, s, len(rs) - 1) for s in (0, 1))
     assert not np.array_equal(a, b)  # the seed picks the sample
+
+
+def test_id_dropout_option_reads_key_probability_pairs() -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    assert INC.id_dropout(["user_id=0.1", "item_id=0.25"], ap) == {"user_id": 0.1, "item_id": 0.25}
+    assert INC.id_dropout([], ap) == {}
+    with pytest.raises(SystemExit):  # argparse's error: exit 2 with the option named
+        INC.id_dropout(["user_id"], ap)
