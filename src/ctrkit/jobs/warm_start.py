@@ -32,6 +32,7 @@ from ctrkit.training.warm_start import (
     check_warm_start,
     load_grown_optimizer,
     load_grown_weights,
+    new_rows_from_rare,
     table_layout,
 )
 
@@ -76,7 +77,10 @@ def read_warm_start(cfg: Config, resume: str | None, store: Store) -> WarmStart 
 
 def warm_weights(model: CTRModel, warm: WarmStart, cfg: Config) -> None:
     """``model`` (just built, on the CPU) <- the checkpoint's weights, its tables grown, the reset rows fresh."""
-    load_grown_weights(model, warm.ckpt, dict(cfg.model.params), what(cfg), warm.reset)
+    grown = load_grown_weights(model, warm.ckpt, dict(cfg.model.params), what(cfg), warm.reset)
+    if cfg.train.warm_start_new_rows == "rare":
+        log.info("%s: %d new rows start from their table's rare row (train.warm_start_new_rows: rare)", what(cfg),
+                 new_rows_from_rare(model, grown, warm.reset))
 
 
 def warm_trainer(trainer: Any, warm: WarmStart, cfg: Config) -> list[str]:

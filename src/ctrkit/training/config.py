@@ -178,6 +178,9 @@ class TrainConfig:
     # start from this checkpoint's weights and optimizer states on a grown vocabulary (`ctrkit train --warm-start`;
     # training/warm_start.py): a new run, its tables grown, new ids' rows initialised as a fresh table's
     warm_start: str | None = None
+    # a warm start's new rows (new ids, ids reset by expiry): "fresh" (a new table's initial values) or "rare" (a
+    # copy of the table's row 1, with which these values were scored before they were admitted)
+    warm_start_new_rows: Literal["fresh", "rare"] = "fresh"
     # id dropout {sparse key: p in [0, 1)}: each training id of the key becomes the rare id 1 with probability p,
     # which trains the row unseen values are scored with (cold start; data/pipeline/id_dropout.py)
     id_dropout: dict[str, NonNegativeFloat] = field(default_factory=dict)

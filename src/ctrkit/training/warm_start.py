@@ -134,6 +134,27 @@ def load_grown_weights(model: CTRModel, ckpt: Checkpoint, params: Mapping[str, A
     return grown
 
 
+@torch.no_grad()
+def new_rows_from_rare(model: CTRModel, grown: Mapping[str, tuple[int, int]], reset: Resets | None = None) -> int:
+    """``train.warm_start_new_rows: rare``: every new row of every grown table (ids old rows .. new rows, and the
+    rows ``reset`` by expiry) <- that table's row 1, the row of values the vocabulary did not hold, which scored
+    these values until now (trained when ``train.id_dropout`` or ``min_freq`` > 1 sent ids to it). A value then
+    starts from what the model knew of unknown values instead of a fresh row. ``grown``: :func:`load_grown_weights`'
+    {table state-dict key: (old rows, new rows)}. Returns how many rows were set."""
+    done = 0
+    for prefix, m in _collections(model).items():
+        for p, starts in m.table_rows():
+            for t, at in starts.items():
+                old, new = grown.get(f"{prefix}tables.{t}", (0, 0))
+                rows = np.r_[np.arange(old, new), np.asarray((reset or {}).get(t, ()), np.int64)]
+                rows = rows[rows > 1]
+                if old > 1 and len(rows):
+                    idx = torch.as_tensor(at + rows, device=p.device)
+                    p.data[idx] = p.data[at + 1].expand(len(rows), *p.shape[1:])
+                    done += len(rows)
+    return done
+
+
 def _grown_buffer(old: Any, new: Any, pairs: set[tuple[int, int]]) -> Any:
     """``old`` as the entry to load: itself, or, for an entry with a row per id of a grown table (its rows match
     one table's (old, new) rows, the rest of its shape the same), the new entry with its first rows from ``old``."""
