@@ -150,7 +150,7 @@ def new_rows_from_rare(model: CTRModel, grown: Mapping[str, tuple[int, int]], re
                 rows = rows[rows > 1]
                 if old > 1 and len(rows):
                     idx = torch.as_tensor(at + rows, device=p.device)
-                    p.data[idx] = p.data[at + 1].expand(len(rows), *p.shape[1:])
+                    p.data[idx] = p.data[at + 1].clone().expand(len(rows), *p.shape[1:])
                     done += len(rows)
     return done
 
