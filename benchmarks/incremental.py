@@ -3,7 +3,8 @@ first model, on real logs with time: next-period AUC / GAUC and training seconds
 
     python benchmarks/incremental.py [--datasets movielens taobao] [--quick] [--periods N] [--epochs 5]
                                      [--threads 1] [--seed 0] [--out DIR] [--replay F] [--warm-dense-lr LR]
-                                     [--id-dropout KEY=P ...] [--warm-new-rows fresh|rare] [--tune]
+                                     [--id-dropout KEY=P ...] [--warm-new-rows fresh|rare]
+                                     [--warm-optimizer keep|fresh] [--tune]
 
 Data (benchmarks/_rolling_data.py): MovieLens-100K cut by week (31 weeks; label rating >= 4, the user's 20
 previous items as a history) and the Taobao UserBehavior head cut by day (9 days; label: the behaviour went past
@@ -19,7 +20,8 @@ Periods t = 0 .. T-2 (each evaluated on period t + 1, which no choice ever sees)
   0 .. t-1 (never a validation split, period t or the evaluated period), is appended to them: the vocabulary is
   still grown from the new rows alone (store p{t}/inc), and new + replayed rows are encoded with it (store
   p{t}/incr, ``--vocab-from p{t}/inc/train``; every replayed id is known). ``--warm-dense-lr`` sets the dense
-  (non-embedding) learning rate of the warm runs, ``--warm-new-rows rare`` starts their new rows from the rare row. ``--tune`` runs the incremental arm alone and reports its mean
+  (non-embedding) learning rate of the warm runs, ``--warm-new-rows rare`` starts their new rows from the rare row,
+  ``--warm-optimizer fresh`` their optimizers with fresh states. ``--tune`` runs the incremental arm alone and reports its mean
   validation AUC, the only figure these settings are chosen on;
 * retrain: ``ctrkit preprocess table`` fitted from scratch and ``ctrkit train`` on every row up to period t's
   validation split (all periods so far);
@@ -159,7 +161,7 @@ class Warm:
     """The incremental arm's warm runs (t >= 1): ``replay`` x the new rows drawn from earlier train splits and
     appended to its training rows (:func:`replay_rows`, seeded by ``seed``); ``dense_lr`` the dense
     (non-embedding) learning rate (None: the config's); ``new_rows``: ``train.warm_start_new_rows`` (``rare``: new
-    rows start as a copy of their table's rare row 1); ``only`` runs the incremental arm alone (tuning on its
+    rows start as a copy of their table's rare row 1); ``optimizer``: ``train.warm_start_optimizer``; ``only`` runs the incremental arm alone (tuning on its
     validation AUC)."""
 
     replay: float = 0.0
@@ -167,6 +169,7 @@ class Warm:
     seed: int = 0
     only: bool = False
     new_rows: str = "fresh"
+    optimizer: str = "keep"
 
 
 def incremental(log: Log, r: dict[str, Any], d: Path, t: int, prev: tuple[Path, str] | None, overrides: list[str],
@@ -187,7 +190,7 @@ def incremental(log: Log, r: dict[str, Any], d: Path, t: int, prev: tuple[Path, 
             if any(unseen(store / "train").values()):  # replayed rows come from rows the vocabulary already holds
                 raise SystemExit(f"{log.name} period {t}: replayed rows hold user / item ids unknown to {d / 'inc'}")
         extra = [f"--train.lr={warm.dense_lr}"] if warm.dense_lr else []
-        extra += [f"--train.warm_start_new_rows={warm.new_rows}"]
+        extra += [f"--train.warm_start_new_rows={warm.new_rows}", f"--train.warm_start_optimizer={warm.optimizer}"]
     inc = train(store, d.parent / "runs", f"inc{t}", overrides + extra, warm=prev and Path(prev[1]))
     return {**inc, "prep_s": prep, "replayed_rows": replayed}
 
@@ -320,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warm-dense-lr", type=float, help="incremental arm, warm runs: the dense (non-embedding) lr")
     ap.add_argument("--warm-new-rows", choices=["fresh", "rare"], default="fresh",
                     help="incremental arm, warm runs: train.warm_start_new_rows (rare: new rows copy the rare row 1)")
+    ap.add_argument("--warm-optimizer", choices=["keep", "fresh"], default="keep",
+                    help="incremental arm, warm runs: train.warm_start_optimizer (the checkpoint's Adam moments or fresh)")
     ap.add_argument("--id-dropout", nargs="*", default=[], metavar="KEY=P",
                     help="every arm: train.id_dropout, e.g. user_id=0.1 (training ids -> the rare id 1 with prob. P)")
     ap.add_argument("--tune", action="store_true",
@@ -328,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.replay < 0 or (a.warm_dense_lr is not None and a.warm_dense_lr <= 0):
         ap.error(f"--replay must be >= 0 and --warm-dense-lr > 0, got {a.replay} and {a.warm_dense_lr}")
     drop = id_dropout(a.id_dropout, ap)
-    warm = Warm(a.replay, a.warm_dense_lr, a.seed, a.tune, a.warm_new_rows)
+    warm = Warm(a.replay, a.warm_dense_lr, a.seed, a.tune, a.warm_new_rows, a.warm_optimizer)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(a.threads)
     epochs = 2 if a.quick else a.epochs
@@ -360,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     load1 = os.getloadavg()
     sys.stdout.write("RESULT " + json.dumps({
         "benchmark": "incremental", "quick": a.quick, "epochs": epochs, "threads": a.threads, "seed": a.seed,
-        "valid_fraction": a.valid_fraction, "replay": a.replay, "warm_dense_lr": a.warm_dense_lr, "id_dropout": drop, "warm_new_rows": a.warm_new_rows, "tune": a.tune,
+        "valid_fraction": a.valid_fraction, "replay": a.replay, "warm_dense_lr": a.warm_dense_lr, "id_dropout": drop, "warm_new_rows": a.warm_new_rows, "warm_optimizer": a.warm_optimizer, "tune": a.tune,
         "config": str(CONFIG.relative_to(REPO)), "overrides": overrides,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(), "precision": "fp32", "torch": torch.__version__,
         "cores": os.cpu_count(), "load_average": {"start": load0, "end": load1},

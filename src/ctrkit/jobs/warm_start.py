@@ -86,8 +86,11 @@ def warm_weights(model: CTRModel, warm: WarmStart, cfg: Config) -> None:
 def warm_trainer(trainer: Any, warm: WarmStart, cfg: Config) -> list[str]:
     """The Trainer's optimizer states from the checkpoint: :func:`warm_optimizer`, or, from a sharded checkpoint into
     a sharded run, :func:`~ctrkit.training.sharded_warm.load_grown_sharded` (the fused optimizers' states of the
-    sharded tables too, any world size and plan). Between a sharded and an unsharded run the table states start
-    fresh, with a warning. Returns the parts loaded."""
+    sharded tables too, any world size and plan); none with ``train.warm_start_optimizer: fresh``. Between a sharded
+    and an unsharded run the table states start fresh, with a warning. Returns the parts loaded."""
+    if cfg.train.warm_start_optimizer == "fresh":
+        log.info("%s: the optimizers start with fresh states (train.warm_start_optimizer: fresh)", what(cfg))
+        return []
     sm = sharded_of(trainer.module)
     same = same_optimizers(warm, cfg)
     if sm is not None and warm.sharded:

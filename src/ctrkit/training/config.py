@@ -181,6 +181,8 @@ class TrainConfig:
     # a warm start's new rows (new ids, ids reset by expiry): "fresh" (a new table's initial values) or "rare" (a
     # copy of the table's row 1, with which these values were scored before they were admitted)
     warm_start_new_rows: Literal["fresh", "rare"] = "fresh"
+    # a warm start's optimizer states (Adam moments, Adagrad sums): the checkpoint's ("keep") or a fresh optimizer's
+    warm_start_optimizer: Literal["keep", "fresh"] = "keep"
     # id dropout {sparse key: p in [0, 1)}: each training id of the key becomes the rare id 1 with probability p,
     # which trains the row unseen values are scored with (cold start; data/pipeline/id_dropout.py)
     id_dropout: dict[str, NonNegativeFloat] = field(default_factory=dict)
