@@ -59,6 +59,7 @@ def test_drops_the_named_keys_as_a_naive_reference() -> None:
     other = d(batch, epoch=2, position=6)
     assert torch.equal(again.sparse.values, out.sparse.values)  # the same (epoch, position): the same draw
     assert not torch.equal(other.sparse.values, out.sparse.values)
+    assert not torch.equal(d(batch, epoch=2, position=5, rank=1).sparse.values, out.sparse.values)  # another rank
 
 
 def test_zero_rates_leave_batches_alone_and_bad_options_name_the_fix() -> None:

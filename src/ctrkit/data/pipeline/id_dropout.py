@@ -10,7 +10,7 @@ attributes and history) for them: the cold-start training of DropoutNet (Volkovs
 to ids. Missing values (id 0) and ids already 1 are left as they are; validation, test and serving rows are
 never touched (only the training loader applies it).
 
-Which ids drop is a function of (``seed``, epoch, batch position) only, so a resumed run draws the same ones; a
+Which ids drop is a function of (``seed``, epoch, batch position, rank) only, so a resumed run draws the same ones; a
 draw is one ``torch.rand`` over the batch's ids of the keys named (no per-row Python). With a hashed vocabulary
 (``max_vocab`` mode ``hash``) id 1 is a bucket that known values share too.
 """
@@ -47,12 +47,13 @@ class IdDropout:
     def __bool__(self) -> bool:
         return bool(self.rates)
 
-    def generator(self, epoch: int, position: int) -> torch.Generator:
-        """The draw of batch ``position`` of ``epoch``: a generator seeded by (seed, epoch, position)."""
-        s = np.random.SeedSequence([self.seed, int(epoch), int(position)]).generate_state(1, np.uint64)[0]
+    def generator(self, epoch: int, position: int, rank: int = 0) -> torch.Generator:
+        """The draw of batch ``position`` of ``epoch`` (of process ``rank``): a generator seeded by (seed, epoch,
+        position, rank)."""
+        s = np.random.SeedSequence([self.seed, int(epoch), int(position), int(rank)]).generate_state(1, np.uint64)[0]
         return torch.Generator().manual_seed(int(s) & ((1 << 63) - 1))
 
-    def __call__(self, batch: Batch, epoch: int, position: int) -> Batch:
+    def __call__(self, batch: Batch, epoch: int, position: int, rank: int = 0) -> Batch:
         """``batch`` with the ids of the keys in ``rates`` dropped to 1 (a new ``values`` tensor; ``batch`` as is)."""
         kj = batch.sparse
         rate = torch.zeros(len(kj.keys))
@@ -61,14 +62,14 @@ class IdDropout:
                 rate[kj.keys.index(k)] = p
         per_key = torch.as_tensor(kj.length_per_key(), dtype=torch.int64)
         p_of_id = torch.repeat_interleave(rate, per_key)  # (N,) the probability of each id, by its key
-        u = torch.rand(p_of_id.shape, generator=self.generator(epoch, position))
+        u = torch.rand(p_of_id.shape, generator=self.generator(epoch, position, rank))
         drop = (u < p_of_id).to(kj.values.device) & (kj.values > RARE)
         values = torch.where(drop, torch.full_like(kj.values, RARE), kj.values)
         sparse = KeyedJagged(kj.keys, values, lengths=kj.lengths, offsets=kj.offsets, stride=kj.stride,
                              weights=kj.weights)
         return dataclasses.replace(batch, sparse=sparse)
 
-    def apply(self, batches: Iterator[Batch], epoch: int, start: int) -> Iterator[Batch]:
-        """The batches of ``epoch`` from position ``start`` on, each with its ids dropped."""
+    def apply(self, batches: Iterator[Batch], epoch: int, start: int, rank: int = 0) -> Iterator[Batch]:
+        """The batches of ``epoch`` (of process ``rank``) from position ``start`` on, each with its ids dropped."""
         for i, batch in enumerate(batches, start):
-            yield self(batch, epoch, i)
+            yield self(batch, epoch, i, rank)

@@ -84,7 +84,7 @@ class RoundLoader:
         self.batches_yielded = start
         batches = self._epoch_batches(epoch, start)
         if self.id_dropout:
-            batches = self.id_dropout.apply(batches, epoch, start)
+            batches = self.id_dropout.apply(batches, epoch, start, self.rank)
         source = background(batches, self.prefetch, self._prefetch_thread) if self.prefetch > 0 else batches
         try:
             for batch in source:
