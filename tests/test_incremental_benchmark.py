@@ -14,6 +14,7 @@ from conftest import benchmark_module
 
 INC = benchmark_module("incremental")
 DATA = benchmark_module("_rolling_data")
+POST = benchmark_module("incremental_posthoc")
 
 
 @pytest.mark.parametrize("sizes", [[10, 7, 13, 5], [4, 4], [100, 1, 2, 50, 9, 30]])
@@ -91,3 +92,21 @@ def test_id_dropout_option_reads_key_probability_pairs() -> None:
     assert INC.id_dropout([], ap) == {}
     with pytest.raises(SystemExit):  # argparse's error: exit 2 with the option named
         INC.id_dropout(["user_id"], ap)
+
+
+def test_average_over_periods_against_a_loop() -> None:
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    prev = {"t": torch.randn(3, 2, generator=g), "b": torch.tensor(0.5), "n": torch.tensor([1, 2])}
+    new = {"t": torch.randn(5, 2, generator=g), "b": torch.tensor(1.5), "n": torch.tensor([3, 4]),
+           "x": torch.randn(2, generator=g)}
+    kept = [{k: v.clone() for k, v in d.items()} for d in (prev, new)]
+    out = POST.average(prev, new, 0.25)
+    for i in range(5):  # rows of the grown table: old rows mixed, new rows (ids new at t) as in ``new``
+        for j in range(2):
+            want = 0.25 * prev["t"][i, j] + 0.75 * new["t"][i, j] if i < 3 else new["t"][i, j]
+            assert abs(float(out["t"][i, j] - want)) < 1e-6
+    assert abs(float(out["b"]) - (0.25 * 0.5 + 0.75 * 1.5)) < 1e-6
+    assert torch.equal(out["n"], new["n"]) and torch.equal(out["x"], new["x"])  # integers and new entries: new's
+    assert all(torch.equal(d[k], c[k]) for d, c in zip((prev, new), kept) for k in d)  # the inputs left as they were

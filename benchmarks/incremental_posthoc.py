@@ -1,0 +1,118 @@
+"""Read back a run of benchmarks/incremental.py (its ``--out`` directory) for the MovieLens gap (docs/benchmarks.md,
+"Cold-start rows, fresh optimizer states and averaging over periods"):
+
+    python benchmarks/incremental_posthoc.py split   OUT [--dataset movielens]
+    python benchmarks/incremental_posthoc.py average OUT [--dataset movielens] [--betas 0.3 0.5 0.7]
+
+* ``split``: per period t >= 1 and arm (incremental, retrain), the share of next-period rows whose user the arm's
+  vocabulary does not hold (id 1, rare), how many training rows carry user id 1, and the next-period AUC within
+  the rows of seen and of unseen users; means over the periods.
+* ``average``: weights averaged over periods from the incremental arm's own checkpoints, a_0 = w_0 and
+  a_t = beta a_{t-1} + (1 - beta) w_t (rows of ids new at t: w_t's), scored on period t's validation split (the
+  figure a choice may read) and on period t + 1. The warm starts are the run's (each continues from w_t): the
+  average only scores, as ``train.ema_decay`` does within a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from sklearn.metrics import roc_auc_score
+
+
+def average(prev: dict[str, torch.Tensor], new: dict[str, torch.Tensor], beta: float) -> dict[str, torch.Tensor]:
+    """beta * prev + (1 - beta) * new for every float entry; an entry of ``new`` with more rows (a grown table) keeps
+    its extra rows as they are; other entries (integer buffers) are ``new``'s."""
+    out = {}
+    for k, v in new.items():
+        old = prev.get(k)
+        if old is None or not torch.is_floating_point(v):
+            out[k] = v
+            continue
+        if v.dim() == 0:
+            out[k] = beta * old + (1 - beta) * v
+            continue
+        mixed = v.clone()
+        n = old.shape[0]
+        mixed[:n] = beta * old + (1 - beta) * v[:n]
+        out[k] = mixed
+    return out
+
+
+def _store(work: Path, t: int, arm: str) -> Path:
+    d = work / f"p{t}"
+    return (d / "incr" if (d / "incr").exists() else d / "inc") if arm == "inc" else d / "re"
+
+
+def _periods(work: Path, arm: str) -> list[int]:
+    return sorted(int(p.name[len(arm):]) for p in (work / "runs").glob(f"{arm}*")
+                  if p.name[len(arm):].isdigit() and (p / "predictions.npz").exists() and int(p.name[len(arm):]) >= 1)
+
+
+def split(work: Path) -> None:
+    for arm in ("inc", "re"):
+        rec = []
+        for t in _periods(work, arm):
+            p, st = np.load(work / "runs" / f"{arm}{t}" / "predictions.npz"), _store(work, t, arm)
+            unseen = np.load(st / "test" / "user_id.npy") == 1
+            r = {"unseen": float(unseen.mean()), "trained_on_1": int((np.load(st / "train" / "user_id.npy") == 1).sum())}
+            for name, m in (("seen", ~unseen), ("unseen_auc", unseen)):
+                if len(set(p["label"][m].tolist())) == 2:
+                    r[name] = roc_auc_score(p["label"][m], p["score"][m])
+            rec.append(r)
+        mean = {k: statistics.fmean(r[k] for r in rec if k in r) for k in ("unseen", "seen", "unseen_auc")}
+        sys.stdout.write(f"{arm}: {len(rec)} periods, next-period rows with an unseen user {mean['unseen']:.4f}, training "
+                         f"rows with user id 1: {sum(r['trained_on_1'] for r in rec)}, AUC seen-user rows "
+                         f"{mean['seen']:.4f}, unseen-user rows {mean['unseen_auc']:.4f}\n")
+
+
+def averaged(work: Path, betas: list[float]) -> None:
+    from ctrkit.checkpoint import Checkpoint
+    from ctrkit.data.storage.store import Store
+    from ctrkit.jobs.scoring import eval_loader, score_rows
+
+    def auc(ck: Checkpoint, weights: dict[str, torch.Tensor], store: Path) -> float:
+        ck.weights = weights
+        p = score_rows(ck.build_model(), eval_loader(Store(store), 4096, ck.feature_pipeline()))
+        return float(roc_auc_score(p["label"], p["score"]))
+
+    acc: dict[float, dict[str, torch.Tensor]] = {}
+    res: dict[float, list[tuple[float, float]]] = {b: [] for b in [0.0, *betas]}
+    for t in [0, *_periods(work, "inc")]:
+        ck = Checkpoint.load(work / "runs" / f"inc{t}" / "best.pt")
+        w = dict(ck.weights)
+        acc = {b: (average(acc[b], w, b) if b in acc else w) for b in betas}
+        if t:
+            st = _store(work, t, "inc")
+            for b, r in res.items():
+                weights = w if b == 0.0 else acc[b]
+                r.append((auc(ck, weights, st / "valid"), auc(ck, weights, st / "test")))
+    for b, r in res.items():
+        sys.stdout.write(f"beta {b}: mean valid AUC {statistics.fmean(x[0] for x in r):.4f}, next-period AUC "
+                         f"{statistics.fmean(x[1] for x in r):.4f} ({len(r)} periods)\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("what", choices=["split", "average"])
+    ap.add_argument("out", type=Path, help="benchmarks/incremental.py's --out directory")
+    ap.add_argument("--dataset", default="movielens", choices=["movielens", "taobao"])
+    ap.add_argument("--betas", type=float, nargs="+", default=[0.3, 0.5, 0.7])
+    a = ap.parse_args(argv)
+    work = a.out / a.dataset
+    if not (work / "runs").is_dir():
+        ap.error(f"{work / 'runs'} does not exist: give the --out directory of a benchmarks/incremental.py run")
+    if any(not 0 < b < 1 for b in a.betas):
+        ap.error(f"--betas must lie strictly between 0 and 1, got {a.betas}")
+    torch.set_num_threads(1)
+    split(work) if a.what == "split" else averaged(work, a.betas)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
