@@ -88,6 +88,39 @@ def _swar_hex8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return t.view(np.int64), ok
 
 
+PAD = 8  # zero bytes after a block's text: an 8-byte read at any byte of it stays inside the array
+
+
+@dataclass(frozen=True)
+class TextBlock:
+    """Whole lines of text (``size`` bytes, the last one ending in b"\\n") followed by :data:`PAD` zero bytes in one
+    uint8 array ``buf`` [size + PAD]: the parser reads 8 bytes at every field start in place, so a block read
+    into such an array (:func:`ctrkit.data.sources.criteo_read.iter_blocks`) is not copied again to be parsed."""
+
+    buf: np.ndarray
+
+    @classmethod
+    def of(cls, text: bytes) -> TextBlock:
+        """A block of ``text`` (whole lines), copied once into a padded array."""
+        buf = np.zeros(len(text) + PAD, np.uint8)
+        buf[:len(text)] = np.frombuffer(text, np.uint8)
+        return cls(buf)
+
+    @property
+    def size(self) -> int:
+        return len(self.buf) - PAD
+
+    @property
+    def text(self) -> np.ndarray:
+        return self.buf[:-PAD]
+
+    def count_lines(self) -> int:
+        return int(np.count_nonzero(self.text == 10))
+
+    def tobytes(self) -> bytes:
+        return self.text.tobytes()
+
+
 @dataclass
 class ParsedBlock:
     """Good rows of one block of lines. ``line`` [n] is each row's 0-based line index in the block."""
@@ -101,9 +134,10 @@ class ParsedBlock:
     empty_lines: int = 0
 
 
-def parse_block(buf: bytes) -> ParsedBlock:
-    """Tokenise and validate a block of whole lines (``buf`` ends with b"\\n")."""
-    t = _tokenise(buf)
+def parse_block(buf: bytes | TextBlock) -> ParsedBlock:
+    """Tokenise and validate a block of whole lines (``buf`` ends with b"\\n"; bytes are copied into a
+    :class:`TextBlock` first)."""
+    t = _tokenise(buf if isinstance(buf, TextBlock) else TextBlock.of(buf))
     n = len(t.gi)
     lab = t.body[t.starts[:, 0]]
     lab_ok = (t.lens[:, 0] == 1) & ((lab == 48) | (lab == 49))  # label: exactly "0" or "1"
@@ -142,12 +176,9 @@ class _Tokens:
     bad: list[tuple[np.ndarray, str]]
 
 
-def _tokenise(buf: bytes) -> _Tokens:
-    size = len(buf)
-    b = np.empty(size + 8, np.uint8)  # + 8 so an 8-byte read at any field start stays inside
-    b[:size] = np.frombuffer(buf, np.uint8)
-    b[size:] = 0
-    u64 = np.ndarray((size,), dtype="<u8", buffer=b, strides=(1,))  # unaligned uint64 at every byte
+def _tokenise(block: TextBlock) -> _Tokens:
+    size, b = block.size, block.buf
+    u64 = np.ndarray((size,), dtype="<u8", buffer=b, strides=(1,))  # unaligned uint64 at every byte (+ PAD inside)
     body = b[:size]
     pos = np.int32 if size < (1 << 31) - 16 else np.int64  # byte positions: half the memory traffic in int32
     sep = np.flatnonzero(body <= 10).astype(pos)  # positions of tabs and newlines (and of bytes 0..8, dropped next)

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ctrkit.data.pipeline.criteo_parse import ParsedBlock
+from ctrkit.data.pipeline.criteo_parse import PAD, ParsedBlock, TextBlock
 from ctrkit.data.pipeline.feature_pipeline import DENSE_NAMES, SPARSE_NAMES
 from ctrkit.errors import DataError
 from ctrkit.io import check_distinct_inputs, missing_path
@@ -84,13 +84,16 @@ def _plain_pieces(raw: Any, size: int, start: int, stop: int | None) -> Iterator
 
 
 def iter_blocks(path: Path, block_bytes: int, *, start: int = 0, stop: int | None = None,
-                damage: list[dict[str, Any]] | None = None) -> Iterator[tuple[bytes, int]]:
-    """Blocks of whole lines (each ending in b"\n") and the compressed bytes read so far. A UTF-8 byte-order
-    mark at the start of the (decompressed) file is dropped: it is no part of the first line.
+                damage: list[dict[str, Any]] | None = None) -> Iterator[tuple[TextBlock, int]]:
+    """Blocks of whole lines (each ending in b"\\n", as padded :class:`TextBlock` arrays the parser reads in place)
+    and the compressed bytes read so far. A UTF-8 byte-order mark at the start of the (decompressed) file is
+    dropped: it is no part of the first line.
 
     A plain file may be read over the bytes [``start``, ``stop``) (whole lines: :func:`line_ranges`). A damaged
     gzip file (see :func:`_gzip_pieces`) yields its lines before the damage when ``damage`` is a list; the
-    incomplete line cut by the damage is dropped (``partial_line`` in the damage record)."""
+    incomplete line cut by the damage is dropped (``partial_line`` in the damage record).
+
+    Each byte read is copied once, into its block (the line cut at a block's end is carried to the next)."""
     raw = open(path, "rb")  # noqa: SIM115  (closed below)
     try:
         gz = raw.read(2) == b"\x1f\x8b"
@@ -100,24 +103,33 @@ def iter_blocks(path: Path, block_bytes: int, *, start: int = 0, stop: int | Non
         carry = b""
         head = start == 0  # the start of the file: strip a BOM there
         for data in pieces:
-            buf = carry + data if carry else data
             if head:
-                if len(buf) < len(_BOM) and _BOM.startswith(buf):  # a read shorter than the BOM: read on
-                    carry = buf
+                data = carry + data
+                if len(data) < len(_BOM) and _BOM.startswith(data):  # a read shorter than the BOM: read on
+                    carry = data
                     continue
-                buf, head = buf.removeprefix(_BOM), False
-            cut = buf.rfind(b"\n")
+                data, head, carry = data.removeprefix(_BOM), False, b""
+            cut = data.rfind(b"\n")
             if cut < 0:
-                carry = buf
+                carry += data
                 continue
-            carry = buf[cut + 1:]
-            yield buf[: cut + 1], raw.tell()
+            yield _block(carry, data, cut + 1), raw.tell()
+            carry = data[cut + 1:]
         if damage is not None and len(damage) > seen:
             damage[-1]["partial_line"] = bool(carry)  # cut by the damage: not a row
         elif carry:
-            yield carry + b"\n", raw.tell()
+            yield TextBlock.of(carry + b"\n"), raw.tell()
     finally:
         raw.close()
+
+
+def _block(carry: bytes, data: bytes, n: int) -> TextBlock:
+    """``carry`` and the first ``n`` bytes of ``data`` as one padded block (one copy of each)."""
+    buf = np.empty(len(carry) + n + PAD, np.uint8)
+    buf[:len(carry)] = np.frombuffer(carry, np.uint8)
+    buf[len(carry):len(carry) + n] = np.frombuffer(data, np.uint8, count=n)
+    buf[len(carry) + n:] = 0
+    return TextBlock(buf)
 
 
 def line_ranges(path: Path, size: int) -> list[tuple[int, int]]:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ctrkit.data.pipeline.criteo_parse import NUM_FIELDS, parse_block
+from ctrkit.data.pipeline.criteo_parse import NUM_FIELDS, TextBlock, parse_block
 from ctrkit.data.pipeline.feature_pipeline import CRITEO, FeaturePipeline
 from ctrkit.data.pipeline.rows import BadRows
 from ctrkit.data.sources.criteo_read import block_columns, iter_blocks
@@ -88,15 +88,15 @@ def _criteo(path: Path, rows: int, stats: ReadStats) -> Iterator[RawChunk]:
     line0 = 0
     for buf, _ in iter_blocks(path, max(1 << 16, rows * _AVG_LINE_BYTES)):
         if labelled is None:  # the first non-empty line decides: 40 fields with a label, 39 without
-            first = next((ln for ln in buf.split(b"\n") if ln.rstrip(b"\r")), None)  # tabs only: a row
+            first = next((ln for ln in buf.tobytes().split(b"\n") if ln.rstrip(b"\r")), None)  # tabs only: a row
             if first is None:
-                n = buf.count(b"\n")
+                n = buf.count_lines()
                 line0 += n
                 stats.blank_lines += n
                 continue
             labelled = first.count(b"\t") + 1 != NUM_FIELDS - 1
         if not labelled:  # a placeholder label before every non-empty line: 40 fields for the block parser
-            buf = _NON_EMPTY_LINE.sub(b"0\t", buf)
+            buf = TextBlock.of(_NON_EMPTY_LINE.sub(b"0\t", buf.tobytes()))
         blk = parse_block(buf)
         if blk.bad:
             note = "" if labelled else f" (counting a label: the file's first line has {NUM_FIELDS - 1} fields)"

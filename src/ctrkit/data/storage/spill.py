@@ -76,7 +76,7 @@ class ShardSpill:
                 else:
                     a = np.asarray(item) if idx is None else np.asarray(item)[idx]
                     with open(self._file(s, name), "ab") as f:
-                        f.write(np.ascontiguousarray(a, dtype=spec.dtype).tobytes())
+                        f.write(np.ascontiguousarray(a, dtype=spec.dtype).data)  # the array's bytes, not a copy
             self.rows[s] += n if idx is None else len(idx)
 
     def read(self, shard: int, seed: int | None = None) -> dict[str, Any]:

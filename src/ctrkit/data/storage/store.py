@@ -86,7 +86,7 @@ class _AppendArray:
         a = np.ascontiguousarray(a, dtype=self.dtype)
         if a.shape[1:] != self.inner:
             raise StoreError(f"{self.path.name}: chunk has inner shape {a.shape[1:]}, expected {self.inner}")
-        data = a.tobytes()
+        data = memoryview(a.reshape(-1)).cast("B")  # the array's bytes without a copy
         self.content.update(data)
         self.f.write(data)
         self.rows += a.shape[0]
