@@ -192,6 +192,22 @@ def test_parse_block_decodes_hex_of_either_case() -> None:
     assert (blk.keys[0, 4:] == -1).all()
 
 
+def test_parse_block_factorizes_a_key_of_both_cases_as_one() -> None:
+    """Categoricals are factorized on their raw bytes, then decoded: one key written in upper and in lower case
+    is one distinct key (first appearance of either spelling), with every row's code; a missing field is -1."""
+    base = sample_lines(1)[0].split("\t")
+    col1 = ["ABCDEF01", "12345678", "abcdef01", "", "AbCdEf01", "12345678"]
+    lines = ["\t".join([base[0], *base[1:14], c, *base[15:]]) for c in col1]
+    blk = parse_block(("\n".join(lines) + "\n").encode())
+    c1 = blk.cat[0]
+    assert c1.uniques.tolist() == [0xABCDEF01, 0x12345678, -1] and c1.codes.tolist() == [0, 1, 0, 2, 0, 1]
+    assert blk.keys[:, 0].tolist() == [0xABCDEF01, 0x12345678, 0xABCDEF01, -1, 0xABCDEF01, 0x12345678]
+    bad = lines[:2] + ["\t".join([base[0], *base[1:14], "abcdefg1", *base[15:]])] + lines[2:]  # 'g': not hex
+    blk = parse_block(("\n".join(bad) + "\n").encode())
+    assert blk.line.tolist() == [0, 1, 3, 4, 5, 6] and blk.bad[0][0].tolist() == [2] and "C1" in blk.bad[0][1]
+    assert blk.cat[0].uniques.tolist() == [0xABCDEF01, 0x12345678, -1]
+
+
 # ---- vocab options ---------------------------------------------------------------------------------------
 def test_min_freq_and_max_vocab(tmp_path: Path) -> None:
     lines = sample_lines(1500)

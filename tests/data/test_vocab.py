@@ -184,3 +184,35 @@ def test_hash_index_matches_a_dict_across_inserts():
         idx.insert(new, vals)
         ref.update(zip(new.tolist(), vals.tolist()))
         assert len(idx) == len(ref) and idx.nbytes > 0
+
+
+def test_factorized_keys_count_and_look_up_as_their_rows():
+    """CodedKeys (the Criteo parser's factorized columns: codes into first-appearance distinct keys, negative =
+    missing) give the ids, counts and missing count of the same keys fed row by row, against the naive dict."""
+    import pandas as pd
+
+    from ctrkit.data.pipeline.vocab_keys import CodedKeys
+
+    rng = np.random.default_rng(1)
+    vals = (rng.zipf(1.4, 20_000) % 5003).astype(np.int64)
+    vals[rng.random(len(vals)) < 0.1] = -1  # missing
+    plain, coded = VocabBuilder("p", "int"), VocabBuilder("c", "int")
+    got, want = [], []
+    for i in range(0, len(vals), 1500):
+        part = vals[i:i + 1500]
+        codes, uniq = pd.factorize(part)
+        got.append(coded.add(CodedKeys(codes, uniq)))
+        want.append(plain.add(part, part < 0))
+    got_ids = np.concatenate(got)
+    np.testing.assert_array_equal(got_ids, np.concatenate(want))
+    np.testing.assert_array_equal(got_ids, naive_ids([None if v < 0 else int(v) for v in vals]))
+    np.testing.assert_array_equal(coded.keys(), plain.keys())
+    np.testing.assert_array_equal(coded.counts(), plain.counts())
+    assert coded.missing == plain.missing == int((vals < 0).sum())
+    for min_freq in (1, 3):
+        v, _ = plain.finish(min_freq)
+        probe = np.concatenate([vals[:3000], [123_456_789, -1]])  # an unseen key, a missing one
+        codes, uniq = pd.factorize(probe)
+        np.testing.assert_array_equal(v.lookup(CodedKeys(codes, uniq)), v.lookup(probe, probe < 0))
+    mod = Vocabulary.modulo("m", 1000)  # MLPerf's keyless ids: key % 1000, missing 0
+    np.testing.assert_array_equal(mod.lookup(CodedKeys(codes, uniq)), np.where(probe < 0, 0, probe % 1000))

@@ -15,6 +15,7 @@ import pyarrow.compute as pc
 
 from ctrkit.data.pipeline.rows import BadRows
 from ctrkit.data.pipeline.rules import COUNT_LIMIT, COUNT_TEXT, F32_MAX, NUMBER, decode_hex8
+from ctrkit.data.pipeline.vocab_keys import CodedKeys
 
 _NUMBER = f"^{NUMBER}$"
 _COUNT_OR_EMPTY = f"^({COUNT_TEXT})?$"
@@ -118,11 +119,14 @@ def within_f32(x: np.ndarray, lines: np.ndarray, bad_rows: np.ndarray, bad: BadR
     return x
 
 
-def hex_keys(col: Any, lines: np.ndarray, bad_rows: np.ndarray, bad: BadRows, name: str) -> np.ndarray:
+def hex_keys(col: Any, lines: np.ndarray, bad_rows: np.ndarray, bad: BadRows, name: str) -> np.ndarray | CodedKeys:
     """Criteo categoricals -> 32-bit keys int64 [n], -1 = missing. Text must be empty or 8 hex digits
-    (else the row is bad); a numpy integer array is the block parser's decoded keys (negative = missing). Raw
+    (else the row is bad); a numpy integer array (or :class:`CodedKeys`, passed as they are) is the block
+    parser's decoded keys (negative = missing). Raw
     integers (a pyarrow integer column: rows given as numbers) are not keys: the integer 12345678 is not the
     key the text "12345678" names, so such a row is bad, as it is in a file and at the server."""
+    if isinstance(col, CodedKeys):  # the block parser's, factorized
+        return col
     if isinstance(col, np.ndarray) and col.dtype.kind in "iu":
         return col.astype(np.int64, copy=False)
     if isinstance(col, pa.Array) and (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)):

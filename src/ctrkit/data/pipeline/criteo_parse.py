@@ -15,8 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from ctrkit.data.pipeline.rules import COUNT_DIGITS
+from ctrkit.data.pipeline.vocab_keys import CodedKeys
 
 NUM_DENSE, NUM_SPARSE = 13, 26
 NUM_FIELDS = 1 + NUM_DENSE + NUM_SPARSE
@@ -30,6 +32,8 @@ _KEEP = np.array([(1 << (8 * n)) - 1 for n in range(9)], dtype=np.uint64)  # low
 _SHIFT = np.array([0] + [8 * (8 - n) for n in range(1, 9)], dtype=np.uint64)
 _FILL = np.array([0x3030303030303030 if n == 0 else (0x3030303030303030 >> (8 * n)) for n in range(9)],
                  dtype=np.uint64)  # '0' in the low (8 - n) bytes
+_LOWER = _U(0x20 * _ONES)  # set in every byte of '0'..'9' and 'a'..'f'
+_MISSING_RAW = np.int64(0x0A0A0A0A0A0A0A0A)  # 8 newlines: no field holds them; stands for an empty field
 _DENSE_LUT_SIZE = 1 << 16
 with np.errstate(divide="ignore"):
     _LOG_LUT = np.log(np.arange(_DENSE_LUT_SIZE, dtype=np.float64))  # ln(x + 3) indexed by x + 3
@@ -123,40 +127,54 @@ class TextBlock:
 
 @dataclass
 class ParsedBlock:
-    """Good rows of one block of lines. ``line`` [n] is each row's 0-based line index in the block."""
+    """Good rows of one block of lines. ``line`` [n] is each row's 0-based line index in the block; ``cat`` the
+    26 categorical columns, each factorized (:class:`CodedKeys`: 32-bit keys, missing -1)."""
 
     n_lines: int
     line: np.ndarray
     label: np.ndarray  # (n,) float32
     raw_dense: np.ndarray  # (n, 13) int64, missing -> 0
-    keys: np.ndarray  # (n, 26) int64, 32-bit hash value, missing -> -1
+    cat: list[CodedKeys]  # 26 x (codes [n], distinct keys [m])
     bad: list[tuple[np.ndarray, str]] = field(default_factory=list)  # (line indices, reason)
     empty_lines: int = 0
+
+    @property
+    def keys(self) -> np.ndarray:
+        """(n, 26) int64 keys row by row, missing -1."""
+        return np.stack([c.values() for c in self.cat], axis=1).reshape(len(self.line), NUM_SPARSE)
 
 
 def parse_block(buf: bytes | TextBlock) -> ParsedBlock:
     """Tokenise and validate a block of whole lines (``buf`` ends with b"\\n"; bytes are copied into a
-    :class:`TextBlock` first)."""
+    :class:`TextBlock` first).
+
+    Categorical fields are factorized on their 8 raw bytes (one hash pass per value) and only the distinct ones
+    are decoded from hex; a block with a bad row (rare) is checked field by field, to name each row's first bad
+    field, and its good rows factorized."""
     t = _tokenise(buf if isinstance(buf, TextBlock) else TextBlock.of(buf))
     n = len(t.gi)
     lab = t.body[t.starts[:, 0]]
     lab_ok = (t.lens[:, 0] == 1) & ((lab == 48) | (lab == 49))  # label: exactly "0" or "1"
     label = (lab.astype(np.float32) - 48.0)
     val, dok = _dense_fields(t)
-    key, cok = _categorical_fields(t)
-    dense_ok = dok.reshape(n, NUM_DENSE).all(axis=1)
-    cat_ok = cok.reshape(n, NUM_SPARSE).all(axis=1)
-    row_ok = lab_ok & dense_ok & cat_ok
+    raw, sized = _categorical_raw(t)
+    cat = _factorized(raw) if sized and lab_ok.all() and dok.all() else None  # None: a bad row somewhere
     gi = t.gi
-    if not row_ok.all():
+    if cat is None:
+        _, cok = _categorical_fields(t)
+        dense_ok = dok.reshape(n, NUM_DENSE).all(axis=1)
+        cat_ok = cok.reshape(n, NUM_SPARSE).all(axis=1)
+        row_ok = lab_ok & dense_ok & cat_ok
         t.bad.extend(_row_reasons(t, lab_ok, dense_ok, cat_ok, dok, cok))
         keep = np.flatnonzero(row_ok)
         gi, label = gi[keep], label[keep]
         val = val.reshape(n, NUM_DENSE)[keep]
-        key = key.reshape(n, NUM_SPARSE)[keep]
+        cat = _factorized(raw[:, keep])
+        if cat is None:
+            raise AssertionError("a categorical field of a good row is not hex")  # the two checks disagree
     else:
-        val, key = val.reshape(n, NUM_DENSE), key.reshape(n, NUM_SPARSE)
-    return ParsedBlock(t.n_lines, gi, label, val, key, t.bad, int(t.empty.sum()))
+        val = val.reshape(n, NUM_DENSE)
+    return ParsedBlock(t.n_lines, gi, label, val, cat, t.bad, int(t.empty.sum()))
 
 
 @dataclass
@@ -242,6 +260,35 @@ def _categorical_fields(t: _Tokens) -> tuple[np.ndarray, np.ndarray]:
     present = cl == 8
     key[~present] = -1
     return key, (hok & present) | (cl == 0)
+
+
+def _categorical_raw(t: _Tokens) -> tuple[np.ndarray, bool]:
+    """(raw, sized): the 8 bytes of every categorical field as int64 (26, n), one row per column (an empty field
+    -> :data:`_MISSING_RAW`); ``sized``: every field is empty or 8 bytes long."""
+    cl = t.lens[:, 1 + NUM_DENSE:].T
+    raw = t.u64[t.starts[:, 1 + NUM_DENSE:].T].view(np.int64)  # (26, n)
+    np.copyto(raw, _MISSING_RAW, where=cl != 8)
+    return raw, not np.any(cl & ~8)  # lengths 0 or 8 only
+
+
+def _factorized(raw: np.ndarray) -> list[CodedKeys] | None:
+    """Each row of ``raw`` (26, n) factorized on its bytes, the distinct values decoded from hex (missing -1);
+    None if one of them is not 8 hex digits. A value written in upper and in lower case is one key: then the
+    decoded keys are factorized again (first appearance of either spelling)."""
+    cols = []
+    for r in raw:
+        codes, uniq = pd.factorize(r)
+        x = uniq.view(np.uint64)
+        key, ok = _swar_hex8(x)
+        missing = uniq == _MISSING_RAW
+        if not (ok | missing).all():
+            return None
+        key[missing] = -1
+        if (ok & ((x & _LOWER) != _LOWER)).any():  # an upper-case digit: 'A'..'F' lack the 0x20 bit
+            again, key = pd.factorize(key)
+            codes = again[codes]
+        cols.append(CodedKeys(codes, key))
+    return cols
 
 
 def _row_reasons(t: _Tokens, lab_ok: np.ndarray, dense_ok: np.ndarray, cat_ok: np.ndarray, dok: np.ndarray,

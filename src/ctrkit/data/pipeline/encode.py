@@ -54,6 +54,7 @@ from ctrkit.data.pipeline.rules import (
 from ctrkit.data.pipeline.spec import TableSpecYaml
 from ctrkit.data.pipeline.vocab import GROUP_TABLE
 from ctrkit.data.pipeline.vocab_joint import JointLookup
+from ctrkit.data.pipeline.vocab_keys import CodedKeys
 from ctrkit.errors import DataError, RowErrors
 
 KINDS = (CRITEO, TABLE, IDS)
@@ -129,6 +130,8 @@ def _take(a: Any, keep: np.ndarray) -> Any:
             idx, new_len = jagged_take(np.arange(len(v)), np.asarray(lens, np.int64), keep)
             return v.take(pa.array(idx)), new_len
         return jagged_take(np.asarray(v), np.asarray(lens, np.int64), keep)
+    if isinstance(a, CodedKeys):
+        return a.take(keep)
     return a.take(pa.array(keep)) if isinstance(a, pa.Array) else a[keep]
 
 
@@ -332,8 +335,9 @@ class RowEncoder:
             hexed = np.array([r.kind == HEX for r in single])[:, None]  # Criteo keys: negative = missing
             return joint.lookup(keys, (keys < 0) & hexed).T.astype(self._sparse_dtype)  # (n, Ns)
         sparse = np.empty((n, len(single)), self._sparse_dtype, order="F")  # filled column by column
-        for j, (r, v) in enumerate(zip(single, cols)):
-            sparse[:, j] = self._ids(r.table, v, v < 0 if r.kind == HEX else None)
+        for j, (r, v) in enumerate(zip(single, cols)):  # CodedKeys carry their missing values (negative uniques)
+            missing = v < 0 if r.kind == HEX and not isinstance(v, CodedKeys) else None
+            sparse[:, j] = self._ids(r.table, v, missing)
         return sparse
 
     def _joint(self) -> JointLookup | None:

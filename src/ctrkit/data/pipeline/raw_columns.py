@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from ctrkit.data.pipeline.vocab_keys import CodedKeys
 from ctrkit.errors import DataError
 
 Raw = Any  # pa.Table | pandas.DataFrame | list[dict] | Mapping[str, pa.Array | np.ndarray | (values, lengths)]
@@ -53,6 +54,8 @@ def _normal(col: Any, name: Any = "?") -> Any:
     Parquet, numpy, a list): integer numpy arrays stay as they are (the Criteo block parser's fast path);
     anything else becomes one pyarrow array with 32-bit offsets (large_string -> string, large_list -> list,
     also inside lists) and no dictionary encoding (pandas categoricals); numpy NaN / None become nulls."""
+    if isinstance(col, CodedKeys):  # integer keys the Criteo block parser factorized
+        return col
     if isinstance(col, np.ndarray):
         if col.ndim != 1:
             raise DataError(f"column {name!r} is a {col.ndim}-d array of shape {col.shape}; give one value per row")

@@ -46,7 +46,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ctrkit.data.pipeline.vocab_index import HashIndex, SortedIndex
-from ctrkit.data.pipeline.vocab_keys import _as_key_array, _integer_keys_of_text, _one_chunk, hash_keys
+from ctrkit.data.pipeline.vocab_keys import (
+    CodedKeys,
+    _as_key_array,
+    _integer_keys_of_text,
+    _one_chunk,
+    hash_keys,
+)
 from ctrkit.errors import DataError
 
 MISSING_ID = 0
@@ -78,7 +84,12 @@ class VocabBuilder:
         self.missing = 0
 
     def add(self, values: Any, missing: np.ndarray | None = None) -> np.ndarray:
-        """Raw values [n] (numpy or pyarrow; nulls / ``missing`` [n] bool = missing) -> provisional ids int64 [n]."""
+        """Raw values [n] (numpy or pyarrow; nulls / ``missing`` [n] bool = missing; or integer :class:`CodedKeys`)
+        -> provisional ids int64 [n]."""
+        if isinstance(values, CodedKeys):
+            if missing is None and self.kind == "int":
+                return self._add_coded(values)
+            values = values.values()
         keys, miss = _as_key_array(values, self.kind)
         if missing is not None:
             miss = missing if miss is None else (miss | missing)
@@ -108,6 +119,21 @@ class VocabBuilder:
         out = np.zeros(len(keys), np.int64)  # MISSING_ID
         out[~miss] = pid[codes]
         return out
+
+    def _add_coded(self, col: CodedKeys) -> np.ndarray:
+        """:meth:`add` of factorized keys: the distinct ones are admitted and counted, the rows take their ids."""
+        uniq = col.uniques
+        cnt = np.bincount(col.codes, minlength=len(uniq))
+        present = np.flatnonzero(uniq >= 0)
+        if len(present) == len(uniq):
+            pid = self._admit(uniq)  # may grow the counts: index them after
+            self._counts[pid] += cnt
+        else:
+            pid = np.full(len(uniq), MISSING_ID, np.int64)
+            pid[present] = self._admit(uniq[present])
+            self._counts[pid[present]] += cnt[present]
+            self.missing += int(cnt.sum() - cnt[present].sum())
+        return pid[col.codes]
 
     def merge(self, keys: np.ndarray, counts: np.ndarray, missing: int = 0) -> None:
         """Add another builder's distinct ``keys`` [m] (its first-appearance order) with their ``counts`` [m]: merged
@@ -244,6 +270,10 @@ class Vocabulary:
         ``unseen_base``: a value the vocabulary does not hold gets ``unseen_base + (hash(key) >> 2)``
         instead of 1, so distinct unseen keys stay apart (GAUC groups of new users; ``unseen_base`` =
         2^62 keeps them clear of every vocabulary id). Text that cannot be an integer key stays 1."""
+        if isinstance(values, CodedKeys):  # the distinct keys looked up, the rows take their ids
+            if missing is None:
+                return self.lookup(values.uniques, values.uniques < 0, unseen_base=unseen_base)[values.codes]
+            values = values.values()
         unseen = None
         if self.open:
             keys, miss = _as_key_array(values, "int")

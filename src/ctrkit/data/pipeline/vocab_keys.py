@@ -3,6 +3,7 @@ fixed 64-bit hash of keys that hash-mode vocabularies bucket by (:mod:`ctrkit.da
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -10,6 +11,28 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ctrkit.data.pipeline.rows import splitmix64
+
+
+@dataclass(frozen=True)
+class CodedKeys:
+    """A column of integer keys [n] held as ``uniques[codes]``: ``codes`` int64 [n] index ``uniques`` int64 [m], the
+    distinct keys in first-appearance order (``pandas.factorize``'s output), each used by some row; a negative
+    unique means missing. The Criteo block parser gives its categorical columns so (it hashes each value once,
+    to find the distinct ones), and vocabularies then count and look up the m distinct keys, not the n rows."""
+
+    codes: np.ndarray
+    uniques: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    def values(self) -> np.ndarray:
+        """The keys row by row [n] (negative = missing)."""
+        return self.uniques[self.codes]
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        """The keys of ``rows`` [r] as a plain array (the uniques of a subset would not all be used)."""
+        return self.uniques[self.codes[rows]]
 
 
 def hash_keys(keys: np.ndarray, seed: int = 0) -> np.ndarray:

@@ -160,13 +160,13 @@ def check_day_sequence(files: Sequence[Path]) -> None:
                         "files as one table")
 
 
-def block_columns(blk: ParsedBlock) -> dict[str, np.ndarray]:
+def block_columns(blk: ParsedBlock) -> dict[str, Any]:
     """The parser's decoded rows as the pipeline's raw columns: label, I1..I13 (integers), C1..C26 (keys, -1
-    missing)."""
-    cols: dict[str, np.ndarray] = {"label": blk.label}
-    dense, keys = np.ascontiguousarray(blk.raw_dense.T), np.ascontiguousarray(blk.keys.T)  # one copy: columns
+    missing, factorized: :class:`~ctrkit.data.pipeline.vocab_keys.CodedKeys`)."""
+    cols: dict[str, Any] = {"label": blk.label}
+    dense = np.ascontiguousarray(blk.raw_dense.T)  # one copy: columns
     cols.update((n, dense[j]) for j, n in enumerate(DENSE_NAMES))  # contiguous, not strided views of rows
-    cols.update((c, keys[j]) for j, c in enumerate(SPARSE_NAMES))
+    cols.update(zip(SPARSE_NAMES, blk.cat))
     return cols
 
 

@@ -173,9 +173,8 @@ def count_task(task: Task, block_bytes: int, vocab: bool, stage: str, vocab_byte
             continue
         blk = parse_block(buf)
         res.n_lines += blk.n_lines
-        for j, b in enumerate(builders):
-            keys = blk.keys[:, j]
-            b.add(keys, keys < 0)
+        for b, col in zip(builders, blk.cat):
+            b.add(col)
         if spill is not None and sum(b.nbytes for b in builders) > vocab_bytes:  # type: ignore[operator]
             builders = spill.flush(builders)
     if spill is not None:
