@@ -98,6 +98,42 @@ def test_full_softmax_matches_direct():
     assert float(got) == pytest.approx(want, rel=1e-5)
 
 
+@pytest.mark.parametrize("block, tau, weighted", [(1 << 19, 1.0, False), (9 * 3, 0.7, True), (9 * 4, 1.0, True)])
+def test_full_softmax_gradients_match_autograd_of_the_direct_formula(monkeypatch, block, tau, weighted):
+    """The blockwise loss and the gradients it computes in its forward equal autograd through the written-out
+    softmax (log-sum-exp of every logit), with blocks of 3 / 4 rows that do not divide the 10 rows."""
+    from ctrkit.retrieval import losses
+
+    monkeypatch.setattr(losses, "FULL_SOFTMAX_BLOCK", block)
+    g = torch.Generator().manual_seed(3)
+    q0, v0 = torch.randn(10, 5, generator=g, dtype=torch.float64), torch.randn(9, 5, generator=g, dtype=torch.float64)
+    t = torch.tensor([0, 8, 3, 3, 1, 2, 2, 7, 5, 0])
+    w = torch.rand(10, generator=g, dtype=torch.float64) if weighted else torch.ones(10, dtype=torch.float64)
+    q, v = q0.clone().requires_grad_(), v0.clone().requires_grad_()
+    (3.0 * full_softmax_loss(q, v, t, temperature=tau, weights=w if weighted else None)).backward()
+    qr, vr = q0.clone().requires_grad_(), v0.clone().requires_grad_()
+    s = qr @ vr.t() / tau
+    ce = torch.stack([torch.log(torch.exp(s[b]).sum()) - s[b, t[b]] for b in range(10)])
+    want = (ce * w).sum() / w.sum()
+    (3.0 * want).backward()
+    got = full_softmax_loss(q0, v0, t, temperature=tau, weights=w if weighted else None)
+    assert float(got) == pytest.approx(float(want), rel=1e-12)
+    torch.testing.assert_close(q.grad, qr.grad)
+    torch.testing.assert_close(v.grad, vr.grad)
+
+
+def test_full_softmax_gradient_of_the_queries_only():
+    """A catalogue that needs no gradient (e.g. frozen item vectors): the queries' gradient alone, the same."""
+    g = torch.Generator().manual_seed(4)
+    q0, v = torch.randn(6, 4, generator=g), torch.randn(11, 4, generator=g)
+    t = torch.tensor([1, 10, 4, 4, 0, 2])
+    q = q0.clone().requires_grad_()
+    full_softmax_loss(q, v, t).backward()
+    qr = q0.clone().requires_grad_()
+    torch.nn.functional.cross_entropy(qr @ v.t(), t).backward()
+    torch.testing.assert_close(q.grad, qr.grad)
+
+
 def test_cross_batch_softmax_is_in_batch_softmax_on_one_batch_and_a_loop_on_a_larger_one():
     """With the batch as its own candidates it is the in-batch softmax; with candidates from a larger (padded)
     batch it is the per-row cross entropy over the valid, non-duplicate candidates, as a loop computes it."""

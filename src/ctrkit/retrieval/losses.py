@@ -19,10 +19,21 @@ Every loss is a cross entropy over one positive and a set of candidate negatives
   Subtracting log Q makes the sampled softmax an unbiased-in-the-limit estimate of the full softmax (the
   ``log(expected count)`` of tf.nn.sampled_softmax_loss; the k factor is common to all classes and cancels).
 
-* **full softmax**: every catalogue item is a negative (exact, when the catalogue is small enough).
+* **full softmax**: every catalogue item is a negative (exact, when the catalogue is small enough). Its gradient
+  is computed in the forward, a block of queries at a time, because ``∂CE_b/∂s_b = softmax(s_b) - onehot(pos_b)``
+  needs nothing but the block's own logits::
+
+      for each block of rows b (its (b, N) logits small enough to stay in cache):
+          s = q_b Vᵀ / τ;  CE_b = logsumexp(s) - s[pos];  G = (softmax(s) - onehot(pos)) · c_b / τ
+          ∂L/∂q_b = G V;  ∂L/∂V += Gᵀ q_b          (c_b = w_b / Σ w, or 1 / B)
+
+  one matmul and three passes over each block instead of PyTorch's cross entropy, which writes the (B, N)
+  logits, log-softmax and its gradient out to memory and reads them back (half the CPU time of a Beauty step).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -95,8 +106,61 @@ def sampled_softmax_loss(q: Tensor, v_pos: Tensor, pos_ids: Tensor, v_neg: Tenso
     return _weighted_mean(F.cross_entropy(logits, target, reduction="none"), weights)
 
 
+FULL_SOFTMAX_BLOCK = 1 << 19  # logits per block of the full softmax: 2 MiB of float32, about one core's L2 cache
+
+
+class _FullSoftmaxCE(torch.autograd.Function):
+    """``Σ_b c_b · CE(q_b Vᵀ / τ, pos_b)`` with its gradients computed in the forward (module docstring)."""
+
+    @staticmethod
+    def forward(ctx: Any, q: Tensor, v: Tensor, target_rows: Tensor, coef: Tensor, temperature: float) -> Tensor:
+        n, N = q.shape[0], v.shape[0]
+        need_q, need_v = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        acc = torch.promote_types(q.dtype, torch.float32)  # float32, or float64 for float64 inputs
+        grad_q = torch.empty(q.shape, dtype=acc, device=q.device) if need_q else None
+        grad_v = torch.zeros(v.shape, dtype=acc, device=v.device) if need_v else None
+        loss = torch.zeros((), dtype=acc, device=q.device)
+        step = max(1, min(n, FULL_SOFTMAX_BLOCK // max(N, 1)))
+        for a in range(0, n, step):
+            qb, tb, cb = q[a:a + step], target_rows[a:a + step], coef[a:a + step]
+            s = (qb @ v.t()).to(acc)  # (b, N), the input dtype's matmul (bf16 under autocast)
+            if temperature != 1.0:
+                s.div_(temperature)
+            rows = torch.arange(len(tb), device=q.device)
+            pos = s[rows, tb]  # (b,)
+            top = s.amax(1, keepdim=True)  # (b, 1)
+            z = s.sub_(top).exp_().sum(1, keepdim=True)  # s <- exp(s - max)
+            loss += ((top.squeeze(1) + z.squeeze(1).log() - pos) * cb).sum()
+            if grad_q is None and grad_v is None:
+                continue
+            s.mul_(cb.unsqueeze(1) / (z * temperature))  # softmax · c_b / τ
+            s[rows, tb] -= cb / temperature  # (b, N): ∂L/∂(q_b vᵀ)
+            g = s.to(q.dtype)
+            if grad_q is not None:
+                grad_q[a:a + step] = g @ v  # (b, D)
+            if grad_v is not None:
+                grad_v.addmm_(g.t(), qb) if g.dtype == acc else grad_v.add_(g.t() @ qb)  # (N, D)
+        ctx.save_for_backward(*(t if t is not None else torch.empty(0) for t in (grad_q, grad_v)))
+        ctx.dtypes = (q.dtype, v.dtype)
+        return loss
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        grad_q, grad_v = ctx.saved_tensors
+        gq = (grad_q * grad).to(ctx.dtypes[0]) if ctx.needs_input_grad[0] else None
+        gv = (grad_v * grad).to(ctx.dtypes[1]) if ctx.needs_input_grad[1] else None
+        return gq, gv, None, None, None
+
+
 def full_softmax_loss(q: Tensor, v_all: Tensor, target_rows: Tensor, *, temperature: float = 1.0,
                       weights: Tensor | None = None) -> Tensor:
-    """Softmax over every catalogue item: ``v_all`` (N, D), ``target_rows`` (B,) the positives' catalogue rows."""
-    logits = _scores(q, v_all, temperature)  # (B, N)
-    return _weighted_mean(F.cross_entropy(logits, target_rows, reduction="none"), weights)
+    """Softmax over every catalogue item: ``v_all`` (N, D), ``target_rows`` (B,) the positives' catalogue rows;
+    the gradient computed a block of rows at a time in the forward (module docstring; not twice differentiable)."""
+    acc = torch.promote_types(q.dtype, torch.float32)
+    if weights is None:
+        coef = torch.full((q.shape[0],), 1.0 / max(q.shape[0], 1), dtype=acc, device=q.device)
+    else:
+        w = weights.to(acc)
+        coef = w / w.sum().clamp_min(1e-12)  # (B,): Σ_b w_b · CE_b / Σ_b w_b
+    return _FullSoftmaxCE.apply(q, v_all, target_rows, coef, float(temperature))
