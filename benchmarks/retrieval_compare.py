@@ -49,9 +49,10 @@ METRICS = ["hr@10", "hr@50", "ndcg@10", "mrr"]
 TARGET = {"hr@10": 0.0605, "ndcg@10": 0.0318}  # SASRec, full ranking, Beauty (S3-Rec split)
 
 
-def build_stores(dataset: str, out: Path, train_rows: str = "prefix") -> dict[str, str]:
+def build_stores(dataset: str, out: Path, train_rows: str = "prefix", max_len: int = 50) -> dict[str, str]:
     """The positive-only behaviour stores of ``dataset`` under ``out`` (reused when present); ``train_rows``:
-    "sequence" writes train as one row per user sequence (valid / test: the same per-prefix rows)."""
+    "sequence" writes train as one row per user sequence (valid / test: the same per-prefix rows, the same
+    targets); ``max_len``: the history length kept (and a sequence row's window)."""
     from ctrkit.data.sources.behaviour import preprocess_behaviour
 
     if (out / "test" / "manifest.json").is_file():
@@ -66,7 +67,7 @@ def build_stores(dataset: str, out: Path, train_rows: str = "prefix") -> dict[st
         src = make_movielens_log(SHARED / "movielens_100k", out.parent / f"{out.name}_log.csv")
         # example age: YouTubeDNN's per-row feature; sequence rows have none (sasrec does not read it)
         kw = {"attr_cols": ["genre:cate"], "time_col": "time", "example_age": train_rows == "prefix"}
-    paths = preprocess_behaviour(src, out, negatives="none", max_len=50, embedding_dim=64, overwrite=True,
+    paths = preprocess_behaviour(src, out, negatives="none", max_len=max_len, embedding_dim=64, overwrite=True,
                                  train_rows=train_rows, **kw)
     return {k: str(v) for k, v in paths.items()}
 
@@ -189,13 +190,16 @@ def main() -> None:
     p.add_argument("--no-ablation", dest="ablation", action="store_false", help="skip the log-Q ablation")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                    help="config overrides for every run (e.g. train.retrieval.loss=full), for selection on valid")
+    p.add_argument("--seq-max-len", type=int, default=50,
+                   help="history length of the sequence-row stores (sasrec_seq; the paper: 200 for MovieLens)")
     p.add_argument("--out", default="bench_out/retrieval")
     a = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
     out = Path(a.out).resolve()
     t0 = time.perf_counter()
     stores = build_stores(a.dataset, out / f"{a.dataset}_store")
-    seq_stores = (build_stores(a.dataset, out / f"{a.dataset}_seq_store", "sequence")
+    suffix = "" if a.seq_max_len == 50 else f"_len{a.seq_max_len}"
+    seq_stores = (build_stores(a.dataset, out / f"{a.dataset}_seq_store{suffix}", "sequence", a.seq_max_len)
                   if set(a.models) & set(SEQUENCE_MODELS) else None)
     base = baselines(stores)
     for name, r in base.items():
