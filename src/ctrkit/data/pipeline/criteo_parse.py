@@ -199,8 +199,9 @@ def _tokenise(block: TextBlock) -> _Tokens:
     u64 = np.ndarray((size,), dtype="<u8", buffer=b, strides=(1,))  # unaligned uint64 at every byte (+ PAD inside)
     body = b[:size]
     pos = np.int32 if size < (1 << 31) - 16 else np.int64  # byte positions: half the memory traffic in int32
-    sep = np.flatnonzero(body <= 10).astype(pos)  # positions of tabs and newlines (and of bytes 0..8, dropped next)
-    at = body[sep]
+    sep = np.flatnonzero(body <= 10)  # positions of tabs and newlines (and of bytes 0..8, dropped next)
+    at = body[sep]  # gathered with the int64 positions: numpy would convert int32 ones to intp first
+    sep = sep.astype(pos)
     if at.min(initial=9) < 9:  # control bytes inside fields (a bad line): not separators
         sep, at = sep[at >= 9], at[at >= 9]
     nl = np.flatnonzero(at == 10)  # index into sep of each line end
