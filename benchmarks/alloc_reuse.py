@@ -1,4 +1,4 @@
-"""What ctrkit.training.memory.keep_freed_memory buys: big-tensor allocation and a CIN training step.
+"""What ctrkit.memory.keep_freed_memory buys: big-tensor allocation and a CIN training step.
 
     python benchmarks/alloc_reuse.py [--mb 100] [--batch 256] [--iters 10]
 
@@ -24,8 +24,8 @@ from nn_micro import bench
 def child(reuse: bool, mb: int, batch: int, iters: int) -> dict[str, float]:
     import torch
 
+    from ctrkit.memory import keep_freed_memory
     from ctrkit.nn.cin import CIN
-    from ctrkit.training.memory import keep_freed_memory
 
     torch.set_num_threads(1)
     if reuse:

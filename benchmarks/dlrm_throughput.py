@@ -151,7 +151,7 @@ def build(data: Path, interaction: str, precision: str, seed: int, device: str) 
 
 def worker(args: argparse.Namespace) -> None:
     import ctrkit
-    from ctrkit.training.memory import keep_freed_memory
+    from ctrkit.memory import keep_freed_memory
 
     torch.set_num_threads(args.threads)
     if not args.no_keep_freed_memory:  # as Trainer.fit does with train.keep_freed_memory (the default)

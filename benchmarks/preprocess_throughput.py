@@ -43,6 +43,9 @@ CTRKIT_CHILD = r"""
 import json, re, resource, sys, time
 from ctrkit.data.sources.criteo import preprocess_criteo
 src, out, kw = json.loads(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
+if kw.pop("keep_freed_memory", True):  # as `ctrkit preprocess criteo` does (run_preprocess_criteo)
+    from ctrkit.memory import keep_freed_memory
+    keep_freed_memory()
 cluster = None
 if kw.pop("local_dask", 0):  # a local Dask cluster of that many worker processes (started before the clock)
     from distributed import LocalCluster
@@ -104,6 +107,8 @@ def main() -> None:
     ap.add_argument("--skip-torchrec", action="store_true")
     ap.add_argument("--skip-parallel", action="store_true", help="only the one-process ctrkit run")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-keep-freed-memory", action="store_true",
+                    help="leave glibc's allocator as is in the ctrkit runs (the CLI keeps freed memory)")
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     log = logging.getLogger("bench")
@@ -134,7 +139,7 @@ def main() -> None:
         for name, kw in RUNS.items():
             if name != "ctrkit" and a.skip_parallel:
                 continue
-            r = run_child(sys.executable, CTRKIT_CHILD, srcs, str(work / f"{name}_out"), json.dumps({**kw, **split}))
+            r = run_child(sys.executable, CTRKIT_CHILD, srcs, str(work / f"{name}_out"), json.dumps({**kw, **split, "keep_freed_memory": not a.no_keep_freed_memory}))
             ck = ck or r
             result.update({f"{name}_seconds": round(r["seconds"], 2), f"{name}_rows_per_s": round(n / r["seconds"]),
                            f"{name}_cpu_seconds": round(r["cpu_seconds"], 2),

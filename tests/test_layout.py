@@ -18,7 +18,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # bottom -> top; each entry a package or module prefix
 FLOORS: list[list[str]] = [
     ["ctrkit.errors", "ctrkit.version"],
-    ["ctrkit.io", "ctrkit.progress", "ctrkit.background"],
+    ["ctrkit.io", "ctrkit.progress", "ctrkit.background", "ctrkit.memory"],
     ["ctrkit.typecheck", "ctrkit.batch", "ctrkit.schema"],
     ["ctrkit.metrics", "ctrkit.stats"],
     ["ctrkit.data.pipeline", "ctrkit.data"],  # "ctrkit.data": the package itself (empty)

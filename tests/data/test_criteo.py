@@ -372,14 +372,22 @@ def test_existing_output_needs_overwrite(tmp_path: Path) -> None:
     assert Store(tmp_path / "o" / "train").preprocessing["options"]["min_freq"] == 2
 
 
-def test_cli_helpers_and_manifest(tmp_path: Path) -> None:
+def test_cli_helpers_and_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command (not preprocess_criteo) keeps freed memory (ctrkit.memory.keep_freed_memory), as `ctrkit train`."""
     import argparse
 
+    from ctrkit.data.sources import criteo
+
+    calls: list[int] = []
+    monkeypatch.setattr(criteo, "keep_freed_memory", lambda *a, **k: calls.append(1))
     src = write(tmp_path / "s.tsv.gz", sample_lines(500), gz=True)
+    preprocess_criteo(src, tmp_path / "lib", split="0.9,0.1", progress=False)
+    assert calls == []
     p = add_preprocess_criteo_args(argparse.ArgumentParser())
     args = p.parse_args([str(src), "--out", str(tmp_path / "o"), "--min-freq", "2", "--embedding-dim", "8",
                          "--split", "0.9,0.1"])
     res = run_preprocess_criteo(args)
+    assert calls == [1]
     assert set(res) == {"train", "test"}
     s = Store(res["train"])
     assert all(f.embedding_dim == 8 for f in s.schema.sparse)

@@ -1,4 +1,4 @@
-"""train.memory.keep_freed_memory: glibc serves big tensors from the heap afterwards; Trainer wiring."""
+"""ctrkit.memory.keep_freed_memory: glibc serves big tensors from the heap afterwards; Trainer wiring."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import platform
 import pytest
 import torch
 
-from ctrkit.training import memory
+from ctrkit import memory
 
 GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 

@@ -230,7 +230,7 @@ def test_max_steps_and_grad_clip():
 def test_the_trainer_leaves_the_allocator_alone(monkeypatch):
     """Allocator tuning is the train job's option (train.keep_freed_memory), not something the Trainer does to the
     process of a program that uses it."""
-    from ctrkit.training import memory
+    from ctrkit import memory
 
     calls = []
     monkeypatch.setattr(memory, "keep_freed_memory", lambda *a, **k: calls.append(1))

@@ -45,11 +45,11 @@ from ctrkit.jobs.common import (
 from ctrkit.jobs.scoring import score_rows
 from ctrkit.jobs.tasks import TaskKind, task_kind
 from ctrkit.jobs.warm_start import read_warm_start, warm_trainer, warm_weights
+from ctrkit.memory import keep_freed_memory
 from ctrkit.models.registry import check_model_params, create_model
 from ctrkit.nn.embedding_torchrec import meta_tables
 from ctrkit.training.config import Config, config_to_dict, load_config
 from ctrkit.training.distributed import DistContext, init_distributed, shutdown
-from ctrkit.training.memory import keep_freed_memory
 from ctrkit.training.sharding import sharded_of
 from ctrkit.training.trainer import Trainer
 from ctrkit.training.writer import CheckpointWriter, rng_state, set_rng_state
