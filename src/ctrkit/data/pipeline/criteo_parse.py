@@ -346,6 +346,9 @@ def dense_transform(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     ``raw`` int64 [n, k]; a lookup table serves 0 <= x + 3 < 65536, np.log the rest.
     """
     x3 = raw + 3
+    lo, hi = (x3.min(), x3.max()) if x3.size else (0, 0)
+    if lo >= 0 and hi < _DENSE_LUT_SIZE:  # the common case: the table serves every value, no mask
+        return _LOG_LUT[x3], ((x3 == 0).sum(axis=0) if lo == 0 else np.zeros(x3.shape[1:], np.int64))
     small = (x3 >= 0) & (x3 < _DENSE_LUT_SIZE)
     out = _LOG_LUT[np.where(small, x3, 0)]
     if not small.all():
