@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from pandas._libs import hashtable as _pd_hashtable
 
 from ctrkit.data.pipeline.rules import COUNT_DIGITS
 from ctrkit.data.pipeline.vocab_keys import CodedKeys
@@ -275,10 +276,14 @@ def _categorical_raw(t: _Tokens) -> tuple[np.ndarray, bool]:
 def _factorized(raw: np.ndarray) -> list[CodedKeys] | None:
     """Each row of ``raw`` (26, n) factorized on its bytes, the distinct values decoded from hex (missing -1);
     None if one of them is not 8 hex digits. A value written in upper and in lower case is one key: then the
-    decoded keys are factorized again (first appearance of either spelling)."""
+    decoded keys are factorized again (first appearance of either spelling).
+
+    The columns are factorized by ``pd.factorize``'s own engine (``Int64HashTable.factorize``: the same codes and
+    first-appearance uniques, without its per-call checks and conversions; pandas' private API, as in
+    :mod:`~ctrkit.data.pipeline.vocab_index`)."""
     cols = []
     for r in raw:
-        codes, uniq = pd.factorize(r)
+        uniq, codes = _pd_hashtable.Int64HashTable(max(len(r), 1)).factorize(r)  # pd.factorize's table, directly
         x = uniq.view(np.uint64)
         key, ok = _swar_hex8(x)
         missing = uniq == _MISSING_RAW
