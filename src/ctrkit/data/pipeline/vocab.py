@@ -121,18 +121,16 @@ class VocabBuilder:
         return out
 
     def _add_coded(self, col: CodedKeys) -> np.ndarray:
-        """:meth:`add` of factorized keys: the distinct ones are admitted and counted, the rows take their ids."""
+        """:meth:`add` of factorized keys: the distinct ones are admitted and counted, the rows take their ids (a
+        negative unique, missing, takes MISSING_ID and counts as missing)."""
         uniq = col.uniques
         cnt = np.bincount(col.codes, minlength=len(uniq))
-        present = np.flatnonzero(uniq >= 0)
-        if len(present) == len(uniq):
-            pid = self._admit(uniq)  # may grow the counts: index them after
-            self._counts[pid] += cnt
-        else:
-            pid = np.full(len(uniq), MISSING_ID, np.int64)
-            pid[present] = self._admit(uniq[present])
-            self._counts[pid[present]] += cnt[present]
-            self.missing += int(cnt.sum() - cnt[present].sum())
+        missing = uniq < 0
+        some = bool(missing.any())
+        pid = self._admit(uniq, missing if some else None)  # may grow the counts: index them after
+        self._counts[pid] += cnt  # missing ones add to MISSING_ID's slot, which no count reads (FIRST_ID on)
+        if some:
+            self.missing += int(cnt[missing].sum())
         return pid[col.codes]
 
     def merge(self, keys: np.ndarray, counts: np.ndarray, missing: int = 0) -> None:
@@ -142,9 +140,12 @@ class VocabBuilder:
         self._counts[pid] += counts
         self.missing += int(missing)
 
-    def _admit(self, uniq: np.ndarray) -> np.ndarray:
-        """Provisional ids of distinct keys ``uniq`` [m], new ones numbered on in the order given."""
+    def _admit(self, uniq: np.ndarray, missing: np.ndarray | None = None) -> np.ndarray:
+        """Provisional ids of distinct keys ``uniq`` [m], new ones numbered on in the order given; those of
+        ``missing`` [m] (bool) take MISSING_ID and are not admitted."""
         pid = self._index.get(uniq)  # (m,)
+        if missing is not None:
+            pid[missing] = MISSING_ID
         new = np.flatnonzero(pid < 0)
         if len(new):
             pid[new] = self.next_id + np.arange(len(new))
