@@ -1,4 +1,4 @@
-"""criteo_parse.dense_transform: ln(x + 3) as float32, clamped at -2, against np.log in float64 (table and log paths)."""
+"""criteo_parse dense fields: the SWAR decimal decoder against int(); dense_transform (ln(x + 3) as float32, clamped at -2) against np.log in float64."""
 
 from __future__ import annotations
 
@@ -28,3 +28,22 @@ def test_dense_transform_matches_log(low: int, high: int) -> None:
 def test_dense_transform_empty() -> None:
     out, clamped = dense_transform(np.zeros((0, 13), np.int64))
     assert out.shape == (0, 13) and clamped.tolist() == [0] * 13
+
+
+def test_swar_decimal_matches_int() -> None:
+    """The 8-byte decimal decoder against int() over every digit count 0..8, with some non-digit bytes."""
+    from ctrkit.data.pipeline.criteo_parse import _swar_decimal
+
+    rng = np.random.default_rng(1)
+    m = 4000
+    n = rng.integers(0, 9, m)
+    digits = rng.integers(48, 58, (m, 8)).astype(np.uint8)
+    bad = rng.random((m, 8)) < 0.03
+    digits[bad] = rng.integers(0, 256, int(bad.sum()))
+    val, ok = _swar_decimal(digits.view("<u8").ravel().copy(), n.astype(np.int32))
+    for i in range(m):
+        s = bytes(digits[i, :n[i]])
+        good = all(48 <= c <= 57 for c in s)
+        assert ok[i] == good, s
+        if good:
+            assert val[i] == (int(s) if s else 0), s

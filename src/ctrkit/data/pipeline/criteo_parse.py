@@ -29,10 +29,6 @@ DENSE_CLAMP = -2.0
 _U = np.uint64
 _H = _U(0x8080808080808080)
 _ONES = 0x0101010101010101
-_KEEP = np.array([(1 << (8 * n)) - 1 for n in range(9)], dtype=np.uint64)  # low n bytes
-_SHIFT = np.array([0] + [8 * (8 - n) for n in range(1, 9)], dtype=np.uint64)
-_FILL = np.array([0x3030303030303030 if n == 0 else (0x3030303030303030 >> (8 * n)) for n in range(9)],
-                 dtype=np.uint64)  # '0' in the low (8 - n) bytes
 _LOWER = _U(0x20 * _ONES)  # set in every byte of '0'..'9' and 'a'..'f'
 _MISSING_RAW = np.int64(0x0A0A0A0A0A0A0A0A)  # 8 newlines: no field holds them; stands for an empty field
 _DENSE_LUT_SIZE = 1 << 16
@@ -61,9 +57,10 @@ def _swar_decimal(x: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     Right-aligns the digits into "000ddddd", checks every byte is '0'..'9', then combines digit
     pairs, quads and octets with multiply-add (x*10 + x>>8, x*100 + x>>16, x*10^4 + x>>32).
     """
-    x &= _KEEP[n]
-    x <<= _SHIFT[n]
-    x |= _FILL[n]
+    n8 = n.astype(np.uint64)
+    n8 <<= _U(3)  # 8n bits of digits
+    x <<= _U(64) - n8  # drops the bytes after the digits (numpy shifts of >= 64 bits give 0: n = 0 -> 0)
+    x |= _U(0x3030303030303030) >> n8  # '0' in the low 8 - n bytes
     bad = x + _U(0x46 * _ONES)  # high bit set where byte >= '9' + 1
     bad |= x
     bad |= ~(x + _U(0x50 * _ONES))  # high bit clear where byte < '0'
