@@ -158,3 +158,19 @@ def test_cross_batch_softmax_is_in_batch_softmax_on_one_batch_and_a_loop_on_a_la
     ref = sum(x * float(wi) for x, wi in zip(want, w)) / float(w.sum())
     got = cross_batch_softmax_loss(q[:4], mine, targets, cols, col_ids, temperature=0.5, weights=w)
     assert float(got) == pytest.approx(ref, rel=1e-5)
+
+
+def test_full_softmax_under_no_grad_gives_the_same_loss(monkeypatch):
+    """Scored under torch.no_grad (inputs that require grad, e.g. a validation loss): the same value, no graph."""
+    from ctrkit.retrieval import losses
+
+    monkeypatch.setattr(losses, "FULL_SOFTMAX_BLOCK", 9 * 3)
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(10, 5, generator=g, dtype=torch.float64).requires_grad_()
+    v = torch.randn(9, 5, generator=g, dtype=torch.float64).requires_grad_()
+    t = torch.tensor([0, 8, 3, 3, 1, 2, 2, 7, 5, 0])
+    want = full_softmax_loss(q, v, t, temperature=0.7)
+    with torch.no_grad():
+        got = full_softmax_loss(q, v, t, temperature=0.7)
+    assert not got.requires_grad
+    assert float(got) == pytest.approx(float(want), rel=1e-12)

@@ -113,9 +113,11 @@ class _FullSoftmaxCE(torch.autograd.Function):
     """``Σ_b c_b · CE(q_b Vᵀ / τ, pos_b)`` with its gradients computed in the forward (module docstring)."""
 
     @staticmethod
-    def forward(ctx: Any, q: Tensor, v: Tensor, target_rows: Tensor, coef: Tensor, temperature: float) -> Tensor:
+    def forward(ctx: Any, q: Tensor, v: Tensor, target_rows: Tensor, coef: Tensor, temperature: float,
+                grad_enabled: bool) -> Tensor:
         n, N = q.shape[0], v.shape[0]
-        need_q, need_v = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        # needs_input_grad follows requires_grad even under torch.no_grad: the caller's grad mode decides too
+        need_q, need_v = grad_enabled and ctx.needs_input_grad[0], grad_enabled and ctx.needs_input_grad[1]
         acc = torch.promote_types(q.dtype, torch.float32)  # float32, or float64 for float64 inputs
         grad_q = torch.empty(q.shape, dtype=acc, device=q.device) if need_q else None
         grad_v = torch.zeros(v.shape, dtype=acc, device=v.device) if need_v else None
@@ -150,7 +152,7 @@ class _FullSoftmaxCE(torch.autograd.Function):
         grad_q, grad_v = ctx.saved_tensors
         gq = (grad_q * grad).to(ctx.dtypes[0]) if ctx.needs_input_grad[0] else None
         gv = (grad_v * grad).to(ctx.dtypes[1]) if ctx.needs_input_grad[1] else None
-        return gq, gv, None, None, None
+        return gq, gv, None, None, None, None
 
 
 def full_softmax_loss(q: Tensor, v_all: Tensor, target_rows: Tensor, *, temperature: float = 1.0,
@@ -163,4 +165,4 @@ def full_softmax_loss(q: Tensor, v_all: Tensor, target_rows: Tensor, *, temperat
     else:
         w = weights.to(acc)
         coef = w / w.sum().clamp_min(1e-12)  # (B,): Σ_b w_b · CE_b / Σ_b w_b
-    return _FullSoftmaxCE.apply(q, v_all, target_rows, coef, float(temperature))
+    return _FullSoftmaxCE.apply(q, v_all, target_rows, coef, float(temperature), torch.is_grad_enabled())
