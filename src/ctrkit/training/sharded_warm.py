@@ -93,9 +93,9 @@ def load_grown_fused(module: Any, saved: Mapping[str, Mapping[str, torch.Tensor]
             key = table_key(param)
             rows = int(fused.params[param].size(0))
             old_key = key.removeprefix(prefix) if key is not None else None
+            resets = _reset_mask(reset or {}, key, rows)  # the table's, shared by its states
             for name, st in states.items():
-                why = _grow_into(st, saved.get(param, {}).get(name), old_rows.get(old_key or "", -1), rows,
-                                 _reset_mask(reset or {}, key, rows))
+                why = _grow_into(st, saved.get(param, {}).get(name), old_rows.get(old_key or "", -1), rows, resets)
                 (fresh.append(f"{param} {name} ({why})") if why else loaded.append(f"{param}.{name}"))
     fused.load_state_dict(current)
     if fresh:
