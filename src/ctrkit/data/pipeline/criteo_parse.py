@@ -102,10 +102,14 @@ class TextBlock:
     buf: np.ndarray
 
     @classmethod
-    def of(cls, text: bytes) -> TextBlock:
-        """A block of ``text`` (whole lines), copied once into a padded array."""
-        buf = np.zeros(len(text) + PAD, np.uint8)
-        buf[:len(text)] = np.frombuffer(text, np.uint8)
+    def of(cls, text: bytes, n: int | None = None, head: bytes = b"") -> TextBlock:
+        """A block of ``head`` followed by the first ``n`` bytes of ``text`` (all by default; together whole
+        lines), each byte copied once into a padded array."""
+        n = len(text) if n is None else n
+        buf = np.empty(len(head) + n + PAD, np.uint8)
+        buf[:len(head)] = np.frombuffer(head, np.uint8)
+        buf[len(head):len(head) + n] = np.frombuffer(text, np.uint8, count=n)
+        buf[len(head) + n:] = 0
         return cls(buf)
 
     @property

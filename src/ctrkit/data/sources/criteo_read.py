@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ctrkit.data.pipeline.criteo_parse import PAD, ParsedBlock, TextBlock
+from ctrkit.data.pipeline.criteo_parse import ParsedBlock, TextBlock
 from ctrkit.data.pipeline.feature_pipeline import DENSE_NAMES, SPARSE_NAMES
 from ctrkit.errors import DataError
 from ctrkit.io import check_distinct_inputs, missing_path
@@ -113,7 +113,7 @@ def iter_blocks(path: Path, block_bytes: int, *, start: int = 0, stop: int | Non
             if cut < 0:
                 carry += data
                 continue
-            yield _block(carry, data, cut + 1), raw.tell()
+            yield TextBlock.of(data, cut + 1, head=carry), raw.tell()
             carry = data[cut + 1:]
         if damage is not None and len(damage) > seen:
             damage[-1]["partial_line"] = bool(carry)  # cut by the damage: not a row
@@ -121,15 +121,6 @@ def iter_blocks(path: Path, block_bytes: int, *, start: int = 0, stop: int | Non
             yield TextBlock.of(carry + b"\n"), raw.tell()
     finally:
         raw.close()
-
-
-def _block(carry: bytes, data: bytes, n: int) -> TextBlock:
-    """``carry`` and the first ``n`` bytes of ``data`` as one padded block (one copy of each)."""
-    buf = np.empty(len(carry) + n + PAD, np.uint8)
-    buf[:len(carry)] = np.frombuffer(carry, np.uint8)
-    buf[len(carry):len(carry) + n] = np.frombuffer(data, np.uint8, count=n)
-    buf[len(carry) + n:] = 0
-    return TextBlock(buf)
 
 
 def line_ranges(path: Path, size: int) -> list[tuple[int, int]]:
