@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 import sys
@@ -35,6 +36,33 @@ def pytest_report_header() -> str:
     if root.is_dir():
         return f"shared data: {where}"
     return f"shared data: {where} is absent: the tests that read it are skipped"
+
+
+# Optional extras (pyproject.toml): a test that needs one is skipped, with the extra to install, where its
+# module is absent (a machine without the extras, say a GPU box with its own torch), unless this variable is "1":
+# .ci/run sets it, so CI, which installs every extra, fails instead of skipping.
+REQUIRE_EXTRAS_VAR = "CTRKIT_REQUIRE_EXTRAS"
+# registered models whose code needs an extra: their parametrized test cases skip with it
+MODEL_EXTRAS = {"gbdt_lr": ("lightgbm", "gbdt")}
+
+
+def require(module: str, extra: str) -> ModuleType:
+    """Import ``module`` of the optional extra ``ctrkit[extra]``, or skip the calling test module (see above)."""
+    if os.environ.get(REQUIRE_EXTRAS_VAR) == "1":
+        return importlib.import_module(module)
+    return pytest.importorskip(module, reason=f"needs the optional extra ctrkit[{extra}] ({module})")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get(REQUIRE_EXTRAS_VAR) == "1":
+        return
+    for model, (module, extra) in MODEL_EXTRAS.items():
+        if importlib.util.find_spec(module) is not None:
+            continue
+        mark = pytest.mark.skip(reason=f"{model} needs the optional extra ctrkit[{extra}] ({module})")
+        for item in items:
+            if model in item.nodeid:
+                item.add_marker(mark)
 
 
 def find_shared(relative: str, root: Path, named: bool) -> Path:

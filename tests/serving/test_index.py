@@ -7,10 +7,13 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import require
 
 from ctrkit.errors import ConfigError, RetrievalError
 from ctrkit.retrieval.catalogue import SeenItems
 from ctrkit.serving.index import INDEX_KINDS, VectorIndex, default_nlist
+
+require("faiss", "retrieval")
 
 
 def exact_topk_torch(queries: np.ndarray, vectors: np.ndarray, k: int, metric: str = "ip",

@@ -21,6 +21,10 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from conftest import require
+
+require("fastapi", "serve")  # before the server's modules, which import it
+
 import torch
 from export_cases import tiny_checkpoint
 from serve_cases import sample_rows, train

@@ -21,6 +21,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import require
+
+require("fastapi", "serve")  # before the server's modules, which import it
+
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from serve_cases import sample_rows, train
