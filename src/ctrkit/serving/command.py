@@ -1,11 +1,17 @@
 """``ctrkit serve``, the command: one or several server processes (uvicorn) over one port.
 
-``--workers N`` runs N processes started with ``spawn`` (uvicorn's supervisor: the parent binds the socket and
-every worker accepts connections on it, the kernel handing each new connection to one of them). Each worker
-loads its own copy of the model and runs its own event loop, micro-batcher and scoring thread, so the server's
-Python work (HTTP, JSON, validation, encoding) is spread over the cores instead of holding one interpreter's
-lock. Processes rather than threads because that work holds the GIL; ``spawn`` rather than ``fork`` so a worker
-never inherits a parent's torch thread pools or CUDA state.
+``--workers N`` runs N processes started with ``spawn``, each loading its own copy of the model and running its
+own event loop, micro-batcher and scoring thread, so the server's Python work (HTTP, JSON, validation, encoding)
+is spread over the cores instead of holding one interpreter's lock. Processes rather than threads because that
+work holds the GIL; ``spawn`` rather than ``fork`` so a worker never inherits a parent's torch thread pools or
+CUDA state.
+
+On Linux every worker listens on a socket of its own, all bound to the one port with ``SO_REUSEPORT``: the
+kernel spreads new connections over the workers' sockets by a hash of the client's address and port. With one
+shared socket (uvicorn's supervisor, used elsewhere) whichever worker wakes first accepts every pending
+connection, and a burst of keep-alive clients all landed on one worker (measured: 32 of 32 connections, so two
+workers served at one worker's rate; ``benchmarks/serve_load.py`` reports the split). The parent binds the
+sockets, restarts a worker that dies while serving, and stops them all on SIGINT / SIGTERM.
 
 The parent loads the checkpoint once before any worker starts, so that a bad checkpoint or option is one error
 line (exit 2) rather than N failing workers; the workers read their options from the environment variable
@@ -19,7 +25,12 @@ import argparse
 import gc
 import json
 import logging
+import multiprocessing
 import os
+import signal
+import socket
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -122,5 +133,86 @@ def run_serve(args: argparse.Namespace) -> int:
     gc.collect()
     log.info("checkpoint verified in %.1f s; starting %d workers", time.perf_counter() - t, options["workers"])
     os.environ[OPTIONS_ENV] = json.dumps(options)
-    uvicorn.run(APP_FACTORY, factory=True, workers=options["workers"], **common)
-    return 0
+    if not balanced_sockets_supported():
+        uvicorn.run(APP_FACTORY, factory=True, workers=options["workers"], **common)
+        return 0
+    return supervise(reuseport_sockets(args.host, args.port, options["workers"]), common)
+
+
+def balanced_sockets_supported() -> bool:
+    """Whether the kernel spreads connections over sockets sharing a port (Linux's SO_REUSEPORT; macOS has the
+    option but gives every connection to one socket)."""
+    return sys.platform.startswith("linux") and hasattr(socket, "SO_REUSEPORT")
+
+
+def reuseport_sockets(host: str, port: int, n: int) -> list[socket.socket]:
+    """``n`` listening sockets on (host, port) with SO_REUSEPORT (port 0: the first one's free port for all)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(n):
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind((host, port))
+            port = sock.getsockname()[1]
+            sock.listen(2048)
+            sock.set_inheritable(True)
+    except OSError as e:
+        for sock in sockets:
+            sock.close()
+        raise ConfigError(f"serve cannot listen on {host}:{port} ({e}); give another --port or --host") from None
+    return sockets
+
+
+def _worker(sock: socket.socket, common: dict[str, Any]) -> None:
+    """(a spawned process) One uvicorn server of :func:`worker_app` on its own socket."""
+    import uvicorn
+
+    config = uvicorn.Config(APP_FACTORY, factory=True, **common)
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+def supervise(sockets: list[socket.socket], common: dict[str, Any]) -> int:
+    """Run one worker process per socket until SIGINT / SIGTERM; a worker that dies is started again on its
+    socket (one that fails before the first has served stops the server: exit 1)."""
+    ctx = multiprocessing.get_context("spawn")
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    common = {k: v for k, v in common.items() if k not in ("host", "port")}
+
+    def start(sock: socket.socket) -> Any:
+        proc = ctx.Process(target=_worker, args=(sock, common), name="ctrkit-serve-worker")
+        proc.start()
+        return proc
+
+    procs = [start(sock) for sock in sockets]
+    started, code = time.monotonic(), 0
+    try:
+        while not stop.wait(0.5):
+            for i, proc in enumerate(procs):
+                if proc.is_alive():
+                    continue
+                if time.monotonic() - started < 60 and proc.exitcode not in (0, None):
+                    log.error("worker %d failed while starting (exit %s); stopping the server", proc.pid,
+                              proc.exitcode)
+                    stop.set()
+                    code = 1
+                    break
+                log.warning("worker %d exited (code %s); starting another on its socket", proc.pid, proc.exitcode)
+                procs[i] = start(sockets[i])
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.terminate()  # SIGTERM: uvicorn's graceful shutdown
+        deadline = time.monotonic() + common.get("timeout_graceful_shutdown", 10) + 5
+        for proc in procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        for sock in sockets:
+            sock.close()
+    return code
