@@ -6,7 +6,11 @@ Endpoints:
   ``{"columns": {"I1": [3, null, ...], "C1": ["68fd1e64", ...], ...}}`` (``"inputs"``, TF-Serving's name for its
   columnar format, is read the same way): one list of n values per input field, the layout DeepCTR's
   ``predict`` takes (a dict of one array per feature); it skips the per-row objects, so parsing and checking
-  cost less (``benchmarks/serve_path.py``). Either way the answer is
+  cost less (``benchmarks/serve_path.py``). The same columns as an Arrow IPC stream (``Content-Type:
+  application/vnd.apache.arrow.stream``; e.g. ``pyarrow.ipc.new_stream`` of a table with a column per input
+  field) are read from their buffers with no Python object per value (:meth:`RowValidator.check_arrow`); a
+  column of another Arrow type than the usual one (counts as text, say) is read from its values as JSON would
+  be, so the scores and the errors are those of the same values sent as JSON. Either way the answer is
   ``{"scores": [p_0, ..., p_n-1], "model": name, "version": "sha256:..."}``, one click probability per row, in
   order, and the version (checkpoint sha256) of the model that scored them all. A row holds the
   checkpoint's input fields (``GET /metadata`` lists them with what each accepts; the rules are those of
@@ -24,12 +28,14 @@ with 0-based row indices, and ``"invalid_rows"``):
 ====  ====================  =====================================================================
 400   ``malformed_json``     the body is not JSON (or not UTF-8, or nested too deeply); Content-Type is not
                              checked
+400   ``malformed_arrow``    the Content-Type is the Arrow stream's, and the body is not an Arrow IPC stream
 400   ``bad_content_length`` a Content-Length header that is not a number
 413   ``body_too_large``     more than ``max_body_bytes`` (Content-Length, or the bytes actually sent)
 413   ``too_many_rows``      more than ``max_rows`` rows
 422   ``invalid_body``       not a list of rows, nor an object with a "rows" list or a "columns" object (or both)
 422   ``invalid_columns``    a columnar body lacking an input field, or holding one that is not a list or not
-                             of the others' length (``errors`` names every such field, with ``"row": null``)
+                             of the others' length, or (Arrow) twice (``errors`` names every such field, with
+                             ``"row": null``)
 422   ``invalid_rows``       rows that are not objects, lack an input field, or hold a value of the wrong
                              type, a non-finite number (NaN / Infinity tokens, 1e400), a non-hex Criteo key
 500   ``internal``           a server failure (logged with its traceback); nothing was scored
@@ -72,7 +78,17 @@ from ctrkit.serving.options import (
     WATCH_INTERVAL_S,
 )
 from ctrkit.serving.predictor import Predictor
-from ctrkit.serving.validation import BadColumns, Checked, column_lists, dumps, loads, render
+from ctrkit.serving.validation import (
+    ARROW_STREAM,
+    BadColumns,
+    Checked,
+    column_arrays,
+    column_lists,
+    dumps,
+    loads,
+    read_arrow,
+    render,
+)
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +105,18 @@ class _Refused(Exception):
 
     def response(self) -> JSONResponse:
         return JSONResponse({"error": self.code, "message": self.message, **self.extra}, status_code=self.status)
+
+
+class _App(FastAPI):
+    """FastAPI with ``POST /predict`` answered straight from the ASGI call (:meth:`_Service.predict_asgi`):
+    its middleware stack and router cost ~0.1 ms of CPU per request (a tenth of a request's share of the
+    model), and /predict reads none of what they add. Every other path and method goes through FastAPI."""
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == "/predict" and scope["method"] == "POST":
+            await self.state.service.predict_asgi(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
 
 
 def create_app(predictor: Predictor | Served, *, max_rows: int = MAX_ROWS, max_body_bytes: int = MAX_BODY_BYTES,
@@ -111,7 +139,7 @@ def create_app(predictor: Predictor | Served, *, max_rows: int = MAX_ROWS, max_b
     if watch is not None:
         service.watcher = Watcher(service.live, watch, interval=watch_interval,
                                   batch_size=served.predictor.batch_size)
-    app = FastAPI(title="ctrkit serve", version=str(served.predictor.info.get("ctrkit_version") or "0"),
+    app = _App(title="ctrkit serve", version=str(served.predictor.info.get("ctrkit_version") or "0"),
                   lifespan=service.lifespan)
     app.state.batcher, app.state.live, app.state.service = service.batcher, service.live, service
 
@@ -121,12 +149,11 @@ def create_app(predictor: Predictor | Served, *, max_rows: int = MAX_ROWS, max_b
 
     @app.exception_handler(Exception)
     async def failed(request: Request, exc: Exception) -> JSONResponse:  # logged by the server as well
-        return JSONResponse({"error": "internal", "message": f"the server failed on this request "
-                             f"({type(exc).__name__}; see its log); nothing was scored"}, status_code=500)
+        return _internal(exc)
 
     app.get("/healthz")(service.healthz)
     app.get("/metadata")(service.get_metadata)
-    # /predict as a plain Starlette route: FastAPI's parameter machinery costs ~0.1 ms a request and reads nothing
+    # /predict as a plain Starlette route too (what a GET or HEAD is refused by: 405), though _App answers POSTs
     app.router.add_route("/predict", service.predict, methods=["POST"])
     return app
 
@@ -190,14 +217,17 @@ class _Service:
                                        "ignored_fields": "fields beyond input_fields (label, weight, ...) are "
                                        "ignored", "live": self.live.describe(), "server": server}))
 
-    def check(self, body: bytes) -> Checked:
-        """Body -> its rows checked, or _Refused."""
+    def check(self, body: bytes, media_type: str = "application/json") -> Checked:
+        """Body -> its rows checked, or _Refused. ``media_type`` (Content-Type without parameters):
+        :data:`ARROW_STREAM` reads an Arrow IPC stream, anything else JSON."""
+        if media_type == ARROW_STREAM:
+            return self._check_arrow(body)
         try:
             data = loads(body)
         except (ValueError, RecursionError) as e:
             detail = str(e) if not isinstance(e, RecursionError) else "nested too deeply"
             raise _Refused(400, "malformed_json", f"the body is not valid JSON ({detail[:200]}); send a JSON list "
-                           "of row objects") from None
+                           f"of row objects (or an Arrow IPC stream with Content-Type: {ARROW_STREAM})") from None
         validator = self.live.current.validator
         keys = [k for k in ("rows", *COLUMNAR) if k in data] if type(data) is dict else []
         if len(keys) > 1:
@@ -207,10 +237,7 @@ class _Service:
             try:
                 values, n = column_lists(data[keys[0]], validator.names)
             except BadColumns as e:
-                errors = [{"row": None, "field": f, "message": m} for f, m in e.problems]
-                raise _Refused(422, "invalid_columns", f"the body's columns are malformed ({len(errors)} "
-                               "problem(s)), so none was scored; fix them and send the request again. First: "
-                               f"{errors[0]['message']}", errors=errors) from None
+                raise _bad_columns(e) from None
             self._check_rows(n)
             try:
                 return validator.check_columns(values, n, self.limits["max_errors"])
@@ -227,15 +254,48 @@ class _Service:
         except RowErrors as e:
             raise _invalid_rows(e.problems, render, len(rows), e.bad_rows, e.total) from None
 
+    def _check_arrow(self, body: bytes) -> Checked:
+        """An Arrow IPC stream body -> its rows checked, or _Refused."""
+        try:
+            batch = read_arrow(body)
+        except ValueError as e:
+            raise _Refused(400, "malformed_arrow", f"the body is not an Arrow IPC stream ({e}); send one stream "
+                           "of record batches with a column per input field, or JSON with Content-Type: "
+                           "application/json") from None
+        self._check_rows(batch.num_rows)
+        validator = self.live.current.validator
+        try:
+            columns = column_arrays(batch, validator.names)
+        except BadColumns as e:
+            raise _bad_columns(e) from None
+        try:
+            return validator.check_arrow(columns, batch.num_rows, self.limits["max_errors"])
+        except RowErrors as e:
+            raise _invalid_rows(e.problems, render, batch.num_rows, e.bad_rows, e.total) from None
+
     def _check_rows(self, n: int) -> None:
         if n > self.limits["max_rows"]:
             raise _Refused(413, "too_many_rows", f"{n} rows is more than this server's limit of "
                            f"{self.limits['max_rows']} per request; split them into several requests")
 
+    async def predict_asgi(self, scope: dict, receive: Any, send: Any) -> None:
+        """POST /predict as a bare ASGI call (see :class:`_App`): :meth:`predict`, its refusals and failures
+        answered as FastAPI's handlers would."""
+        try:
+            response = await self.predict(Request(scope, receive))
+        except _Refused as e:
+            response = e.response()
+        except Exception as e:
+            log.exception("POST /predict failed")
+            response = _internal(e)
+        await response(scope, receive, send)
+
     async def predict(self, request: Request) -> Response:
         """POST /predict: {"scores": [...], "model": name, "version": the sha256 of the checkpoint that scored}."""
         body = await _read_body(request, self.limits["max_body_bytes"])
-        checked = self.check(body) if len(body) <= _INLINE_BYTES else await anyio.to_thread.run_sync(self.check, body)
+        media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+        checked = (self.check(body, media) if len(body) <= _INLINE_BYTES
+                   else await anyio.to_thread.run_sync(self.check, body, media))
         if checked.n == 0:
             return _json({"scores": [], "model": self.model_name, "version": self.live.current.version})
         try:
@@ -246,6 +306,18 @@ class _Service:
         if not all(map(math.isfinite, scores)):
             raise RuntimeError(f"the model gave non-finite scores for valid rows: {scores[:5]}...")
         return _json({"scores": scores, "model": self.model_name, "version": res.source})
+
+
+def _internal(exc: Exception) -> JSONResponse:
+    return JSONResponse({"error": "internal", "message": f"the server failed on this request "
+                         f"({type(exc).__name__}; see its log); nothing was scored"}, status_code=500)
+
+
+def _bad_columns(e: BadColumns) -> _Refused:
+    """The 422 answer to a columnar body whose columns are malformed (``e.problems``: every one)."""
+    errors = [{"row": None, "field": f, "message": m} for f, m in e.problems]
+    return _Refused(422, "invalid_columns", f"the body's columns are malformed ({len(errors)} problem(s)), so none "
+                    f"was scored; fix them and send the request again. First: {errors[0]['message']}", errors=errors)
 
 
 def _json(content: Any, status: int = 200) -> Response:

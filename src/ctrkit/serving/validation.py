@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from ctrkit.data.pipeline.arrow_columns import arrow_columns
 from ctrkit.data.pipeline.feature_pipeline import FeaturePipeline
 from ctrkit.data.pipeline.json_columns import NUMPY, fast_columns
 from ctrkit.data.pipeline.rules import CATEGORY, TOKENS, ColumnRule
@@ -46,8 +47,8 @@ except ImportError:  # an optional speed-up (ctrkit[serve])
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LACKS", "BadColumns", "Checked", "NonFinite", "RowValidator", "column_lists", "describe", "dumps", "loads",
-           "render", "to_arrays"]
+__all__ = ["LACKS", "BadColumns", "Checked", "NonFinite", "RowValidator", "column_arrays", "column_lists", "describe",
+           "dumps", "loads", "read_arrow", "render", "to_arrays"]
 
 
 def loads(body: bytes) -> Any:
@@ -137,11 +138,23 @@ class RowValidator:
         (a bad value named by its row and field). No transposition: each column goes to the readers as sent."""
         return self._read(columns, n, set(), [], max_errors)
 
+    def check_arrow(self, columns: dict[str, pa.Array], n: int, max_errors: int = 1000) -> Checked:
+        """:meth:`check` of the same rows given as Arrow columns (``columns``: every input field's array of ``n``
+        values, as :func:`column_arrays` gives them): the columns of the usual Arrow type and all well-formed
+        are read from their buffers (:mod:`ctrkit.data.pipeline.arrow_columns`), any other through its Python
+        values like a JSON body's column, so the canonical columns and the (row, field) errors are those of the
+        same values sent as JSON."""
+        done = arrow_columns(self.rules, columns)
+        rest = {c: columns[c].to_pylist() for c in self.names if c not in done}
+        return self._read(rest, n, set(), [], max_errors, done)
+
     def _read(self, values: dict[str, Sequence[Any]], n: int, not_objects: set[int], found: list[Problem],
-              max_errors: int) -> Checked:
-        """Every input column of ``values`` read by its rule (see :meth:`check`); rows in ``not_objects`` were
-        not objects (``found`` lists them) and their refused values are not listed again."""
-        out = fast_columns(self.rules, values)  # the columns whose values are all well-formed, read in C
+              max_errors: int, done: dict[str, Any] | None = None) -> Checked:
+        """Every input column of ``values`` read by its rule (see :meth:`check`), but those ``done`` holds
+        already; rows in ``not_objects`` were not objects (``found`` lists them) and their refused values are
+        not listed again."""
+        rules = self.rules if not done else [r for r in self.rules if r.column not in done]
+        out = {**(done or {}), **fast_columns(rules, values)}  # the columns whose values are all well-formed, in C
         for rule, read in zip(self.rules, self._readers):
             if rule.column in out:
                 continue
@@ -178,6 +191,40 @@ def column_lists(columns: Any, fields: list[str]) -> tuple[dict[str, list[Any]],
     if problems:
         raise BadColumns(problems)
     return values, n
+
+
+ARROW_STREAM = "application/vnd.apache.arrow.stream"  # the media type of an Arrow IPC stream body
+
+
+def read_arrow(body: bytes) -> pa.RecordBatch:
+    """The rows of an Arrow IPC stream body as one record batch, read in place (no copy of the values) when
+    the stream holds one batch. Raises ValueError naming what is wrong when the body is not such a stream."""
+    try:
+        reader = pa.ipc.open_stream(pa.py_buffer(body))
+        batches = list(reader)
+        if len(batches) == 1:
+            return batches[0]
+        return pa.Table.from_batches(batches, reader.schema).combine_chunks().to_batches(max_chunksize=None)[0] \
+            if batches else pa.RecordBatch.from_pylist([], reader.schema)
+    except (pa.ArrowException, OSError) as e:
+        raise ValueError(str(e).splitlines()[0][:200] if str(e) else type(e).__name__) from None
+
+
+def column_arrays(batch: pa.RecordBatch, fields: list[str]) -> dict[str, pa.Array]:
+    """{field: its column} of an Arrow body's ``batch`` (other columns are ignored), or :class:`BadColumns`
+    naming every field that is missing or given more than once."""
+    names = batch.schema.names
+    where = {name: i for i, name in enumerate(names)}
+    problems: list[tuple[str | None, str]] = []
+    for f in fields:
+        if f not in where:
+            problems.append((f, _column_problem(f, _MISSING, batch.num_rows)))
+        elif len(where) != len(names) and names.count(f) > 1:
+            problems.append((f, f"the columns hold field {f!r} {names.count(f)} times; send it once"))
+    if problems:
+        raise BadColumns(problems)
+    columns = batch.columns
+    return {f: columns[where[f]] for f in fields}
 
 
 def _column_problem(field: str, v: Any, n: int) -> str:

@@ -79,12 +79,21 @@ def _ids(rules: Sequence[ColumnRule], columns: Sequence[Sequence[Any]]) -> np.nd
 def _hex_keys(rules: Sequence[ColumnRule], columns: Sequence[Sequence[Any]]) -> np.ndarray | None:
     """(k, n) int64 keys (-1: missing) when every value is 8 hex digits in a string, "" or null."""
     a = _inferred(columns, pa.string())
-    if a is None:
-        return None
+    keys = hex_keys(a) if a is not None else None
+    return keys.reshape(len(columns), -1) if keys is not None else None
+
+
+def hex_keys(a: pa.Array) -> np.ndarray | None:
+    """int64 keys [n] (-1: missing) of a pyarrow string (or large_string) array whose values are all 8 hex
+    digits, "" or null; None when one is not. Reads the array's byte buffer in place."""
     keys = np.full(len(a), -1, np.int64)
     if len(a):
-        offsets = np.frombuffer(a.buffers()[1], np.int32, len(a) + 1, 4 * a.offset)
+        wide = pa.types.is_large_string(a.type)
+        offsets = np.frombuffer(a.buffers()[1], np.int64 if wide else np.int32, len(a) + 1,
+                                (8 if wide else 4) * a.offset)
         lengths = np.diff(offsets)  # null and "": 0 (missing)
+        if a.null_count and lengths[~a.is_valid().to_numpy(zero_copy_only=False)].any():
+            return None  # a null holding bytes (Arrow allows it; another writer's array): read value by value
         present = lengths == 8
         if not (present | (lengths == 0)).all():
             return None
@@ -94,7 +103,7 @@ def _hex_keys(rules: Sequence[ColumnRule], columns: Sequence[Sequence[Any]]) -> 
             if not ok.all():
                 return None
             keys[present] = decoded
-    return keys.reshape(len(columns), -1)
+    return keys
 
 
 # kinds read together: (their rules, their columns) -> the (k, n) canonical block, or None
