@@ -10,7 +10,8 @@ the model's forward (``scoring`` + ``probabilities``, 1 torch thread) and the an
 stage is timed on its own, ``--reps`` times, as the CPU time of this thread (``time.thread_time``), which other
 processes on a shared machine change far less than wall time; p50 and p99 per stage and for the whole path.
 Parse, validate and the whole path are timed for the body as a list of row objects and (``*_columns``) for the
-same rows as a columnar body (``{"columns": {field: [values]}}``; a tree from before it lacks those stages).
+same rows as a columnar body (``{"columns": {field: [values]}}``) and (``*_arrow``) as an Arrow IPC stream
+(``Content-Type: application/vnd.apache.arrow.stream``); a tree from before either lacks those stages.
 
 ``--compare OTHER_SRC`` times another checkout's ``src`` (e.g. main's) on the same checkpoint and rows: each
 round runs both trees one after the other in fresh processes (``--rounds`` times, alternating which goes
@@ -32,8 +33,8 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-STAGES = ("parse", "validate", "parse_columns", "validate_columns", "encode", "to_batch", "forward", "dumps", "path",
-          "path_columns")
+STAGES = ("parse", "validate", "parse_columns", "validate_columns", "parse_arrow", "validate_arrow", "encode", "to_batch",
+          "forward", "dumps", "path", "path_columns", "path_arrow")
 
 
 def measure(ckpt: str, rows: int, reps: int) -> dict[str, dict[str, float]]:
@@ -87,6 +88,23 @@ def measure(ckpt: str, rows: int, reps: int) -> dict[str, dict[str, float]]:
         data_columns = loads(body_columns)
         fns |= {"parse_columns": lambda: loads(body_columns),
                 "validate_columns": lambda: checked_columns(data_columns), "path_columns": path_columns}
+    if hasattr(v, "check_arrow"):  # the Arrow IPC stream body
+        from serve_load import request_body
+
+        from ctrkit.serving.validation import column_arrays, read_arrow
+
+        body_arrow = request_body(raw, "arrow")
+        data_arrow = read_arrow(body_arrow)
+
+        def path_arrow():
+            got = read_arrow(body_arrow)
+            c = v.check_arrow(column_arrays(got, v.names), got.num_rows).columns
+            b = p.pipeline.to_batch(p.pipeline.transform(to_arrays(v.rules, c), validated=True))
+            return dumps({"scores": forward(b).tolist()})
+
+        fns |= {"parse_arrow": lambda: read_arrow(body_arrow),
+                "validate_arrow": lambda: v.check_arrow(column_arrays(data_arrow, v.names), data_arrow.num_rows),
+                "path_arrow": path_arrow}
     out = {}
     for name, fn in fns.items():
         for _ in range(5):

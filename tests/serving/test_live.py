@@ -31,7 +31,9 @@ from serve_cases import sample_rows, train
 
 from ctrkit.checkpoint import Checkpoint
 from ctrkit.cli import main
+from ctrkit.errors import ConfigError
 from ctrkit.jobs.demo import SAMPLE
+from ctrkit.serving.command import balanced_sockets_supported, reuseport_sockets
 from ctrkit.serving.live import Watcher, newest_checkpoint
 from ctrkit.serving.predictor import Predictor
 from ctrkit.serving.server import create_app
@@ -202,6 +204,39 @@ def _versions_by_worker(url: str, want: str, workers: int, timeout: float = 30) 
     return by_pid
 
 
+def _pids_of_connections(port: int, n: int) -> set[int]:
+    """The worker pids that answer /metadata on ``n`` connections opened before any is used."""
+    conns = [socket.create_connection(("127.0.0.1", port)) for _ in range(n)]
+    pids = set()
+    try:
+        for c in conns:
+            c.sendall(b"GET /metadata HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            data = b""
+            while chunk := c.recv(65536):
+                data += chunk
+            pids.add(json.loads(data.split(b"\r\n\r\n", 1)[1])["server"]["worker_pid"])
+    finally:
+        for c in conns:
+            c.close()
+    return pids
+
+
+def test_reuseport_sockets_share_a_port_and_name_a_taken_one():
+    if not balanced_sockets_supported():
+        pytest.skip("SO_REUSEPORT spreads connections on Linux only")
+    socks = reuseport_sockets("127.0.0.1", 0, 3)
+    try:
+        assert len({s.getsockname() for s in socks}) == 1 and socks[0].getsockname()[1] > 0
+        with socket.socket() as taken:  # a socket without SO_REUSEPORT holds the port
+            taken.bind(("127.0.0.1", 0))
+            port = taken.getsockname()[1]
+            with pytest.raises(ConfigError, match=f"serve cannot listen on 127.0.0.1:{port} .*give another --port"):
+                reuseport_sockets("127.0.0.1", port, 2)
+    finally:
+        for s in socks:
+            s.close()
+
+
 @pytest.mark.slow
 def test_workers_all_swap_and_a_slow_client_stalls_nobody(two_models, exact, tmp_path):
     a, b = two_models
@@ -228,6 +263,8 @@ def test_workers_all_swap_and_a_slow_client_stalls_nobody(two_models, exact, tmp
                 time.sleep(0.1)
         assert set(_versions_by_worker(url, version_a, 2).values()) == {version_a}
         assert _get(f"{url}/metadata")["live"]["checkpoint"] == first.name
+        if balanced_sockets_supported():  # 16 connections opened at once reach both workers (a socket each)
+            assert len(_pids_of_connections(port, 16)) == 2
 
         # a client that sends half its body and waits, one that leaves mid-body, one that never reads its answer
         slow = socket.create_connection(("127.0.0.1", port))

@@ -159,3 +159,37 @@ def test_arrow_and_json_requests_share_a_micro_batch(criteo):
         assert r.status_code == 200, r.text
         np.testing.assert_allclose(r.json()["scores"], want, rtol=1e-6, atol=1e-7)
     assert app.state.batcher.stats.batches < len(parts) + 1  # merged (the warm-up row is one call)
+
+
+TABLE_SPEC = {"label": "label", "dense": [{"name": "x", "transform": "standardize"}, {"name": "age"}],
+              "sparse": [{"name": "u", "embedding_dim": 8}, {"name": "item", "embedding_dim": 8},
+                         {"name": "tags", "multi_valued": True, "delimiter": "|", "embedding_dim": 8}]}
+
+
+def test_table_columns_of_every_kind_answer_as_json(tmp_path):
+    """Floats, integers, strings, a multi-valued field as a list<string> column and as delimited text, nulls:
+    the Arrow answer is the JSON answer of the same columns."""
+    import pyarrow.parquet as pq
+
+    from ctrkit.data.sources.table import preprocess_table
+
+    rng = np.random.default_rng(0)
+    n = 300
+    pq.write_table(pa.table({
+        "label": rng.integers(0, 2, n), "x": rng.normal(5, 2, n).round(3), "age": rng.integers(18, 80, n),
+        "u": [f"user{k}" for k in rng.integers(0, 30, n)], "item": rng.integers(0, 20, n),
+        "tags": ["|".join(f"t{t}" for t in rng.integers(0, 9, rng.integers(0, 4))) for _ in range(n)],
+    }), tmp_path / "rows.parquet")
+    stores = preprocess_table(tmp_path / "rows.parquet", TABLE_SPEC, tmp_path / "st", split="0.8,0.2,0")
+    predictor = Predictor.from_checkpoint(train(tmp_path, stores["train"], stores["valid"]))
+    cols = {"x": [1.5, None, 7.25, -3.0], "age": [20, 33, None, 70], "u": ["user1", None, "user7", "nobody"],
+            "item": [3, None, 19, 7], "tags": ["t1|t2", None, "", "t8"]}
+    as_lists = {**cols, "tags": [["t1", "t2"], None, [], ["t8", None]]}
+    with TestClient(create_app(predictor)) as client:
+        for c in (cols, as_lists):
+            want = answer(client, {"columns": c})
+            assert want["status"] == 200 and len(want["scores"]) == 4
+            assert answer(client, stream(pa.table(c))) == want
+        bad = {**cols, "x": [1.0, float("nan"), 2.0, 1e39]}  # a NaN value (not a null) and one beyond float32
+        out = answer(client, stream(pa.table(bad)))
+        assert out["status"] == 422 and [(e["row"], e["field"]) for e in out["errors"]] == [(1, "x"), (3, "x")]
