@@ -10,7 +10,9 @@
    request's time goes inside the server: JSON parsing, validation, pipeline encode, model forward; and the
    in-process throughput ceiling on the same cores: as many processes as server workers, each with the server's
    torch threads, scoring pre-encoded batches of the request's rows (``Predictor.score_columns``) in a loop for
-   ``--seconds``: rows/s summed (and the same at 16x the rows, the size of a busy server's micro-batches);
+   ``--seconds``: rows/s summed and CPU per row; and, after the load, the same at the size of the server's
+   micro-batches at the most clients (rows per model call from every worker's counters, rounded to whole
+   requests), which leaves out what batching saves, so the comparison with it is the serving work alone;
    ``benchmarks/serve_path.py`` times the same stages as CPU time, beside another checkout;
 3. the server: ``ctrkit serve`` (``python -m ctrkit.cli serve``) in a subprocess on 127.0.0.1
    and a free port, polled on /healthz until ready;
@@ -297,6 +299,18 @@ async def _level(port: int, request: bytes, clients: int, seconds: float, max_re
             "wall_s": round(wall, 2), "answered": answered}
 
 
+def batching(port: int, workers: int, tries: int = 64) -> dict[int, dict]:
+    """{worker pid: its micro-batching counters} from /metadata, asked on new connections until every worker
+    answered (the kernel picks the worker of a connection)."""
+    out: dict[int, dict] = {}
+    for _ in range(tries):
+        meta = get(port, "/metadata")["server"]
+        out[meta["worker_pid"]] = meta["batching"]
+        if len(out) == workers:
+            break
+    return out
+
+
 def get(port: int, path: str) -> dict:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
         return json.load(r)
@@ -331,11 +345,15 @@ def main() -> None:
         ref = in_process(ckpt, rows, args.reps, args.body)
         flops = _roof.predict_flops(Predictor.from_checkpoint(ckpt), rows)  # forward FLOPs per row (issue 29 item 1)
         ceiling, cpu_ms = in_process_ceiling(ckpt, rows, args.workers, threads, args.seconds)
-        ceiling_16, cpu_ms_16 = in_process_ceiling(ckpt, rows, args.workers, threads, args.seconds, copies=16)
-        print(f"in-process ceiling, {args.workers} process(es) x {threads} thread(s), pre-encoded batches: "
-              f"{ceiling:.0f} rows/s at {args.rows} rows ({cpu_ms} CPU ms per {args.rows} rows), {ceiling_16:.0f} "
-              f"rows/s at {16 * args.rows} rows ({cpu_ms_16} CPU ms per {args.rows} rows)", flush=True)
+        print(f"in-process ceiling, {args.workers} process(es) x {threads} thread(s), pre-encoded batches of "
+              f"{args.rows} rows: {ceiling:.0f} rows/s ({cpu_ms} CPU ms per {args.rows} rows)", flush=True)
         levels, limits = serve(ckpt, rows, args, work)
+        busiest = max(levels, key=lambda lv: lv["clients"])  # saturation: the most clients
+        copies = max(1, round(busiest["rows_per_model_call"] / args.rows))  # the server's batches, in process
+        ceiling_m, cpu_ms_m = in_process_ceiling(ckpt, rows, args.workers, threads, args.seconds, copies=copies)
+        print(f"in-process ceiling at the server's batch size ({copies * args.rows} rows; "
+              f"{busiest['rows_per_model_call']} rows per model call at {busiest['clients']} clients): "
+              f"{ceiling_m:.0f} rows/s ({cpu_ms_m} CPU ms per {args.rows} rows)", flush=True)
 
     cap = torch.backends.cpu.get_cpu_capability()
     load = [round(x, 2) for x in os.getloadavg()]
@@ -347,22 +365,22 @@ def main() -> None:
           f"loop, raw HTTP/1.1 keep-alive sockets); load average at the end {load} (other work on the machine "
           "slows both)")
     one = next((lv for lv in levels if lv["clients"] == 1), None)
-    busiest = max(levels, key=lambda lv: lv["clients"])  # saturation: the most clients
     best = busiest["rows_per_s"]
-    share = round(best / ceiling, 3) if ceiling else None
+    share, share_m = (round(best / c, 3) if c else None for c in (ceiling, ceiling_m))
     print(f"by rows/s: the server at {busiest['clients']} clients {best:.0f} rows/s = {share} of the in-process "
-          f"ceiling ({ceiling:.0f} rows/s, which had the cores to itself; the server kept "
-          f"{busiest['server_cores_busy']} of {os.cpu_count()} cores busy, the client took "
-          f"{busiest['client_cpu_ms_per_request']} CPU ms per request)")
+          f"ceiling at {args.rows}-row batches ({ceiling:.0f} rows/s), {share_m} of it at the server's batch size "
+          f"({ceiling_m:.0f}); the ceilings had the cores to themselves, the server kept {busiest['server_cores_busy']}"
+          f" of {os.cpu_count()} cores busy and the client took {busiest['client_cpu_ms_per_request']} CPU ms per "
+          "request")
     roof = _roof.measure(threads)  # the matmul roof on the server's threads per process, same run
     print(_roof.cpu_line(roof) + "\n" + _roof.roof_line(roof, flops, best, label="server at saturation"))
     server_ms = busiest["server_cpu_ms_per_request"]
-    cpu_share = round(cpu_ms / server_ms, 3) if server_ms else None
-    cpu_share_16 = round(cpu_ms_16 / server_ms, 3) if server_ms else None
+    cpu_share, cpu_share_m = (round(c / server_ms, 3) if server_ms else None for c in (cpu_ms, cpu_ms_m))
     print(f"by CPU (the target's measure here): rows per CPU-second, server {1e3 * args.rows / server_ms:.0f} "
-          f"({server_ms} CPU ms per {args.rows}-row request at {busiest['clients']} clients) over in process "
-          f"{1e3 * args.rows / cpu_ms:.0f} ({cpu_ms} ms per {args.rows} rows) = {cpu_share} (target 0.7); over "
-          f"in-process batches of {16 * args.rows} rows ({cpu_ms_16} ms per {args.rows} rows): {cpu_share_16}")
+          f"({server_ms} CPU ms per {args.rows}-row request at {busiest['clients']} clients) over in process at "
+          f"{args.rows}-row batches {1e3 * args.rows / cpu_ms:.0f} ({cpu_ms} ms per {args.rows} rows) = {cpu_share} "
+          f"(target 0.7); over in process at the server's batch size ({cpu_ms_m} ms per {args.rows} rows): "
+          f"{cpu_share_m} (the serving work alone: HTTP, parse, check, encode, hand-offs)")
     meets = bool(one and one["p99_ms"] <= 10.0 and cpu_share is not None and cpu_share >= 0.7)
     print(f"targets: 1-client p99 {one['p99_ms'] if one else None} ms (<= 10), CPU share {cpu_share} (>= 0.7): "
           f"{'met' if meets else 'NOT met'}")
@@ -372,9 +390,10 @@ def main() -> None:
                       "server_threads": threads, "server_limits": limits, "levels": levels,
                       "in_process_ms": ref, "in_process_rows_per_s": ceiling,
                       "roof": _roof.roof_summary(roof, flops, best),
-                      "in_process_rows_per_s_16x": ceiling_16, "server_share_of_in_process": share,
-                      "in_process_cpu_ms_per_request": cpu_ms, "in_process_cpu_ms_per_request_16x": cpu_ms_16,
-                      "server_cpu_share_of_in_process": cpu_share, "server_cpu_share_of_in_process_16x": cpu_share_16,
+                      "in_process_batch_rows_matched": copies * args.rows, "in_process_rows_per_s_matched": ceiling_m,
+                      "server_share_of_in_process": share, "server_share_of_in_process_matched": share_m,
+                      "in_process_cpu_ms_per_request": cpu_ms, "in_process_cpu_ms_per_request_matched": cpu_ms_m,
+                      "server_cpu_share_of_in_process": cpu_share, "server_cpu_share_of_in_process_matched": cpu_share_m,
                       "server_share_target": 0.7, "target_judged_on": "server_cpu_share_of_in_process",
                       "p99_1_client_ms": one["p99_ms"] if one else None, "p99_1_client_target_ms": 10.0,
                       "meets_target": meets}))
@@ -408,6 +427,7 @@ def serve(ckpt: Path, rows: list[dict], args: argparse.Namespace, work: Path) ->
                    f"Content-Length: {len(body)}\r\n\r\n").encode() + body
         levels = []
         for clients in (int(c) for c in args.clients.split(",")):
+            before = batching(port, args.workers)
             cpu0, me0 = _cpu_seconds(server.pid), resource.getrusage(resource.RUSAGE_SELF)
             lv = asyncio.run(_level(port, request, clients, args.seconds, args.max_requests, args.rows, warm=5))
             me1 = resource.getrusage(resource.RUSAGE_SELF)
@@ -421,6 +441,10 @@ def serve(ckpt: Path, rows: list[dict], args: argparse.Namespace, work: Path) ->
             lv["client_cpu_ms_per_request"] = round((me1.ru_utime + me1.ru_stime - me0.ru_utime - me0.ru_stime)
                                                     * 1e3 / n, 3)
 
+            after = batching(port, args.workers)
+            calls = sum(after[p]["batches"] - before.get(p, {}).get("batches", 0) for p in after)
+            lv["rows_per_model_call"] = round(sum(after[p]["rows"] - before.get(p, {}).get("rows", 0)
+                                                  for p in after) / max(calls, 1), 1)
             levels.append(lv)
             print(f"{clients:>3} clients: {lv['qps']:>7.1f} req/s {lv['rows_per_s']:>9.0f} rows/s  "
                   f"p50 {lv['p50_ms']:6.2f} ms  p90 {lv['p90_ms']:6.2f} ms  p99 {lv['p99_ms']:6.2f} ms  "
