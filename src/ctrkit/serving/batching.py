@@ -9,8 +9,8 @@ the scores. The policy:
 * while a batch is being scored, new requests queue up; the next batch takes all of them (in order), up to
   ``max_rows`` rows: batches grow with the load by themselves;
 * when more than one request is waiting, the batch also waits up to ``max_wait_s`` for more to arrive, and
-  closes as soon as it holds ``max_rows`` rows or more (so a batch exceeds ``max_rows`` by at most one
-  request's rows).
+  closes as soon as the queue holds the rows it lacks to reach ``max_rows`` (so a batch exceeds ``max_rows``
+  by at most one request's rows); the wait is one timer per batch, not one per arriving request.
 
 Rows are encoded independently (:meth:`Predictor.score`), so a row's score does not depend on the batch it
 was merged into, and a malformed row (reported by the scorer with its row number) is returned to the request
@@ -86,6 +86,9 @@ class MicroBatcher:
         self._queue: asyncio.Queue[_Job] | None = None
         self._task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._queued_rows = 0  # rows on the queue
+        self._need = 0  # rows the batch waiting for more still takes (0: none is waiting)
+        self._enough: asyncio.Event | None = None  # set when the queue holds them
 
     # ---- life cycle ----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -93,7 +96,8 @@ class MicroBatcher:
         loop = asyncio.get_running_loop()
         if self._task is not None and not self._task.done() and self._loop is loop:
             return
-        self._loop, self._queue = loop, asyncio.Queue()
+        self._loop, self._queue, self._enough = loop, asyncio.Queue(), asyncio.Event()
+        self._queued_rows = self._need = 0
         self._task = loop.create_task(self._run(self._queue), name="ctrkit-micro-batcher")
 
     @property
@@ -121,24 +125,22 @@ class MicroBatcher:
         assert self._queue is not None
         job = _Job(columns, n, asyncio.get_running_loop().create_future())
         self._queue.put_nowait(job)
+        self._queued_rows += n
+        if self._need and self._queued_rows >= self._need and self._enough is not None:
+            self._enough.set()  # the waiting batch can close
         return await job.future
 
     async def _run(self, queue: asyncio.Queue[_Job]) -> None:
         loop = asyncio.get_running_loop()
         while True:
             jobs = [await queue.get()]
-            rows = jobs[0].n
-            while rows < self.max_rows and not queue.empty():  # whatever arrived while the last batch ran
-                jobs.append(queue.get_nowait())
-                rows += jobs[-1].n
+            self._queued_rows -= jobs[0].n
+            rows = self._take(queue, jobs, jobs[0].n)  # whatever arrived while the last batch ran
             if len(jobs) > 1 and self.max_wait_s > 0:  # under load: give the next requests a moment to arrive
                 deadline = time.monotonic() + self.max_wait_s
-                while rows < self.max_rows and (left := deadline - time.monotonic()) > 0:
-                    try:
-                        jobs.append(await asyncio.wait_for(queue.get(), left))
-                    except asyncio.TimeoutError:
-                        break
-                    rows += jobs[-1].n
+                if rows < self.max_rows and (left := deadline - time.monotonic()) > 0:
+                    await self._wait_for_rows(self.max_rows - rows, left)
+                    rows = self._take(queue, jobs, rows)
             jobs = [j for j in jobs if not j.future.done()]  # a cancelled request (client gone) is not scored
             if not jobs:
                 continue
@@ -154,6 +156,28 @@ class MicroBatcher:
                     job.future.set_exception(res)
                 else:
                     job.future.set_result(res)
+
+    def _take(self, queue: asyncio.Queue[_Job], jobs: list[_Job], rows: int) -> int:
+        """Move queued jobs onto ``jobs`` while the batch holds fewer than ``max_rows`` rows; its rows after."""
+        while rows < self.max_rows and not queue.empty():
+            jobs.append(queue.get_nowait())
+            rows += jobs[-1].n
+            self._queued_rows -= jobs[-1].n
+        return rows
+
+    async def _wait_for_rows(self, need: int, timeout: float) -> None:
+        """Until the queue holds ``need`` rows (:meth:`score` signals it) or ``timeout`` seconds pass: one
+        timer per batch, not one per arriving request."""
+        if self._queued_rows >= need or self._enough is None:
+            return
+        self._need = need
+        self._enough.clear()
+        try:
+            await asyncio.wait_for(self._enough.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            self._need = 0
 
     def _score_jobs(self, jobs: list[_Job]) -> list[Scores | BaseException]:
         """(worker thread) One call for all ``jobs``, split back per job; each job alone if that call fails."""
