@@ -12,6 +12,10 @@ import httpx
 import numpy as np
 import pyarrow as pa
 import pytest
+from conftest import require
+
+require("fastapi", "serve")  # before the server's modules, which import it
+
 from serve_cases import sample_rows, train
 
 from ctrkit.cli import main
