@@ -197,3 +197,10 @@ def test_table_columns_of_every_kind_answer_as_json(tmp_path):
         bad = {**cols, "x": [1.0, float("nan"), 2.0, 1e39]}  # a NaN value (not a null) and one beyond float32
         out = answer(client, stream(pa.table(bad)))
         assert out["status"] == 422 and [(e["row"], e["field"]) for e in out["errors"]] == [(1, "x"), (3, "x")]
+
+
+def test_predict_by_another_method_is_still_fastapis_405(criteo):
+    """POST /predict skips FastAPI's stack; any other method on it still gets FastAPI's answer."""
+    client = criteo[1]
+    assert client.get("/predict").status_code == 405
+    assert client.get("/healthz").json() == {"status": "ok"}
