@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from ctrkit.errors import LayerConfigError
+from ctrkit.nn.afm_pool import fused_afm_pool
 from ctrkit.nn.field_attention import fused_self_attention
 from ctrkit.nn.fm import check_embeddings, pair_indices
 
@@ -34,7 +35,9 @@ class AFMAttention(nn.Module):
     the pooled vector before the projection. :meth:`pool` returns ``(pooled, a)`` for inspection.
     Options (keyword-only): ``attention_dim`` A (default 16), ``dropout`` (0.0), ``use_projection`` (True),
     ``num_fields`` (None: read F from the input; an int is checked at construction and on every input).
-    Needs F >= 2 (at least one pair).
+    Needs F >= 2 (at least one pair). Training (gradients on, float32/64, no autocast) runs the pooling as one
+    autograd node with its backward written out (:mod:`ctrkit.nn.afm_pool`: no (B, P, D) tensor); evaluation,
+    :meth:`pool` and TorchScript run the formula above.
     """
 
     def __init__(
@@ -75,13 +78,29 @@ class AFMAttention(nn.Module):
         if self.projection is not None:
             nn.init.normal_(self.projection, std=self.embedding_dim**-0.5)
 
-    def pool(self, emb: Tensor) -> tuple[Tensor, Tensor]:
-        """Attention-weighted sum of pairwise products ``(pooled (B, D), weights (B, P))``."""
+    def _check(self, emb: Tensor) -> None:
         check_embeddings("AFMAttention", emb, self.num_fields, self.embedding_dim)
         if emb.shape[1] < 2:
             raise LayerConfigError(
                 f"AFMAttention: needs at least 2 fields to form a pair, got input shape {list(emb.shape)}"
             )
+
+    def _fused(self, emb: Tensor) -> bool:
+        """Whether the training path applies: training with gradients, float32/64, no autocast."""
+        return (self.training and torch.is_grad_enabled() and emb.dtype in (torch.float32, torch.float64)
+                and not torch.is_autocast_enabled(emb.device.type))
+
+    @torch.jit.unused
+    def _fused_pool(self, emb: Tensor) -> Tensor | None:
+        """The pooled vector (B, D) through the one-node training path, or None where it does not apply."""
+        if not self._fused(emb):
+            return None
+        self._check(emb)
+        return fused_afm_pool(emb, self.attention.weight, self.attention.bias, self.h)
+
+    def pool(self, emb: Tensor) -> tuple[Tensor, Tensor]:
+        """Attention-weighted sum of pairwise products ``(pooled (B, D), weights (B, P))``."""
+        self._check(emb)
         b, f, _ = emb.shape
         if self.rows is not None and self.cols is not None:
             rows, cols = self.rows, self.cols  # (P,), (P,) precomputed
@@ -100,7 +119,10 @@ class AFMAttention(nn.Module):
         return pooled, weights
 
     def forward(self, emb: Tensor) -> Tensor:
-        pooled = self.dropout(self.pool(emb)[0])  # (B, D)
+        pooled = self._fused_pool(emb) if not torch.jit.is_scripting() else None  # training: nn/afm_pool.py
+        if pooled is None:
+            pooled = self.pool(emb)[0]  # (B, D)
+        pooled = self.dropout(pooled)
         if self.projection is None:
             return pooled
         return (pooled @ self.projection).unsqueeze(1)  # (B, 1)
