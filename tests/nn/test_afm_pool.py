@@ -35,8 +35,10 @@ def _layer(num_fields: int | None = F) -> AFMAttention:
     return layer
 
 
-@pytest.mark.parametrize("num_fields", [F, None])
-def test_fused_layer_equals_einsum_values_and_gradients(num_fields: int | None) -> None:
+@pytest.mark.parametrize(("num_fields", "chunk"), [(F, 32), (None, 32), (F, 2)])
+def test_fused_layer_equals_einsum_values_and_gradients(num_fields: int | None, chunk: int,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(afm_pool, "CHUNK", chunk)  # 2: three chunks of B = 5, the last one short
     layer = _layer(num_fields)
     e = torch.randn(B, F, D, dtype=torch.float64, requires_grad=True)
     assert layer._fused(e)  # the path under test
@@ -51,7 +53,8 @@ def test_fused_layer_equals_einsum_values_and_gradients(num_fields: int | None) 
     assert 0 < int((hidden == 0).sum()) < hidden.numel()  # both sides of the ReLU were exercised
 
 
-def test_fused_pool_gradcheck() -> None:
+def test_fused_pool_gradcheck(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(afm_pool, "CHUNK", 2)
     layer = _layer()
     e = torch.randn(B, F, D, dtype=torch.float64, requires_grad=True)
     args = (e, layer.attention.weight, layer.attention.bias, layer.h)
