@@ -38,7 +38,7 @@ def _layer(num_fields: int | None = F) -> AFMAttention:
 @pytest.mark.parametrize(("num_fields", "chunk"), [(F, 32), (None, 32), (F, 2)])
 def test_fused_layer_equals_einsum_values_and_gradients(num_fields: int | None, chunk: int,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(afm_pool, "CHUNK", chunk)  # 2: three chunks of B = 5, the last one short
+    monkeypatch.setattr(afm_pool, "CHUNK_FLOATS", chunk * A * F * F)  # 2: three chunks of B = 5, the last short
     layer = _layer(num_fields)
     e = torch.randn(B, F, D, dtype=torch.float64, requires_grad=True)
     assert layer._fused(e)  # the path under test
@@ -54,7 +54,7 @@ def test_fused_layer_equals_einsum_values_and_gradients(num_fields: int | None, 
 
 
 def test_fused_pool_gradcheck(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(afm_pool, "CHUNK", 2)
+    monkeypatch.setattr(afm_pool, "CHUNK_FLOATS", 2 * A * F * F)  # three chunks
     layer = _layer()
     e = torch.randn(B, F, D, dtype=torch.float64, requires_grad=True)
     args = (e, layer.attention.weight, layer.attention.bias, layer.h)

@@ -18,23 +18,25 @@ for the BLAS to run fast. Here nothing of size (B, P, D) exists. The attention l
 so for each of the A attention units S_a = (E1 ⊙ w1_a) E1^T is one (F, D+1) x (D+1, F) product per sample, all
 of them a single batched matmul (B, A·F, D+1) x (B, D+1, F) with the bias folded in; S_a is symmetric. The
 softmax runs over the full off-diagonal F x F matrix (the diagonal masked), which counts every pair twice with
-weight a_ij / 2, so the pooled vector Σ_{i≠j} (a_ij / 2) e_i ⊙ e_j = Σ_i e_i ⊙ (Ã E)_i is one (B, F, F) x (B, F,
-D) product, Ã the symmetric weight matrix. Symmetry keeps the backward small: with G_a = ∂L/∂S_a (symmetric,
+weight a_ij / 2, so the pooled vector Σ_{i≠j} (a_ij / 2) e_i ⊙ e_j = Σ_i e_i ⊙ (Ã E)_i is one
+(B, F, F) x (B, F, D) product, Ã the symmetric weight matrix. Symmetry keeps the backward small: with G_a = ∂L/∂S_a (symmetric,
 = h_a · dscore ⊙ [S_a > 0]) and M_a = G_a E1,
 
     ∂L/∂e_i  = g ⊙ (Ã E)_i + (Ã (E ⊙ g))_i + 2 Σ_a h_a w_a ⊙ (M_a)_i         g = ∂L/∂pooled
     ∂L/∂w1_a = h_a Σ_{b,i} e1_i ⊙ (M_a)_i        (its last entry is ∂L/∂b_a)
     ∂L/∂h_a  = Σ_{b,i,j} dscore_ij ReLU(S_a)_ij
 
-one batched matmul for every M_a at once. Both passes walk the batch in chunks of ``CHUNK`` samples so that a
-chunk's (A, F, F) logits stay in the L2 cache; the backward recomputes them per chunk (one small batched matmul)
-rather than keeping (B, A, F, F) from the forward. The same value as the plain layer up to rounding (sums in
-another order); tested against it in float64 and with ``torch.autograd.gradcheck``. Measured, one AFM training
-step on the Criteo sample (B 256, F 26, D 16, A 8, one thread, Trainer's module + optimizers, median over 7
-epochs of steps, load 11-14 on two cores): plain layer ~19.5 CPU ms; this node unchunked ~14.7 (16.1-16.7 when
-alternated step by step with the chunked ones, which keep nothing large for the backward); chunks of 64 / 32 /
-16 samples 12.0-13.3 / 10.3-11.1 / 10.7-11.4. Training only: evaluation,
-:meth:`~ctrkit.nn.attention.AFMAttention.pool` and TorchScript keep the plain path.
+one batched matmul for every M_a at once. Both passes walk the batch in chunks of samples whose (A, F, F)
+logits fit ``CHUNK_FLOATS`` (0.7 MB, in the L2 cache: 32 samples on Criteo's 26 fields, 267 on MovieLens' 9);
+the backward recomputes them per chunk (one small batched matmul) rather than keeping (B, A, F, F) from the
+forward. The same value as the plain layer up to rounding (sums in another order); tested against it in float64
+and with ``torch.autograd.gradcheck``. Measured, one AFM training step (Trainer's module + optimizers, one
+thread, median over epochs of steps, the variants' steps alternated in one process, load 11-14 on two cores):
+Criteo sample (B 256, F 26, D 16, A 8): plain layer ~19.5 CPU ms; this node unchunked ~14.7 (16.1-16.7 when
+alternated with the chunked ones, which keep nothing large for the backward); chunks of 64 / 32 / 16 samples
+12.0-13.3 / 10.3-11.1 / 10.7-11.4. MovieLens (B 1024, F 9): plain 12.5-13.5; chunks of 32 / 128 / 256 / 512 /
+1024 samples 14.2 / 11.3-12.5 / 11.4-11.9 / 14.2 / 17.3: hence a budget in bytes, not a count of samples.
+Training only: evaluation, :meth:`~ctrkit.nn.attention.AFMAttention.pool` and TorchScript keep the plain path.
 """
 
 from __future__ import annotations
@@ -51,7 +53,12 @@ def fused_afm_pool(emb: Tensor, weight: Tensor, bias: Tensor, h: Tensor) -> Tens
     return _AFMPool.apply(emb, weight, bias, h)
 
 
-CHUNK = 32  # samples per pass: a chunk's (A, F, F) logits (32 x 8 x 26 x 26 floats = 0.7 MB) stay in L2
+CHUNK_FLOATS = 173_056  # logits per pass, 0.7 MB (32 samples x 8 units x 26 x 26 fields on Criteo): stay in L2
+
+
+def _chunk(a: int, f: int) -> int:
+    """Samples per pass: as many as keep a chunk's (A, F, F) logits within ``CHUNK_FLOATS``."""
+    return max(1, CHUNK_FLOATS // (a * f * f))
 
 
 def _relu_logits(e1: Tensor, w1: Tensor) -> Tensor:
@@ -64,7 +71,7 @@ def _relu_logits(e1: Tensor, w1: Tensor) -> Tensor:
 
 class _AFMPool(torch.autograd.Function):
     """Attention logits as one batched bilinear product over [E, 1]; pooling over the symmetric weight matrix.
-    Both passes walk the batch in chunks of ``CHUNK`` samples, so the (A, F, F) logits of a chunk stay in
+    Both passes walk the batch in chunks of ``_chunk`` samples, so the (A, F, F) logits of a chunk stay in
     cache; the backward recomputes them (one small batched matmul) instead of keeping (B, A, F, F)."""
 
     @staticmethod
@@ -74,9 +81,10 @@ class _AFMPool(torch.autograd.Function):
         e1 = torch.cat([emb, emb.new_ones(b, f, 1)], 2)  # (B, F, D+1)
         w1 = torch.cat([weight, bias.unsqueeze(1)], 1)  # (A, D+1)
         s = emb.new_empty(b, f * f)  # (B, F·F) logits h^T ReLU(S)
-        for c in range(0, b, CHUNK):
-            r = _relu_logits(e1[c:c + CHUNK], w1)
-            torch.bmm(h.view(1, 1, a).expand(r.shape[0], 1, a), r, out=s[c:c + CHUNK].unsqueeze(1))
+        n = _chunk(a, f)
+        for c in range(0, b, n):
+            r = _relu_logits(e1[c:c + n], w1)
+            torch.bmm(h.view(1, 1, a).expand(r.shape[0], 1, a), r, out=s[c:c + n].unsqueeze(1))
         s.view(b, f, f).diagonal(dim1=1, dim2=2).fill_(float("-inf"))  # i = j is no pair
         wt = torch.softmax(s, 1).view(b, f, f)  # (B, F, F) Ã: a_ij / 2 at (i, j) and (j, i)
         t = torch.bmm(wt, emb)  # (B, F, D) Ã E
@@ -97,15 +105,16 @@ class _AFMPool(torch.autograd.Function):
         coef = (2 * h).unsqueeze(1) * w1[:, :d]  # (A, D) 2 h_a w_a
         dh = h.new_zeros(a)
         dw1 = w1.new_zeros(a, d1)
-        for c in range(0, b, CHUNK):
-            e1c, dsc = e1[c:c + CHUNK], dscore[c:c + CHUNK]
+        step = _chunk(a, f)
+        for c in range(0, b, step):
+            e1c, dsc = e1[c:c + step], dscore[c:c + step]
             n = e1c.shape[0]
             r = _relu_logits(e1c, w1)  # (n, A, F·F) recomputed
             dh += torch.bmm(r, dsc.unsqueeze(2)).sum(0).view(a)
             # G_a / h_a = dscore ⊙ [S_a > 0], every a at once; h_a is folded into the coefficients below
             gs = torch.ops.aten.threshold_backward(dsc.view(n, 1, f * f).expand(n, a, f * f), r, 0)
             m = torch.bmm(gs.view(n, a * f, f), e1c).view(n, a, f, d1)  # (n, A, F, D+1) (G_a / h_a) E1
-            dc = demb[c:c + CHUNK]
+            dc = demb[c:c + step]
             for i in range(a):
                 dc.addcmul_(m[:, i, :, :d], coef[i])
             dw1 += m.mul_(e1c.unsqueeze(1)).sum(0).sum(1)  # sum(0) first: contiguous
