@@ -22,6 +22,9 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA d
 
 @pytest.mark.parametrize("name, schema_of, params", [
     ("dlrm", contract_schema, {}), ("deepfm", contract_schema, {}), ("din", behaviour_schema, {}),
+    # the zoo models that train through hand-written autograd nodes (nn/field_attention, afm_pool, bilinear_pairs)
+    ("autoint", contract_schema, {}), ("afm", contract_schema, {}), ("fibinet", contract_schema, {}),
+    ("wide_deep", contract_schema, {}), ("nfm", contract_schema, {}), ("xdeepfm", contract_schema, {}),
     ("dien", behaviour_schema, {}), ("two_tower", behaviour_schema, {}),
     ("sasrec", behaviour_schema, {"att_dropout": 0.0}),  # dropout masks differ between the devices' generators
 ])
