@@ -170,6 +170,7 @@ class Warm:
     only: bool = False
     new_rows: str = "fresh"
     optimizer: str = "keep"
+    average: str | None = None  # train.warm_start_average (None: not set; with --ema-decay: keep)
 
 
 def incremental(log: Log, r: dict[str, Any], d: Path, t: int, prev: tuple[Path, str] | None, overrides: list[str],
@@ -191,6 +192,7 @@ def incremental(log: Log, r: dict[str, Any], d: Path, t: int, prev: tuple[Path, 
                 raise SystemExit(f"{log.name} period {t}: replayed rows hold user / item ids unknown to {d / 'inc'}")
         extra = [f"--train.lr={warm.dense_lr}"] if warm.dense_lr else []
         extra += [f"--train.warm_start_new_rows={warm.new_rows}", f"--train.warm_start_optimizer={warm.optimizer}"]
+        extra += [f"--train.warm_start_average={warm.average}"] if warm.average else []
     inc = train(store, d.parent / "runs", f"inc{t}", overrides + extra, warm=prev and Path(prev[1]))
     return {**inc, "prep_s": prep, "replayed_rows": replayed}
 
@@ -325,6 +327,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="incremental arm, warm runs: train.warm_start_new_rows (rare: new rows copy the rare row 1)")
     ap.add_argument("--warm-optimizer", choices=["keep", "fresh"], default="keep",
                     help="incremental arm, warm runs: train.warm_start_optimizer (the checkpoint's Adam moments or fresh)")
+    ap.add_argument("--ema-decay", type=float, metavar="D",
+                    help="every arm: train.ema_decay (weight averaging); the incremental arm's warm runs continue "
+                         "their checkpoint's average (--warm-average keep): an average over periods")
+    ap.add_argument("--warm-average", choices=["keep", "fresh"],
+                    help="incremental arm, warm runs, with --ema-decay: train.warm_start_average (default keep)")
     ap.add_argument("--id-dropout", nargs="*", default=[], metavar="KEY=P",
                     help="every arm: train.id_dropout, e.g. user_id=0.1 (training ids -> the rare id 1 with prob. P)")
     ap.add_argument("--tune", action="store_true",
@@ -332,12 +339,18 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.replay < 0 or (a.warm_dense_lr is not None and a.warm_dense_lr <= 0):
         ap.error(f"--replay must be >= 0 and --warm-dense-lr > 0, got {a.replay} and {a.warm_dense_lr}")
+    if a.warm_average and a.ema_decay is None:
+        ap.error(f"--warm-average {a.warm_average} needs --ema-decay (a warm start's average is that of train.ema_decay)")
+    if a.ema_decay is not None and not 0 < a.ema_decay < 1:
+        ap.error(f"--ema-decay must lie strictly between 0 and 1, got {a.ema_decay}")
     drop = id_dropout(a.id_dropout, ap)
-    warm = Warm(a.replay, a.warm_dense_lr, a.seed, a.tune, a.warm_new_rows, a.warm_optimizer)
+    average = (a.warm_average or "keep") if a.ema_decay is not None else None
+    warm = Warm(a.replay, a.warm_dense_lr, a.seed, a.tune, a.warm_new_rows, a.warm_optimizer, average)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(a.threads)
     epochs = 2 if a.quick else a.epochs
-    overrides = [f"--train.epochs={epochs}", "--train.early_stopping.patience=1", "--train.ema_decay=null",
+    overrides = [f"--train.epochs={epochs}", "--train.early_stopping.patience=1",
+                 f"--train.ema_decay={'null' if a.ema_decay is None else a.ema_decay}",
                  "--data.batch_size=256", "--train.metrics=[auc,gauc,logloss]", f"--train.threads={a.threads}",
                  f"--train.seed={a.seed}", "--train.progress=false", "--run.overwrite=true"]
     overrides += [f"--train.id_dropout={json.dumps(drop)}"] if drop else []
@@ -365,7 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     load1 = os.getloadavg()
     sys.stdout.write("RESULT " + json.dumps({
         "benchmark": "incremental", "quick": a.quick, "epochs": epochs, "threads": a.threads, "seed": a.seed,
-        "valid_fraction": a.valid_fraction, "replay": a.replay, "warm_dense_lr": a.warm_dense_lr, "id_dropout": drop, "warm_new_rows": a.warm_new_rows, "warm_optimizer": a.warm_optimizer, "tune": a.tune,
+        "valid_fraction": a.valid_fraction, "replay": a.replay, "warm_dense_lr": a.warm_dense_lr, "id_dropout": drop, "warm_new_rows": a.warm_new_rows, "warm_optimizer": a.warm_optimizer,
+        "ema_decay": a.ema_decay, "warm_average": average, "tune": a.tune,
         "config": str(CONFIG.relative_to(REPO)), "overrides": overrides,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(), "precision": "fp32", "torch": torch.__version__,
         "cores": os.cpu_count(), "load_average": {"start": load0, "end": load1},

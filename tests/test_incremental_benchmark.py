@@ -110,3 +110,23 @@ def test_average_over_periods_against_a_loop() -> None:
     assert abs(float(out["b"]) - (0.25 * 0.5 + 0.75 * 1.5)) < 1e-6
     assert torch.equal(out["n"], new["n"]) and torch.equal(out["x"], new["x"])  # integers and new entries: new's
     assert all(torch.equal(d[k], c[k]) for d, c in zip((prev, new), kept) for k in d)  # the inputs left as they were
+
+
+def test_movielens_validation_rows_come_after_the_training_rows_in_time(shared_data: Callable[[str], Path],
+                                                                       tmp_path: Path) -> None:
+    """Every arm's validation split is the end of its period in time, not a random draw: no training row of any arm
+    is later than a validation row, and the scored period comes after both."""
+    log = DATA.movielens(shared_data("movielens_100k"), tmp_path)
+    ts = log.rows["timestamp"].to_numpy()
+    assert np.all(np.diff(ts) >= 0) and np.all(np.diff(log.period) >= 0)
+    for r in INC.ranges(log.bounds(), 0.1):
+        valid, nxt = ts[slice(*r["valid"])], ts[slice(*r["next"])]
+        assert ts[slice(*r["all"])].max() <= valid.min() and valid.max() <= nxt.min()
+
+
+@pytest.mark.parametrize("argv, message", [(["--warm-average", "keep"], "needs --ema-decay"),
+                                           (["--ema-decay", "1.5"], "strictly between 0 and 1")])
+def test_weight_average_options_are_checked(argv: list[str], message: str, capsys) -> None:
+    with pytest.raises(SystemExit) as e:
+        INC.main(argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err

@@ -22,7 +22,7 @@ from ctrkit.checkpoint import SHARDED_META, Checkpoint
 from ctrkit.data.storage.agree import Vocabularies
 from ctrkit.data.storage.lineage import check_grown
 from ctrkit.data.storage.store import Store
-from ctrkit.errors import JobError
+from ctrkit.errors import ConfigError, JobError
 from ctrkit.jobs.common import checkpoint_vocabularies
 from ctrkit.models.base import CTRModel
 from ctrkit.training.config import Config
@@ -30,6 +30,7 @@ from ctrkit.training.sharded_warm import load_grown_sharded
 from ctrkit.training.sharding import sharded_of
 from ctrkit.training.warm_start import (
     check_warm_start,
+    load_grown_average,
     load_grown_optimizer,
     load_grown_weights,
     new_rows_from_rare,
@@ -88,19 +89,38 @@ def warm_trainer(trainer: Any, warm: WarmStart, cfg: Config) -> list[str]:
     a sharded run, :func:`~ctrkit.training.sharded_warm.load_grown_sharded` (the fused optimizers' states of the
     sharded tables too, any world size and plan); none with ``train.warm_start_optimizer: fresh``. Between a sharded
     and an unsharded run the table states start fresh, with a warning. Returns the parts loaded."""
+    sm = sharded_of(trainer.module)
+    loaded = warm_average(trainer, warm, cfg, sm is not None)
     if cfg.train.warm_start_optimizer == "fresh":
         log.info("%s: the optimizers start with fresh states (train.warm_start_optimizer: fresh)", what(cfg))
-        return []
-    sm = sharded_of(trainer.module)
+        return loaded
     same = same_optimizers(warm, cfg)
     if sm is not None and warm.sharded:
-        return load_grown_sharded(trainer.module, sm.replicated, trainer.optimizer, warm.ckpt, cfg.train.warm_start,
-                                  same, warm.reset, what(cfg))
+        return loaded + load_grown_sharded(trainer.module, sm.replicated, trainer.optimizer, warm.ckpt,
+                                           cfg.train.warm_start, same, warm.reset, what(cfg))
     if (sm is not None) != warm.sharded:
         log.warning("%s: the tables' optimizer states start fresh: the checkpoint's tables were %s, this run's are %s "
                     "(their weights are the checkpoint's)", what(cfg), _kind(warm.sharded), _kind(sm is not None))
         same["sparse"] = False
-    return warm_optimizer(trainer.optimizer, None if sm is not None else trainer.model, warm, cfg, same)
+    return loaded + warm_optimizer(trainer.optimizer, None if sm is not None else trainer.model, warm, cfg, same)
+
+
+def warm_average(trainer: Any, warm: WarmStart, cfg: Config, sharded: bool) -> list[str]:
+    """``train.warm_start_average: keep``: the checkpoint's weight average continued in the Trainer's
+    (:func:`~ctrkit.training.warm_start.load_grown_average`) -> ["average"]; [] with ``fresh``."""
+    if cfg.train.warm_start_average == "fresh":
+        return []
+    if getattr(trainer, "average", None) is None:
+        raise ConfigError(f"train.warm_start_average=keep continues the weight average of {what(cfg)}, and this run "
+                          "trains without one: set train.ema_decay (the checkpoint's value) or "
+                          "train.warm_start_average=fresh")
+    if sharded:
+        raise ConfigError("train.warm_start_average=keep is not supported with sharded (torchrec, several processes) "
+                          "tables; set train.warm_start_average=fresh")
+    n = load_grown_average(trainer.average, trainer.model, warm.ckpt, warm.reset, what(cfg))
+    log.info("%s: the weight average goes on from the checkpoint's (%d updates; train.warm_start_average: keep)",
+             what(cfg), n)
+    return ["average"]
 
 
 def _kind(sharded: bool) -> str:

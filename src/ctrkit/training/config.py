@@ -183,6 +183,10 @@ class TrainConfig:
     warm_start_new_rows: Literal["fresh", "rare"] = "fresh"
     # a warm start's optimizer states (Adam moments, Adagrad sums): the checkpoint's ("keep") or a fresh optimizer's
     warm_start_optimizer: Literal["keep", "fresh"] = "keep"
+    # a warm start's weight average (train.ema_decay): "fresh" (a new average, from the checkpoint's weights) or
+    # "keep" (the checkpoint's average goes on over the new steps and training goes on from its trained weights, as
+    # a resume: an average over periods; needs ema_decay set in both runs, the same value)
+    warm_start_average: Literal["keep", "fresh"] = "fresh"
     # id dropout {sparse key: p in [0, 1)}: each training id of the key becomes the rare id 1 with probability p,
     # which trains the row unseen values are scored with (cold start; data/pipeline/id_dropout.py)
     id_dropout: dict[str, NonNegativeFloat] = field(default_factory=dict)

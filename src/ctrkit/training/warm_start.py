@@ -17,7 +17,10 @@ What a warm-started run holds before its first step:
   and other settings are this run's. A checkpoint trained with another optimizer, or whose optimizer state does not
   match (another embedding backend), leaves the states fresh, with a warning. A sharded checkpoint into a sharded
   run also keeps the fused optimizers' states of its sharded tables (:mod:`ctrkit.training.sharded_warm`);
-- progress, early stopping, RNG and weight average start anew: it is a new run, with its own run directory.
+- progress, early stopping and RNG start anew: it is a new run, with its own run directory. So does the weight
+  average (``train.ema_decay``), unless ``train.warm_start_average: keep``: then the checkpoint's average goes on
+  over the new run's steps and training goes on from the checkpoint's trained weights (:func:`load_grown_average`),
+  an average over periods whose window spans warm starts.
 
 Expiry (``preprocess --grow --expire-after N``): the rows of the ids the new vocabulary reset (an evicted value's
 id, freed or given to a new value: :func:`ctrkit.data.storage.lineage.reset_rows`) take their fresh initial values,
@@ -44,6 +47,7 @@ from ctrkit.errors import CheckpointError, LayerConfigError
 from ctrkit.models.base import CTRModel
 from ctrkit.nn.embedding_interface import EmbeddingCollection
 from ctrkit.schema import Schema
+from ctrkit.training.averaging import WeightAverage
 
 log = logging.getLogger(__name__)
 
@@ -272,3 +276,40 @@ def _grown_rows(v: Any, p: torch.Tensor, rows: tuple[int, list[tuple[int, int, i
     if reset is not None and len(reset):
         out[reset.to(out.device)] = base[reset.to(base.device)].to(out.device)
     return out
+
+
+@torch.no_grad()
+def load_grown_average(average: WeightAverage, model: nn.Module, ckpt: Checkpoint, reset: Resets | None = None,
+                       what: str = "--warm-start") -> int:
+    """``train.warm_start_average: keep``: the checkpoint's weight average goes on in ``average`` (this run's
+    :class:`~ctrkit.training.averaging.WeightAverage` of ``model``, whose weights :func:`load_grown_weights` just set
+    to the checkpoint's average a_t, grown) as a resume would: the accumulators hold a_t (new and reset rows: their
+    fresh values, as if constant so far) and training goes on from the checkpoint's trained weights w_t, grown by
+    :func:`table_layout`. Returns the number of updates the average carries."""
+    state = ckpt.trainer.weight_average if ckpt.trainer is not None else None
+    if state is None:
+        raise CheckpointError(f"{what}: train.warm_start_average=keep continues the checkpoint's weight average, and "
+                              f"{ckpt.source} holds none (trained without train.ema_decay, or not a training "
+                              "checkpoint); set train.warm_start_average=fresh")
+    if abs(float(state["decay"]) - average.decay) > 1e-12:
+        raise CheckpointError(f"{what}: {ckpt.source} averaged its weights with train.ema_decay={state['decay']}, this "
+                              f"run asks for {average.decay}; with train.warm_start_average=keep use the checkpoint's "
+                              "value (or set train.warm_start_average=fresh)")
+    raw = state["raw"]
+    if missing := [n for n in average.names if n not in raw]:
+        raise CheckpointError(f"{what}: the weight average of {ckpt.source} lacks the trained weights of {missing[:5]}")
+    layout = table_layout(model, ckpt.weights, reset)
+    updates = int(state["updates"])
+    scale = 1.0 - average.decay ** updates
+    for acc, name, p in zip(average.acc, average.names, average.params, strict=True):
+        a = p.detach().clone()  # a_t, grown: new and reset rows fresh
+        acc.copy_(a * scale)
+        try:
+            p.copy_(_grown_rows(raw[name].to(p.device), p, layout.get(id(p)), a))
+        except _Mismatch as e:
+            raise CheckpointError(f"{what}: the trained weights {name!r} of {ckpt.source}'s weight average do not fit "
+                                  f"this model: {e}") from None
+    average.updates = updates
+    for cur in average.current.values():
+        cur.fill_(updates)
+    return updates

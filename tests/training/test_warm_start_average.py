@@ -1,0 +1,147 @@
+"""``train.warm_start_average: keep`` (training/warm_start.py ``load_grown_average``): a warm start on a grown
+vocabulary continues the checkpoint's weight average as a resume of its run would. Reference: the checkpoint's own
+run, continued for the same steps on known ids -- its trained weights and its average are the warm run's on the
+old rows, for the fused and torchrec backends and rows reset by expiry; new rows average to their fresh value
+while no step touches them. ``fresh`` (the default) starts a new average; mismatches are refused by name."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import contract_schema, make_batch, planted_data
+from warm_cases import TRCH
+
+from ctrkit.checkpoint import Checkpoint, TrainerState
+from ctrkit.errors import CheckpointError, ConfigError
+from ctrkit.jobs.warm_start import WarmStart, warm_trainer
+from ctrkit.models.registry import create_model
+from ctrkit.nn.embedding_interface import EmbeddingCollection
+from ctrkit.training.averaging import WeightAverage
+from ctrkit.training.config import Config, ModelConfig, TrainConfig
+from ctrkit.training.optim import build_optimizers
+from ctrkit.training.tasks import CTRTask
+from ctrkit.training.warm_start import load_grown_optimizer, load_grown_weights, table_layout
+
+DECAY = 0.9
+CFG = TrainConfig(lr=0.05, sparse_optimizer="sparse_adam", ema_decay=DECAY, warm_start_average="keep")
+
+
+def step(model, opt, average, batch) -> None:
+    """One training step as the Trainer takes it with train.ema_decay (fixed dropout masks)."""
+    model.train()
+    opt.zero_grad()
+    torch.manual_seed(11)
+    CTRTask().bind(model).loss(model, batch)[0].backward()
+    average.before_step()
+    opt.step()
+    average.after_step()
+
+
+def weights(model) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def averaged(model, average) -> dict[str, torch.Tensor]:
+    with average.applied_weights():
+        return weights(model)
+
+
+def old_run(schema, params, data, path):
+    """deepfm trained 4 steps with the average, saved as the Trainer saves (a_t as weights, w_t in the state)."""
+    torch.manual_seed(0)
+    model = create_model("deepfm", schema, **params)
+    opt = build_optimizers(model, CFG)
+    average = WeightAverage(model, DECAY, opt.embedding_params)
+    for s in range(4):
+        step(model, opt, average, make_batch(data, slice(64 * s, 64 * (s + 1)), schema))
+    with average.applied_weights():
+        Checkpoint.of(model, schema=schema, model_params=params, optimizer=opt.state_dict(),
+                      trainer=TrainerState(weight_average=average.state_dict())).save(path)
+    return model, opt, average, Checkpoint.load(path)
+
+
+@pytest.mark.parametrize("backend", ["fused", pytest.param("torchrec", marks=TRCH)])
+@pytest.mark.parametrize("reset_ids", [[], [5, 9]])
+def test_the_average_goes_on_as_the_checkpoints_run_would(backend, reset_ids, tmp_path) -> None:
+    schema = contract_schema()
+    params = {"dnn_hidden": (16,), "embedding_backend": backend}
+    data = planted_data(500, seed=4, schema=schema)
+    old, opt, average, ckpt = old_run(schema, params, data, tmp_path / "old.pt")
+    bigger = replace(schema, sparse=[replace(f, vocab_size=f.vocab_size + 2 + i) for i, f in enumerate(schema.sparse)])
+    reset = {"user": reset_ids}
+    torch.manual_seed(7)
+    new = create_model("deepfm", bigger, **params)
+    load_grown_weights(new, ckpt, params, reset=reset)
+    fresh = weights(new)  # a_t grown: new and reset rows at their fresh values
+    new_opt = build_optimizers(new, CFG)
+    load_grown_optimizer(new_opt, ckpt, table_layout(new, ckpt.weights, reset), dict.fromkeys(("dense", "sparse"), True))
+    new_avg = WeightAverage(new, DECAY, new_opt.embedding_params)
+    run = Config(model=ModelConfig(name="deepfm", params=params),
+                 train=replace(CFG, warm_start=str(tmp_path / "old.pt"), warm_start_optimizer="fresh"))
+    trainer = SimpleNamespace(module=new, model=new, optimizer=new_opt, average=new_avg)
+    assert warm_trainer(trainer, WarmStart(ckpt, {"user": torch.tensor(reset_ids).numpy()}), run) == ["average"]
+    assert new_avg.updates == 4
+    known = {k: (v % 5 if k == "user" else v) for k, v in data.items()}  # off the reset rows 5, 9 and the new ones
+    for s in range(4, 6):
+        batch = make_batch(known, slice(64 * s, 64 * (s + 1)), schema)
+        step(old, opt, average, batch)
+        step(new, new_opt, new_avg, batch)
+    first = snapshot(new, fresh)
+    for got, want in ((snapshot(new), snapshot(old)), (snapshot(new, averaged(new, new_avg)),
+                                                       snapshot(old, averaged(old, average)))):
+        assert got.keys() == want.keys()
+        for key, w in want.items():
+            g = got[key]
+            for r in range(g.shape[0]):  # naive per-row reference: the old run's row unless new or reset
+                if r >= w.shape[0] or (key[-1] == "user" and r in reset_ids):
+                    torch.testing.assert_close(g[r], first[key][r], rtol=1e-6, atol=1e-9, msg=f"{key} row {r} (fresh)")
+                else:
+                    torch.testing.assert_close(g[r], w[r], rtol=1e-5, atol=1e-7, msg=f"{key} row {r}")
+
+
+def snapshot(model, values: dict[str, torch.Tensor] | None = None) -> dict[tuple[str, ...], torch.Tensor]:
+    """Every table by (collection, table) and every other parameter by name, from ``values`` (parameter name ->
+    tensor; default the model's weights): tables compared table by table (a grown fused weight shifts them)."""
+    values = values or weights(model)
+    names = {id(p): n for n, p in model.named_parameters()}
+    out, in_tables = {}, set()
+    for prefix, m in model.named_modules():
+        if isinstance(m, EmbeddingCollection):
+            for p, starts in m.table_rows():
+                in_tables.add(names[id(p)])
+                ends = sorted(starts.values()) + [p.shape[0]]
+                for t, at in starts.items():
+                    out[(prefix, t)] = values[names[id(p)]][at: ends[ends.index(at) + 1]]
+    return {**out, **{(n,): v for n, v in values.items() if n not in in_tables}}
+
+
+def test_mismatches_are_refused_by_name(tmp_path) -> None:
+    schema = contract_schema()
+    params = {"dnn_hidden": (16,)}
+    *_, ckpt = old_run(schema, params, planted_data(300, seed=4, schema=schema), tmp_path / "old.pt")
+    run = Config(model=ModelConfig(name="deepfm", params=params), train=replace(CFG, warm_start=str(tmp_path / "old.pt")))
+
+    def warm(average, ck=ckpt):
+        new = create_model("deepfm", schema, **params)
+        load_grown_weights(new, ck, params)
+        opt = build_optimizers(new, CFG)
+        avg = WeightAverage(new, average, opt.embedding_params) if average else None
+        return warm_trainer(SimpleNamespace(module=new, model=new, optimizer=opt, average=avg), WarmStart(ck), run)
+
+    with pytest.raises(ConfigError, match="train.ema_decay"):
+        warm(None)
+    with pytest.raises(CheckpointError, match="ema_decay=0.9.*asks for 0.5"):
+        warm(0.5)
+    plain = Checkpoint.load(tmp_path / "old.pt")
+    plain.trainer = None
+    with pytest.raises(CheckpointError, match="holds none.*warm_start_average=fresh"):
+        warm(DECAY, plain)
+    fresh = replace(run, train=replace(run.train, warm_start_average="fresh"))
+    new = create_model("deepfm", schema, **params)
+    opt = build_optimizers(new, CFG)
+    avg = WeightAverage(new, DECAY, opt.embedding_params)
+    warm_trainer(SimpleNamespace(module=new, model=new, optimizer=opt, average=avg), WarmStart(ckpt), fresh)
+    assert avg.updates == 0  # a new average
