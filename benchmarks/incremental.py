@@ -3,8 +3,10 @@ first model, on real logs with time: next-period AUC / GAUC and training seconds
 
     python benchmarks/incremental.py [--datasets movielens taobao] [--quick] [--periods N] [--epochs 5]
                                      [--threads 1] [--seed 0] [--out DIR] [--replay F] [--warm-dense-lr LR]
+                                     [--warm-embedding-lr LR]
                                      [--id-dropout KEY=P ...] [--warm-new-rows fresh|rare]
-                                     [--warm-optimizer keep|fresh] [--tune]
+                                     [--warm-optimizer keep|fresh] [--ema-decay D [--warm-average keep|fresh]]
+                                     [--tune]
 
 Data (benchmarks/_rolling_data.py): MovieLens-100K cut by week (31 weeks; label rating >= 4, the user's 20
 previous items as a history) and the Taobao UserBehavior head cut by day (9 days; label: the behaviour went past
@@ -19,8 +21,8 @@ Periods t = 0 .. T-2 (each evaluated on period t + 1, which no choice ever sees)
   With ``--replay F`` (t >= 1) a seeded sample of F x the new rows, drawn from the train splits of periods
   0 .. t-1 (never a validation split, period t or the evaluated period), is appended to them: the vocabulary is
   still grown from the new rows alone (store p{t}/inc), and new + replayed rows are encoded with it (store
-  p{t}/incr, ``--vocab-from p{t}/inc/train``; every replayed id is known). ``--warm-dense-lr`` sets the dense
-  (non-embedding) learning rate of the warm runs, ``--warm-new-rows rare`` starts their new rows from the rare row,
+  p{t}/incr, ``--vocab-from p{t}/inc/train``; every replayed id is known). ``--warm-dense-lr`` / ``--warm-embedding-lr`` set the
+  dense (non-embedding) / embedding rows' learning rate of the warm runs, ``--warm-new-rows rare`` starts their new rows from the rare row,
   ``--warm-optimizer fresh`` their optimizers with fresh states. ``--tune`` runs the incremental arm alone and reports its mean
   validation AUC, the only figure these settings are chosen on;
 * retrain: ``ctrkit preprocess table`` fitted from scratch and ``ctrkit train`` on every row up to period t's
@@ -28,13 +30,19 @@ Periods t = 0 .. T-2 (each evaluated on period t + 1, which no choice ever sees)
 * frozen: period 0's model, never updated; period t + 1 encoded with period 0's vocabularies
   (``--vocab-from STORE_0/train``: new ids -> 1, rare) and scored with RUN_0/best.pt.
 
+``--ema-decay D`` sets ``train.ema_decay`` for every run of every arm (weight averaging; a change of the shared
+config): evaluation, early stopping and best.pt use the debiased moving average of the weights over the run's steps.
+The incremental arm's warm runs then continue their checkpoint's average (``train.warm_start_average: keep``, or
+``--warm-average fresh`` for a new average per period): training goes on from the trained weights, the average
+spans periods (about 1 / (1 - D) steps), and it is what is scored, chosen and warm-started from.
+
 ``--id-dropout user_id=0.1`` sets ``train.id_dropout`` for every run of every arm (a change of the shared config):
 while training, each user id becomes the rare id 1 with probability 0.1, which trains the row the next period's
 unseen users are scored with (ctrkit/data/pipeline/id_dropout.py).
 
 At t = 0 the three arms are the same run. Every run uses one fixed config: configs/movielens/deepfm.yaml
 (DeepFM, embedding 16, MLP 256-128, Adam 2e-3 + lazy Adam 2.5e-3 on the rows) with batch 256, no weight
-averaging (a warm-started run's average starts anew), at most ``--epochs`` epochs and early stopping on the
+averaging unless ``--ema-decay``, at most ``--epochs`` epochs and early stopping on the
 period's validation AUC (patience 1); the best validation checkpoint is the period's model (and the next
 period's warm start). Commands run in this process through ``ctrkit.cli.main`` (no interpreter start-up).
 
@@ -68,10 +76,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _rolling_data import REPO, Log, load
+from _rolling_report import ARMS, line, table
 from bench_models import SHARED_DATA
 
 CONFIG = REPO / "configs" / "movielens" / "deepfm.yaml"
-ARMS = ("incremental", "retrain", "frozen")
 AUC_SLACK = 0.002
 QUICK = {"movielens": 4, "taobao": 4}  # periods of --quick (3 evaluated)
 
@@ -171,6 +179,7 @@ class Warm:
     new_rows: str = "fresh"
     optimizer: str = "keep"
     average: str | None = None  # train.warm_start_average (None: not set; with --ema-decay: keep)
+    embedding_lr: float | None = None  # the warm runs' train.embedding_lr (None: the config's)
 
 
 def incremental(log: Log, r: dict[str, Any], d: Path, t: int, prev: tuple[Path, str] | None, overrides: list[str],
@@ -191,6 +200,7 @@ def incremental(log: Log, r: dict[str, Any], d: Path, t: int, prev: tuple[Path, 
             if any(unseen(store / "train").values()):  # replayed rows come from rows the vocabulary already holds
                 raise SystemExit(f"{log.name} period {t}: replayed rows hold user / item ids unknown to {d / 'inc'}")
         extra = [f"--train.lr={warm.dense_lr}"] if warm.dense_lr else []
+        extra += [f"--train.embedding_lr={warm.embedding_lr}"] if warm.embedding_lr else []
         extra += [f"--train.warm_start_new_rows={warm.new_rows}", f"--train.warm_start_optimizer={warm.optimizer}"]
         extra += [f"--train.warm_start_average={warm.average}"] if warm.average else []
     inc = train(store, d.parent / "runs", f"inc{t}", overrides + extra, warm=prev and Path(prev[1]))
@@ -244,15 +254,6 @@ def unseen(store: Path) -> dict[str, float]:
     return {c: float(np.mean(np.load(store / f"{c}.npy") == 1)) for c in ("user_id", "item_id")}
 
 
-def line(unit: str, rec: dict[str, Any]) -> str:
-    cells = [f"{unit} {rec['t']}->{rec['t'] + 1} new {rec['new_rows']:>6} all {rec['all_rows']:>6}"]
-    for arm in ARMS:
-        r = rec[arm]
-        cells.append(f"{arm[:4]} AUC {r['auc']:.4f} GAUC {r['gauc']:.4f}"
-                     + (f" {r['train_s']:5.1f}s (ep {r['best_epoch']}/{r['epochs']:g})" if "train_s" in r else ""))
-    return " | ".join(cells)
-
-
 def summarise(recs: list[dict[str, Any]]) -> dict[str, Any]:
     """Means over the periods where the arms differ (t >= 1), totals of seconds, and the targets."""
     later = [r for r in recs if r["t"] >= 1]
@@ -282,22 +283,6 @@ def tuned(recs: list[dict[str, Any]]) -> dict[str, Any]:
             [x["valid_auc"] for x in later], "train_s_total": sum(x["train_s"] for x in later)}
 
 
-def table(name: str, unit: str, recs: list[dict[str, Any]], s: dict[str, Any]) -> str:
-    head = f"| {unit} -> next | new / all rows | " + " | ".join(
-        f"{a} AUC | {a} GAUC" for a in ARMS) + " | inc train s | retrain train s |"
-    rows = [f"\n{name}\n", head, "|" + "---|" * (head.count("|") - 1)]
-    for r in recs:
-        rows.append(f"| {r['t']} -> {r['t'] + 1} | {r['new_rows']} / {r['all_rows']} | " + " | ".join(
-            f"{r[a]['auc']:.4f} | {r[a]['gauc']:.4f}" for a in ARMS)
-            + f" | {r['incremental']['train_s']:.1f} | {r['retrain']['train_s']:.1f} |")
-    rows.append("| mean t>=1 | | " + " | ".join(f"{s[a]['auc']:.4f} | {s[a]['gauc']:.4f}" for a in ARMS)
-                + f" | {s['incremental']['train_s_total']:.1f} (total) | {s['retrain']['train_s_total']:.1f} (total) |")
-    rows.append("seconds, t>=1 totals: " + "; ".join(
-        f"{a}: train {s[a]['train_s_total']:.1f}, job {s[a]['job_s_total']:.1f}, preprocess {s[a]['prep_s_total']:.1f}"
-        for a in ARMS[:2]) + f"; frozen: preprocess {s['frozen']['prep_s_total']:.1f}")
-    return "\n".join(rows) + "\n"
-
-
 def id_dropout(items: list[str], ap: argparse.ArgumentParser) -> dict[str, float]:
     """``--id-dropout user_id=0.1 ...`` -> {key: probability} (the keys and ranges are checked by ``ctrkit train``)."""
     out = {}
@@ -323,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replay", type=float, default=0.0, metavar="F",
                     help="incremental arm: append F x the new rows, sampled from earlier periods' train splits")
     ap.add_argument("--warm-dense-lr", type=float, help="incremental arm, warm runs: the dense (non-embedding) lr")
+    ap.add_argument("--warm-embedding-lr", type=float, help="incremental arm, warm runs: the embedding rows' lr")
     ap.add_argument("--warm-new-rows", choices=["fresh", "rare"], default="fresh",
                     help="incremental arm, warm runs: train.warm_start_new_rows (rare: new rows copy the rare row 1)")
     ap.add_argument("--warm-optimizer", choices=["keep", "fresh"], default="keep",
@@ -337,15 +323,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tune", action="store_true",
                     help="the incremental arm alone, judged on its validation AUC (for choosing --replay / lr)")
     a = ap.parse_args(argv)
-    if a.replay < 0 or (a.warm_dense_lr is not None and a.warm_dense_lr <= 0):
-        ap.error(f"--replay must be >= 0 and --warm-dense-lr > 0, got {a.replay} and {a.warm_dense_lr}")
+    if a.replay < 0 or any(x is not None and x <= 0 for x in (a.warm_dense_lr, a.warm_embedding_lr)):
+        ap.error(f"--replay must be >= 0 and --warm-dense-lr, --warm-embedding-lr > 0, got {a.replay}, "
+                 f"{a.warm_dense_lr} and {a.warm_embedding_lr}")
     if a.warm_average and a.ema_decay is None:
         ap.error(f"--warm-average {a.warm_average} needs --ema-decay (a warm start's average is that of train.ema_decay)")
     if a.ema_decay is not None and not 0 < a.ema_decay < 1:
         ap.error(f"--ema-decay must lie strictly between 0 and 1, got {a.ema_decay}")
     drop = id_dropout(a.id_dropout, ap)
     average = (a.warm_average or "keep") if a.ema_decay is not None else None
-    warm = Warm(a.replay, a.warm_dense_lr, a.seed, a.tune, a.warm_new_rows, a.warm_optimizer, average)
+    warm = Warm(a.replay, a.warm_dense_lr, a.seed, a.tune, a.warm_new_rows, a.warm_optimizer, average,
+                a.warm_embedding_lr)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(a.threads)
     epochs = 2 if a.quick else a.epochs
@@ -378,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
     load1 = os.getloadavg()
     sys.stdout.write("RESULT " + json.dumps({
         "benchmark": "incremental", "quick": a.quick, "epochs": epochs, "threads": a.threads, "seed": a.seed,
-        "valid_fraction": a.valid_fraction, "replay": a.replay, "warm_dense_lr": a.warm_dense_lr, "id_dropout": drop, "warm_new_rows": a.warm_new_rows, "warm_optimizer": a.warm_optimizer,
+        "valid_fraction": a.valid_fraction, "replay": a.replay, "warm_dense_lr": a.warm_dense_lr,
+        "warm_embedding_lr": a.warm_embedding_lr, "id_dropout": drop, "warm_new_rows": a.warm_new_rows, "warm_optimizer": a.warm_optimizer,
         "ema_decay": a.ema_decay, "warm_average": average, "tune": a.tune,
         "config": str(CONFIG.relative_to(REPO)), "overrides": overrides,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(), "precision": "fp32", "torch": torch.__version__,
