@@ -3,10 +3,15 @@
 
     python benchmarks/incremental_posthoc.py split   OUT [--dataset movielens]
     python benchmarks/incremental_posthoc.py average OUT [--dataset movielens] [--betas 0.3 0.5 0.7]
+    python benchmarks/incremental_posthoc.py window  OUT [--dataset movielens] [--last-tuning-period 9]
 
 * ``split``: per period t >= 1 and arm (incremental, retrain), the share of next-period rows whose user the arm's
   vocabulary does not hold (id 1, rare), how many training rows carry user id 1, and the next-period AUC within
-  the rows of seen and of unseen users; means over the periods.
+  the rows of seen and of unseen users; means over the periods. Seen users are split further: ``recent`` (the user
+  has rows among period t's new or validation rows) and ``stale`` (known from earlier periods only).
+* ``window``: per arm run (incremental, retrain), the mean validation AUC and next-period AUC over the periods
+  t = 1 .. K (a tuning window: a setting chosen on their next periods never sees periods K + 2 onwards) and over
+  t > K (held out); also read from an ``--tune`` run (incremental alone).
 * ``average``: weights averaged over periods from the incremental arm's own checkpoints, a_0 = w_0 and
   a_t = beta a_{t-1} + (1 - beta) w_t (rows of ids new at t: w_t's), scored on period t's validation split (the
   figure a choice may read) and on period t + 1. The warm starts are the run's (each continues from w_t): the
@@ -60,15 +65,21 @@ def split(work: Path) -> None:
         for t in _periods(work, arm):
             p, st = np.load(work / "runs" / f"{arm}{t}" / "predictions.npz"), _store(work, t, arm)
             unseen = np.load(st / "test" / "user_id.npy") == 1
+            inc = work / f"p{t}" / "inc"  # recent: the user has rows among period t's new or validation rows
+            now = np.r_[np.load(inc / "train" / "user_id.npy"), np.load(inc / "valid" / "user_id.npy")]
+            user = np.load(inc / "test" / "user_id.npy")  # (the grown vocabulary's ids: both arms' rows in one order)
+            recent = ~unseen & np.isin(user, now)
             r = {"unseen": float(unseen.mean()), "trained_on_1": int((np.load(st / "train" / "user_id.npy") == 1).sum())}
-            for name, m in (("seen", ~unseen), ("unseen_auc", unseen)):
+            for name, m in (("seen", ~unseen), ("unseen_auc", unseen), ("recent", recent), ("stale", ~unseen & ~recent)):
                 if len(set(p["label"][m].tolist())) == 2:
                     r[name] = roc_auc_score(p["label"][m], p["score"][m])
             rec.append(r)
-        mean = {k: statistics.fmean(r[k] for r in rec if k in r) for k in ("unseen", "seen", "unseen_auc")}
+        mean = {k: statistics.fmean(r[k] for r in rec if k in r) for k in ("unseen", "seen", "unseen_auc", "recent",
+                                                                            "stale")}
         sys.stdout.write(f"{arm}: {len(rec)} periods, next-period rows with an unseen user {mean['unseen']:.4f}, training "
                          f"rows with user id 1: {sum(r['trained_on_1'] for r in rec)}, AUC seen-user rows "
-                         f"{mean['seen']:.4f}, unseen-user rows {mean['unseen_auc']:.4f}\n")
+                         f"{mean['seen']:.4f} (recent users {mean['recent']:.4f}, stale users {mean['stale']:.4f}), unseen-user rows "
+                         f"{mean['unseen_auc']:.4f}\n")
 
 
 def averaged(work: Path, betas: list[float]) -> None:
@@ -97,12 +108,28 @@ def averaged(work: Path, betas: list[float]) -> None:
                          f"{statistics.fmean(x[1] for x in r):.4f} ({len(r)} periods)\n")
 
 
+def window(work: Path, last: int) -> None:
+    import json
+
+    for arm in ("inc", "re"):
+        per = {}
+        for t in _periods(work, arm):
+            run = work / "runs" / f"{arm}{t}"
+            p = np.load(run / "predictions.npz")
+            per[t] = (json.loads((run / "summary.json").read_text())["best"]["value"], roc_auc_score(p["label"], p["score"]))
+        for name, ts in ((f"t = 1 .. {last}", [t for t in per if t <= last]), (f"t > {last}", [t for t in per if t > last])):
+            if ts:
+                sys.stdout.write(f"{arm} {name} ({len(ts)} periods): mean valid AUC {statistics.fmean(per[t][0] for t in ts):.4f}"
+                                 f", next-period AUC {statistics.fmean(per[t][1] for t in ts):.4f}\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=["split", "average"])
+    ap.add_argument("what", choices=["split", "average", "window"])
     ap.add_argument("out", type=Path, help="benchmarks/incremental.py's --out directory")
     ap.add_argument("--dataset", default="movielens", choices=["movielens", "taobao"])
     ap.add_argument("--betas", type=float, nargs="+", default=[0.3, 0.5, 0.7])
+    ap.add_argument("--last-tuning-period", type=int, default=9, metavar="K", help="window: periods 1 .. K tune")
     a = ap.parse_args(argv)
     work = a.out / a.dataset
     if not (work / "runs").is_dir():
@@ -110,7 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     if any(not 0 < b < 1 for b in a.betas):
         ap.error(f"--betas must lie strictly between 0 and 1, got {a.betas}")
     torch.set_num_threads(1)
-    split(work) if a.what == "split" else averaged(work, a.betas)
+    if a.what == "window":
+        window(work, a.last_tuning_period)
+    else:
+        split(work) if a.what == "split" else averaged(work, a.betas)
     return 0
 
 
