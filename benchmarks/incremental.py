@@ -22,7 +22,8 @@ Periods t = 0 .. T-2 (each evaluated on period t + 1, which no choice ever sees)
   0 .. t-1 (never a validation split, period t or the evaluated period), is appended to them: the vocabulary is
   still grown from the new rows alone (store p{t}/inc), and new + replayed rows are encoded with it (store
   p{t}/incr, ``--vocab-from p{t}/inc/train``; every replayed id is known). ``--warm-dense-lr`` / ``--warm-embedding-lr`` set the
-  dense (non-embedding) / embedding rows' learning rate of the warm runs, ``--warm-new-rows rare`` starts their new rows from the rare row,
+  dense (non-embedding) / embedding rows' learning rate of the warm runs (either given: for every data set, the
+  other one the config's; neither: ``WARM_LR``, chosen per data set on its validation AUC), ``--warm-new-rows rare`` starts their new rows from the rare row,
   ``--warm-optimizer fresh`` their optimizers with fresh states. ``--tune`` runs the incremental arm alone and reports its mean
   validation AUC, the only figure these settings are chosen on;
 * retrain: ``ctrkit preprocess table`` fitted from scratch and ``ctrkit train`` on every row up to period t's
@@ -65,7 +66,7 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,9 @@ from bench_models import SHARED_DATA
 CONFIG = REPO / "configs" / "movielens" / "deepfm.yaml"
 AUC_SLACK = 0.002
 QUICK = {"movielens": 4, "taobao": 4}  # periods of --quick (3 evaluated)
+# the warm runs' (dense, embedding) learning rates where --warm-dense-lr / --warm-embedding-lr are not given, chosen on
+# each data set's validation AUC (docs/benchmarks.md, "Warm learning rates"); None: the config's (2e-3, 2.5e-3)
+WARM_LR: dict[str, tuple[float | None, float | None]] = {"movielens": (5e-4, 6.25e-4), "taobao": (None, None)}
 
 
 def ctrkit(*args: str) -> None:
@@ -351,16 +355,19 @@ def main(argv: list[str] | None = None) -> int:
         log = load(name, SHARED_DATA, Path(a.out) / name)
         periods = QUICK[name] if a.quick else (a.periods or int(log.period.max()) + 1)
         t0 = time.perf_counter()
-        recs = roll(log, periods, Path(a.out) / name, overrides, a.valid_fraction, warm)
+        lrs = WARM_LR[name] if a.warm_dense_lr is None and a.warm_embedding_lr is None else (a.warm_dense_lr,
+                                                                                            a.warm_embedding_lr)
+        recs = roll(log, periods, Path(a.out) / name, overrides, a.valid_fraction, replace(warm, dense_lr=lrs[0],
+                                                                                           embedding_lr=lrs[1]))
         if a.tune:
-            result[name] = tuned(recs)
+            result[name] = {**tuned(recs), "warm_lr": {"dense": lrs[0], "embedding": lrs[1]}}
             sys.stdout.write(f"{name}: incremental mean valid AUC (t>=1) {result[name]['valid_auc']:.4f}\n")
             continue
         s = summarise(recs)
         sys.stdout.write(table(name, log.unit, recs, s))
         for check, ok in s["checks"].items():
             sys.stdout.write(f"  {'PASS' if ok else 'FAIL'}  {check}\n")
-        result[name] = {"periods": periods, "unit": log.unit, "seconds": time.perf_counter() - t0, "summary": s,
+        result[name] = {"warm_lr": {"dense": lrs[0], "embedding": lrs[1]}, "periods": periods, "unit": log.unit, "seconds": time.perf_counter() - t0, "summary": s,
                         "per_period": [{k: ({kk: vv for kk, vv in v.items() if kk != "best"} if isinstance(v, dict)
                                             else v) for k, v in r.items()} for r in recs]}
     load1 = os.getloadavg()

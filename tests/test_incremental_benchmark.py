@@ -130,3 +130,8 @@ def test_weight_average_options_are_checked(argv: list[str], message: str, capsy
     with pytest.raises(SystemExit) as e:
         INC.main(argv)
     assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_warm_learning_rates_are_set_per_data_set() -> None:
+    assert INC.WARM_LR.keys() == DATA.LOADERS.keys()
+    assert all(lr is None or lr > 0 for pair in INC.WARM_LR.values() for lr in pair)
