@@ -21,11 +21,12 @@ Periods t = 0 .. T-2 (each evaluated on period t + 1, which no choice ever sees)
   With ``--replay F`` (t >= 1) a seeded sample of F x the new rows, drawn from the train splits of periods
   0 .. t-1 (never a validation split, period t or the evaluated period), is appended to them: the vocabulary is
   still grown from the new rows alone (store p{t}/inc), and new + replayed rows are encoded with it (store
-  p{t}/incr, ``--vocab-from p{t}/inc/train``; every replayed id is known). ``--warm-dense-lr`` / ``--warm-embedding-lr`` set the
-  dense (non-embedding) / embedding rows' learning rate of the warm runs (either given: for every data set, the
-  other one the config's; neither: ``WARM_LR``, chosen per data set on its validation AUC), ``--warm-new-rows rare`` starts their new rows from the rare row,
-  ``--warm-optimizer fresh`` their optimizers with fresh states. ``--tune`` runs the incremental arm alone and reports its mean
-  validation AUC, the only figure these settings are chosen on;
+  p{t}/incr, ``--vocab-from p{t}/inc/train``; every replayed id is known). ``--warm-dense-lr`` /
+  ``--warm-embedding-lr`` set the dense (non-embedding) / embedding rows' learning rate of the warm runs (either
+  given: for every data set, the other one the config's; neither: ``WARM_LR``, chosen per data set on its
+  validation AUC: MovieLens a quarter of the config's, Taobao the config's), ``--warm-new-rows rare`` starts their
+  new rows from the rare row, ``--warm-optimizer fresh`` their optimizers with fresh states. ``--tune`` runs the
+  incremental arm alone and reports its mean validation AUC, the only figure these settings are chosen on;
 * retrain: ``ctrkit preprocess table`` fitted from scratch and ``ctrkit train`` on every row up to period t's
   validation split (all periods so far);
 * frozen: period 0's model, never updated; period t + 1 encoded with period 0's vocabularies
@@ -41,11 +42,11 @@ spans periods (about 1 / (1 - D) steps), and it is what is scored, chosen and wa
 while training, each user id becomes the rare id 1 with probability 0.1, which trains the row the next period's
 unseen users are scored with (ctrkit/data/pipeline/id_dropout.py).
 
-At t = 0 the three arms are the same run. Every run uses one fixed config: configs/movielens/deepfm.yaml
-(DeepFM, embedding 16, MLP 256-128, Adam 2e-3 + lazy Adam 2.5e-3 on the rows) with batch 256, no weight
-averaging unless ``--ema-decay``, at most ``--epochs`` epochs and early stopping on the
-period's validation AUC (patience 1); the best validation checkpoint is the period's model (and the next
-period's warm start). Commands run in this process through ``ctrkit.cli.main`` (no interpreter start-up).
+At t = 0 the three arms are the same run. Every run uses one fixed config: configs/movielens/deepfm.yaml (DeepFM,
+embedding 16, MLP 256-128, Adam 2e-3 + lazy Adam 2.5e-3 on the rows; the warm runs: ``WARM_LR``) with batch 256, no
+weight averaging unless ``--ema-decay``, at most ``--epochs`` epochs and early stopping on the period's validation
+AUC (patience 1); the best validation checkpoint is the period's model (and the next period's warm start). Commands
+run in this process through ``ctrkit.cli.main`` (no interpreter start-up).
 
 Figures per arm and period: AUC and GAUC (per user, impression-weighted, users with one class skipped) of
 period t + 1, from the run's predictions.npz (or the frozen model's scores); ``train_s`` = the fit loop (with its
