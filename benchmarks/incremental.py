@@ -3,7 +3,7 @@ first model, on real logs with time: next-period AUC / GAUC and training seconds
 
     python benchmarks/incremental.py [--datasets movielens taobao] [--quick] [--periods N] [--epochs 5]
                                      [--threads 1] [--seed 0] [--out DIR] [--replay F] [--warm-dense-lr LR]
-                                     [--warm-embedding-lr LR]
+                                     [--warm-embedding-lr LR] [--warm-epochs N]
                                      [--id-dropout KEY=P ...] [--warm-new-rows fresh|rare]
                                      [--warm-optimizer keep|fresh] [--ema-decay D [--warm-average keep|fresh]]
                                      [--tune]
@@ -25,8 +25,9 @@ Periods t = 0 .. T-2 (each evaluated on period t + 1, which no choice ever sees)
   ``--warm-embedding-lr`` set the dense (non-embedding) / embedding rows' learning rate of the warm runs (either
   given: for every data set, the other one the config's; neither: ``WARM_LR``, chosen per data set on its
   validation AUC: MovieLens a quarter of the config's, Taobao the config's), ``--warm-new-rows rare`` starts their
-  new rows from the rare row, ``--warm-optimizer fresh`` their optimizers with fresh states. ``--tune`` runs the
-  incremental arm alone and reports its mean validation AUC, the only figure these settings are chosen on;
+  new rows from the rare row, ``--warm-optimizer fresh`` their optimizers with fresh states, ``--warm-epochs``
+  caps their epochs (default ``--epochs``). ``--tune`` runs the incremental arm alone and reports its mean
+  validation AUC, the only figure these settings are chosen on;
 * retrain: ``ctrkit preprocess table`` fitted from scratch and ``ctrkit train`` on every row up to period t's
   validation split (all periods so far);
 * frozen: period 0's model, never updated; period t + 1 encoded with period 0's vocabularies
@@ -185,6 +186,7 @@ class Warm:
     optimizer: str = "keep"
     average: str | None = None  # train.warm_start_average (None: not set; with --ema-decay: keep)
     embedding_lr: float | None = None  # the warm runs' train.embedding_lr (None: the config's)
+    epochs: int | None = None  # the warm runs' train.epochs (None: --epochs)
 
 
 def incremental(log: Log, r: dict[str, Any], d: Path, t: int, prev: tuple[Path, str] | None, overrides: list[str],
@@ -206,6 +208,7 @@ def incremental(log: Log, r: dict[str, Any], d: Path, t: int, prev: tuple[Path, 
                 raise SystemExit(f"{log.name} period {t}: replayed rows hold user / item ids unknown to {d / 'inc'}")
         extra = [f"--train.lr={warm.dense_lr}"] if warm.dense_lr else []
         extra += [f"--train.embedding_lr={warm.embedding_lr}"] if warm.embedding_lr else []
+        extra += [f"--train.epochs={warm.epochs}"] if warm.epochs else []
         extra += [f"--train.warm_start_new_rows={warm.new_rows}", f"--train.warm_start_optimizer={warm.optimizer}"]
         extra += [f"--train.warm_start_average={warm.average}"] if warm.average else []
     inc = train(store, d.parent / "runs", f"inc{t}", overrides + extra, warm=prev and Path(prev[1]))
@@ -314,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="incremental arm: append F x the new rows, sampled from earlier periods' train splits")
     ap.add_argument("--warm-dense-lr", type=float, help="incremental arm, warm runs: the dense (non-embedding) lr")
     ap.add_argument("--warm-embedding-lr", type=float, help="incremental arm, warm runs: the embedding rows' lr")
+    ap.add_argument("--warm-epochs", type=int, help="incremental arm, warm runs: most epochs (default: --epochs)")
     ap.add_argument("--warm-new-rows", choices=["fresh", "rare"], default="fresh",
                     help="incremental arm, warm runs: train.warm_start_new_rows (rare: new rows copy the rare row 1)")
     ap.add_argument("--warm-optimizer", choices=["keep", "fresh"], default="keep",
@@ -338,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     drop = id_dropout(a.id_dropout, ap)
     average = (a.warm_average or "keep") if a.ema_decay is not None else None
     warm = Warm(a.replay, a.warm_dense_lr, a.seed, a.tune, a.warm_new_rows, a.warm_optimizer, average,
-                a.warm_embedding_lr)
+                a.warm_embedding_lr, a.warm_epochs)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(a.threads)
     epochs = 2 if a.quick else a.epochs
@@ -375,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.write("RESULT " + json.dumps({
         "benchmark": "incremental", "quick": a.quick, "epochs": epochs, "threads": a.threads, "seed": a.seed,
         "valid_fraction": a.valid_fraction, "replay": a.replay, "warm_dense_lr": a.warm_dense_lr,
-        "warm_embedding_lr": a.warm_embedding_lr, "id_dropout": drop, "warm_new_rows": a.warm_new_rows, "warm_optimizer": a.warm_optimizer,
+        "warm_embedding_lr": a.warm_embedding_lr, "warm_epochs": a.warm_epochs, "id_dropout": drop, "warm_new_rows": a.warm_new_rows, "warm_optimizer": a.warm_optimizer,
         "ema_decay": a.ema_decay, "warm_average": average, "tune": a.tune,
         "config": str(CONFIG.relative_to(REPO)), "overrides": overrides,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(), "precision": "fp32", "torch": torch.__version__,
