@@ -88,7 +88,8 @@ def warm_trainer(trainer: Any, warm: WarmStart, cfg: Config) -> list[str]:
     """The Trainer's optimizer states from the checkpoint: :func:`warm_optimizer`, or, from a sharded checkpoint into
     a sharded run, :func:`~ctrkit.training.sharded_warm.load_grown_sharded` (the fused optimizers' states of the
     sharded tables too, any world size and plan); none with ``train.warm_start_optimizer: fresh``. Between a sharded
-    and an unsharded run the table states start fresh, with a warning. Returns the parts loaded."""
+    and an unsharded run the table states start fresh, with a warning. First, with ``train.warm_start_average: keep``,
+    the checkpoint's weight average (:func:`warm_average`). Returns the parts loaded ("average", "dense", ...)."""
     sm = sharded_of(trainer.module)
     loaded = warm_average(trainer, warm, cfg, sm is not None)
     if cfg.train.warm_start_optimizer == "fresh":
