@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from typing import Literal
 
-import torch
 from typing_extensions import Unpack
 
 from ctrkit.batch import Batch
@@ -29,7 +28,7 @@ from ctrkit.models._towers import DNNOptions, TowerHead, check_choice, layer_opt
 from ctrkit.models.base import CTRModel, ModelOutput
 from ctrkit.models.registry import ConfigError, register_model
 from ctrkit.nn.inputs import ZOO_INIT_STD, FieldEmbedding, LinearTerm
-from ctrkit.nn.senet import SENET, BilinearInteraction
+from ctrkit.nn.senet import SENET, BilinearInteraction, bilinear_concat
 from ctrkit.schema import Schema
 
 BILINEAR_TYPES = ("field_all", "field_each", "field_interaction")
@@ -69,7 +68,7 @@ class FiBiNET(CTRModel):
 
     def forward(self, batch: Batch) -> ModelOutput:
         emb = self.embedding(batch)  # (B, F, D)
-        p = self.bilinear_raw(emb).flatten(1)  # (B, P*D)
-        q = self.bilinear_senet(self.senet(emb)).flatten(1)  # (B, P*D)
-        deep = self.deep(torch.cat([p, q, batch.dense], dim=1))  # (B, 2*P*D + Nd) -> (B,)
+        # [flat p; flat q; dense]: p = Bilinear_p(E), q = Bilinear_q(SENET(E)), (B, P*D) each
+        x = bilinear_concat([self.bilinear_raw, self.bilinear_senet], [emb, self.senet(emb)], batch.dense)
+        deep = self.deep(x)  # (B, 2*P*D + Nd) -> (B,)
         return ModelOutput(self.linear(batch) + deep, {})  # (B,)

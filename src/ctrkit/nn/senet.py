@@ -8,9 +8,10 @@ import torch
 from torch import Tensor, nn
 
 from ctrkit.errors import LayerConfigError
+from ctrkit.nn.bilinear_pairs import bilinear_pairs_concat
 from ctrkit.nn.fm import check_embeddings, pair_indices
 
-__all__ = ["SENET", "BilinearInteraction"]
+__all__ = ["SENET", "BilinearInteraction", "bilinear_concat"]
 
 _POOLINGS = ("mean", "max")
 
@@ -131,3 +132,21 @@ class BilinearInteraction(nn.Module):
             f"num_fields={self.num_fields}, embedding_dim={self.embedding_dim}, "
             f"bilinear_type={self.bilinear_type!r}"
         )
+
+
+def bilinear_concat(layers: list[BilinearInteraction], embs: list[Tensor], tail: Tensor | None = None) -> Tensor:
+    """``[flat layers[0](embs[0]) | flat layers[1](embs[1]) | ... | tail]`` -> (B, Σ out_features + Nt).
+
+    ``field_interaction`` layers of one shape go through one autograd node (:mod:`ctrkit.nn.bilinear_pairs`: the
+    same values, no gathers, written straight into the result); other types, and ``torch.export``, run each
+    layer and concatenate.
+    """
+    for layer, emb in zip(layers, embs):
+        check_embeddings("BilinearInteraction", emb, layer.num_fields, layer.embedding_dim)
+    fused = (not torch.compiler.is_exporting() and len(layers) == len(embs) > 0
+             and all(layer.bilinear_type == "field_interaction" for layer in layers)
+             and len({(layer.num_fields, layer.embedding_dim) for layer in layers}) == 1)
+    if fused:
+        return bilinear_pairs_concat(list(embs), [layer.weight for layer in layers], tail)
+    parts = [layer(emb).flatten(1) for layer, emb in zip(layers, embs)]
+    return torch.cat(parts if tail is None else [*parts, tail], dim=1)

@@ -1,0 +1,88 @@
+"""FiBiNET's fused field_interaction node (nn/bilinear_pairs.py) against loops over the pairs and the plain layer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ctrkit.nn.bilinear_pairs import bilinear_pairs_concat
+from ctrkit.nn.senet import BilinearInteraction, bilinear_concat
+
+B, D = 5, 4
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(0)
+
+
+def loop_reference(emb: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """p_ij = (v_i W_ij) ⊙ v_j for i < j in upper-triangle order, each an einsum -> (B, P*D)."""
+    f = emb.shape[1]
+    pairs = [(i, j) for i in range(f) for j in range(i + 1, f)]
+    out = [torch.einsum("bd,de->be", emb[:, i], weight[n]) * emb[:, j] for n, (i, j) in enumerate(pairs)]
+    return torch.cat(out, dim=1)
+
+
+@pytest.mark.parametrize("num_fields", [2, 3, 7])
+@pytest.mark.parametrize("tail_width", [None, 0, 3])
+def test_values_and_gradients_equal_the_loops(num_fields: int, tail_width: int | None) -> None:
+    layers = [BilinearInteraction(num_fields, D).double() for _ in range(2)]
+    embs = [torch.randn(B, num_fields, D, dtype=torch.float64, requires_grad=True) for _ in range(2)]
+    tail = None if tail_width is None else torch.randn(B, tail_width, dtype=torch.float64, requires_grad=True)
+    weights = [layer.weight for layer in layers]
+    got = bilinear_pairs_concat(embs, weights, tail)
+    parts = [loop_reference(e, w) for e, w in zip(embs, weights)]
+    want = torch.cat(parts if tail is None else [*parts, tail], dim=1)
+    torch.testing.assert_close(got, want)
+    upstream = torch.randn_like(want)
+    inputs = [*embs, *weights, *([tail] if tail is not None and tail_width else [])]
+    g_got = torch.autograd.grad(got, inputs, upstream)
+    g_want = torch.autograd.grad(want, inputs, upstream)
+    for a, b in zip(g_got, g_want):
+        torch.testing.assert_close(a, b)
+
+
+def test_gradcheck() -> None:
+    f = 4
+    emb = torch.randn(3, f, 2, dtype=torch.float64, requires_grad=True)
+    emb2 = torch.randn(3, f, 2, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(f * (f - 1) // 2, 2, 2, dtype=torch.float64, requires_grad=True)
+    w2 = torch.randn_like(w, requires_grad=True)
+    tail = torch.randn(3, 2, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b, c, d, t: bilinear_pairs_concat([a, b], [c, d], t),
+                                    (emb, emb2, w, w2, tail))
+
+
+def test_float32_forward_is_the_plain_layers_bit_for_bit() -> None:
+    """Same products in the same order: the fused node's forward equals the plain layers' (not just closely)."""
+    layers = [BilinearInteraction(9, 16) for _ in range(2)]
+    embs = [torch.randn(64, 9, 16), torch.randn(64, 9, 16).transpose(0, 1).contiguous().transpose(0, 1)]
+    dense = torch.randn(64, 1)
+    plain = torch.cat([layers[0](embs[0]).flatten(1), layers[1](embs[1]).flatten(1), dense], dim=1)
+    assert torch.equal(bilinear_concat(layers, embs, dense), plain)
+
+
+def test_only_grads_asked_for() -> None:
+    layer = BilinearInteraction(3, D)
+    layer.weight.requires_grad_(False)
+    emb = torch.randn(B, 3, D, requires_grad=True)
+    out = bilinear_pairs_concat([emb], [layer.weight])
+    out.sum().backward()
+    assert emb.grad is not None and layer.weight.grad is None
+
+
+@pytest.mark.parametrize("bilinear_type", ["field_all", "field_each"])
+def test_other_types_take_the_plain_path(bilinear_type: str) -> None:
+    layers = [BilinearInteraction(4, D, bilinear_type=bilinear_type) for _ in range(2)]
+    embs = [torch.randn(B, 4, D) for _ in range(2)]
+    want = torch.cat([layers[0](embs[0]).flatten(1), layers[1](embs[1]).flatten(1)], dim=1)
+    assert torch.equal(bilinear_concat(layers, embs), want)
+
+
+def test_mismatched_lists_and_shapes_are_errors() -> None:
+    with pytest.raises(ValueError, match="one weight per embedding"):
+        bilinear_pairs_concat([torch.randn(B, 3, D)], [])
+    layer = BilinearInteraction(3, D)
+    with pytest.raises(Exception, match="BilinearInteraction"):
+        bilinear_concat([layer], [torch.randn(B, 4, D)])
