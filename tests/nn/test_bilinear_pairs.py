@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ctrkit.errors import LayerConfigError
 from ctrkit.nn.bilinear_pairs import bilinear_pairs_concat
 from ctrkit.nn.senet import BilinearInteraction, bilinear_concat
 
@@ -81,8 +82,8 @@ def test_other_types_take_the_plain_path(bilinear_type: str) -> None:
 
 
 def test_mismatched_lists_and_shapes_are_errors() -> None:
-    with pytest.raises(ValueError, match="one weight per embedding"):
+    with pytest.raises(LayerConfigError, match="one weight per embedding"):
         bilinear_pairs_concat([torch.randn(B, 3, D)], [])
     layer = BilinearInteraction(3, D)
-    with pytest.raises(Exception, match="BilinearInteraction"):
+    with pytest.raises(LayerConfigError, match="BilinearInteraction"):
         bilinear_concat([layer], [torch.randn(B, 4, D)])

@@ -23,7 +23,7 @@ from ctrkit.models._towers import check_min, layer_options
 from ctrkit.models.base import CTRModel, ModelOutput
 from ctrkit.models.registry import ConfigError, register_model
 from ctrkit.nn.attention import AFMAttention
-from ctrkit.nn.inputs import ZOO_INIT_STD, FieldEmbedding, LinearTerm
+from ctrkit.nn.inputs import ZOO_INIT_STD, FieldEmbedding, LinearTerm, field_and_linear
 from ctrkit.schema import Schema
 
 
@@ -53,5 +53,6 @@ class AFM(CTRModel):
                                           num_fields=f)  # (B, F, D) -> (B, 1)
 
     def forward(self, batch: Batch) -> ModelOutput:
-        second = self.attention(self.embedding(batch)).squeeze(-1)  # (B,)
-        return ModelOutput(self.linear(batch) + second, {})  # (B,)
+        pooled, first = field_and_linear(self.embedding, self.linear, batch)  # one lookup of both; first (B,)
+        second = self.attention(pooled.stacked()).squeeze(-1)  # (B, F, D) -> (B,)
+        return ModelOutput(first + second, {})  # (B,)

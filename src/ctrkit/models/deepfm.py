@@ -25,7 +25,7 @@ from ctrkit.models._towers import DNNOptions, TowerHead
 from ctrkit.models.base import CTRModel, ModelOutput
 from ctrkit.models.registry import register_model
 from ctrkit.nn.fm import FMInteraction
-from ctrkit.nn.inputs import ZOO_INIT_STD, FieldEmbedding, LinearTerm
+from ctrkit.nn.inputs import ZOO_INIT_STD, FieldEmbedding, LinearTerm, field_and_linear
 from ctrkit.schema import Schema
 
 
@@ -51,8 +51,8 @@ class DeepFM(CTRModel):
         self.bias = nn.Parameter(torch.zeros(1)) if bias else None
 
     def forward(self, batch: Batch) -> ModelOutput:
-        emb = self.embedding(batch)  # (B, F, D)
-        first = self.linear(batch)  # (B,)
+        pooled, first = field_and_linear(self.embedding, self.linear, batch)  # one lookup of both; first (B,)
+        emb = pooled.stacked()  # (B, F, D)
         second = self.fm(emb).squeeze(-1)  # (B,)
         deep = self.deep(torch.cat([emb.flatten(1), batch.dense], dim=1))  # (B, F*D + Nd) -> (B,)
         logit = first + second + deep  # (B,)

@@ -27,7 +27,7 @@ from ctrkit.batch import Batch
 from ctrkit.models._towers import DNNOptions, TowerHead, check_choice, layer_options
 from ctrkit.models.base import CTRModel, ModelOutput
 from ctrkit.models.registry import ConfigError, register_model
-from ctrkit.nn.inputs import ZOO_INIT_STD, FieldEmbedding, LinearTerm
+from ctrkit.nn.inputs import ZOO_INIT_STD, FieldEmbedding, LinearTerm, field_and_linear
 from ctrkit.nn.senet import SENET, BilinearInteraction, bilinear_concat
 from ctrkit.schema import Schema
 
@@ -67,8 +67,9 @@ class FiBiNET(CTRModel):
         self.deep = TowerHead(self, n, dnn, bias=False)  # (B, N) -> (B,)
 
     def forward(self, batch: Batch) -> ModelOutput:
-        emb = self.embedding(batch)  # (B, F, D)
+        pooled, first = field_and_linear(self.embedding, self.linear, batch)  # one lookup of both; first (B,)
+        emb = pooled.stacked()  # (B, F, D)
         # [flat p; flat q; dense]: p = Bilinear_p(E), q = Bilinear_q(SENET(E)), (B, P*D) each
         x = bilinear_concat([self.bilinear_raw, self.bilinear_senet], [emb, self.senet(emb)], batch.dense)
         deep = self.deep(x)  # (B, 2*P*D + Nd) -> (B,)
-        return ModelOutput(self.linear(batch) + deep, {})  # (B,)
+        return ModelOutput(first + deep, {})  # (B,)

@@ -26,7 +26,7 @@ from ctrkit.models._towers import DNNOptions, TowerHead, check_min
 from ctrkit.models.base import CTRModel, ModelOutput
 from ctrkit.models.registry import ConfigError, register_model
 from ctrkit.nn.fm import BiInteractionPooling
-from ctrkit.nn.inputs import ZOO_INIT_STD, FieldEmbedding, LinearTerm
+from ctrkit.nn.inputs import ZOO_INIT_STD, FieldEmbedding, LinearTerm, field_and_linear
 from ctrkit.schema import Schema
 
 
@@ -62,6 +62,7 @@ class NFM(CTRModel):
         self.deep = TowerHead(self, n, dnn, bias=False)  # (B, D + Nd) -> (B,)
 
     def forward(self, batch: Batch) -> ModelOutput:
-        bi = self.bi(self.embedding(batch))  # (B, F, D) -> (B, D)
+        pooled, first = field_and_linear(self.embedding, self.linear, batch)  # one lookup of both; first (B,)
+        bi = self.bi(pooled.stacked())  # (B, F, D) -> (B, D)
         z = self.bi_dropout(self.bn(torch.cat([bi, batch.dense], dim=1)))  # (B, D + Nd)
-        return ModelOutput(self.linear(batch) + self.deep(z), {})  # (B,)
+        return ModelOutput(first + self.deep(z), {})  # (B,)

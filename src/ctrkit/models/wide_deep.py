@@ -29,7 +29,7 @@ from ctrkit.models._towers import DNNOptions, TowerHead
 from ctrkit.models.base import CTRModel, ModelOutput, ParamGroup
 from ctrkit.models.registry import ConfigError, register_model
 from ctrkit.nn.embedding_factory import make_embeddings
-from ctrkit.nn.inputs import ZOO_INIT_STD, FieldEmbedding, LinearTerm
+from ctrkit.nn.inputs import ZOO_INIT_STD, FieldEmbedding, LinearTerm, field_and_linear
 from ctrkit.schema import Schema, SparseFeature, TableSpec
 
 _KNUTH = 0x9E3779B97F4A7C15 - (1 << 64)  # the golden-ratio multiplier as a signed int64
@@ -110,8 +110,8 @@ class WideDeep(CTRModel):
         return KeyedJagged.from_dense(self.cross_keys, torch.stack(ids, dim=1))  # (B, C) ids
 
     def forward(self, batch: Batch) -> ModelOutput:
-        wide = self.linear(batch)  # (B,)
+        pooled, wide = field_and_linear(self.embedding, self.linear, batch)  # one lookup of both; wide (B,)
         if self.cross_weights is not None:
             wide = wide + self.cross_weights(self.cross_features(batch)).stacked().sum(dim=(1, 2))  # (B,)
-        deep = self.deep(torch.cat([self.embedding.concat(batch), batch.dense], dim=1))  # (B,)
+        deep = self.deep(torch.cat([pooled.concat(), batch.dense], dim=1))  # (B, ΣD + Nd) -> (B,)
         return ModelOutput(wide + deep, {})  # (B,)

@@ -27,7 +27,7 @@ from ctrkit.models._towers import DNNOptions, TowerHead, layer_options
 from ctrkit.models.base import CTRModel, ModelOutput
 from ctrkit.models.registry import register_model
 from ctrkit.nn.cin import CIN
-from ctrkit.nn.inputs import ZOO_INIT_STD, FieldEmbedding, LinearTerm
+from ctrkit.nn.inputs import ZOO_INIT_STD, FieldEmbedding, LinearTerm, field_and_linear
 from ctrkit.schema import Schema
 
 
@@ -57,7 +57,8 @@ class XDeepFM(CTRModel):
         self.deep = TowerHead(self, n, dnn, bias=False)  # (B, N) -> (B,)
 
     def forward(self, batch: Batch) -> ModelOutput:
-        emb = self.embedding(batch)  # (B, F, D)
+        pooled, first = field_and_linear(self.embedding, self.linear, batch)  # one lookup of both; first (B,)
+        emb = pooled.stacked()  # (B, F, D)
         cin = self.cin.logit(emb, self.cin_out.weight)  # = cin_out(cin(emb)), (B,); folded when identity
         deep = self.deep(torch.cat([emb.flatten(1), batch.dense], dim=1))  # (B, F*D + Nd) -> (B,)
-        return ModelOutput(self.linear(batch) + cin + deep, {})  # (B,)
+        return ModelOutput(first + cin + deep, {})  # (B,)

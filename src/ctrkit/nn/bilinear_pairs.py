@@ -27,6 +27,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ctrkit.errors import LayerConfigError
+
 __all__ = ["bilinear_pairs_concat"]
 
 
@@ -37,7 +39,7 @@ def bilinear_pairs_concat(embs: list[Tensor], weights: list[Tensor], tail: Tenso
     ``field_interaction`` weight of :class:`~ctrkit.nn.senet.BilinearInteraction`); ``tail`` (B, Nt) or None.
     """
     if len(embs) != len(weights) or not embs:
-        raise ValueError(f"bilinear_pairs_concat needs one weight per embedding tensor, got {len(embs)} "
+        raise LayerConfigError(f"bilinear_pairs_concat needs one weight per embedding tensor, got {len(embs)} "
                          f"embeddings and {len(weights)} weights")
     args: list[Tensor] = [t for pair in zip(embs, weights) for t in pair]
     return _BilinearPairs.apply(tail, *args)

@@ -15,6 +15,8 @@ from torch import nn
 from ctrkit.batch import Batch, KeyedJagged
 from ctrkit.errors import ConfigError
 from ctrkit.nn.embedding_factory import make_embeddings
+from ctrkit.nn.embedding_interface import PooledEmbeddings
+from ctrkit.nn.embedding_joint import pooled_pair
 from ctrkit.schema import Schema
 
 
@@ -94,11 +96,28 @@ class LinearTerm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(1)) if bias else None
 
     def forward(self, batch: Batch) -> torch.Tensor:
+        return self.combine(self.ebc(_select(batch.sparse, self.keys)) if self.ebc is not None else None, batch)
+
+    def combine(self, pooled: PooledEmbeddings | None, batch: Batch) -> torch.Tensor:
+        """The term from the pooled id weights ``pooled`` (this term's ``ebc`` looked up, or None without ids)."""
         out = batch.labels.new_zeros(batch.batch_size)  # (B,)
-        if self.ebc is not None:
-            out = out + self.ebc(_select(batch.sparse, self.keys)).stacked().sum(dim=(1, 2))
+        if pooled is not None:
+            out = out + pooled.stacked().sum(dim=(1, 2))
         if self.dense is not None:
             out = out + self.dense(batch.dense).squeeze(-1)
         if self.bias is not None:
             out = out + self.bias
         return out
+
+
+def field_and_linear(embedding: FieldEmbedding, linear: LinearTerm, batch: Batch) -> tuple[PooledEmbeddings, torch.Tensor]:
+    """(``embedding``'s pooled field embeddings, ``linear(batch)`` (B,)) of a model with both over the same
+    features: one lookup of both tables where they mirror each other (:mod:`ctrkit.nn.embedding_joint`, the
+    same values bit for bit), else each on its own. ``.stacked()`` / ``.concat()`` of the first give
+    ``embedding(batch)`` / ``embedding.concat(batch)``."""
+    pair = None
+    if linear.ebc is not None and linear.keys == embedding.keys:
+        pair = pooled_pair(embedding.ebc, linear.ebc, _select(batch.sparse, embedding.keys))
+    if pair is None:
+        return embedding.ebc(_select(batch.sparse, embedding.keys)), linear(batch)
+    return pair[0], linear.combine(pair[1], batch)
