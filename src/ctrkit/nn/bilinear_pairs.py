@@ -103,7 +103,7 @@ class _BilinearPairs(torch.autograd.Function):
                 du = torch.mul(gi, e[:, i + 1 :]).view(b, k * d)  # (B, k·D): d(v_i W_ij)
                 if de is not None:
                     de[:, i + 1 :].addcmul_(gi, u)  # d v_j += dp_ij ⊙ v_i W_ij
-                    de[:, i].addmm_(du, _block_weight(w, s, k).t())  # d v_i += Σ_j d(v_i W_ij) W_ij^T
+                    de[:, i] += torch.mm(du, _block_weight(w, s, k).t())  # d v_i += Σ_j d(v_i W_ij) W_ij^T (mm: counted by FlopCounterMode)
                 if dw is not None:
                     dw[s : s + k] = torch.mm(e[:, i].t(), du).view(d, k, d).transpose(0, 1)  # v_i^T d(v_i W_ij)
             grads += [de, dw]
