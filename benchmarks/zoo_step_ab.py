@@ -1,0 +1,118 @@
+"""A/B of two MovieLens-zoo speedups in one process, CPU ms (median), one thread.
+
+    python benchmarks/zoo_step_ab.py --store OUT/movielens [--models wide_deep deepfm] [--steps 200]
+
+OUT from ``benchmarks/deepctr_compare.py --dataset movielens --out OUT``.
+
+- ``joint``: per model, two identical trainers (the matched recipe of deepctr_compare.py, seed 0) take training
+  steps alternately on the same batches, one with the linear term and the field embeddings looked up together
+  (:func:`ctrkit.nn.embedding_joint.pooled_pair`), one with each looked up on its own; prints both medians and
+  whether the two models' weights are still identical at the end (they should be: the same arithmetic).
+- ``bilinear``: FiBiNET's two field_interaction layers + the dense column, forward + backward, the plain layers
+  and concat against :func:`ctrkit.nn.bilinear_pairs.bilinear_pairs_concat`, at MovieLens' (B 1,024, 9 fields)
+  and Criteo's (B 256, 26 fields) shapes, D 16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from ctrkit.data.storage.loader import BatchLoader
+from ctrkit.data.storage.store import Store
+from ctrkit.jobs.common import seed_everything
+from ctrkit.models.registry import create_model
+from ctrkit.nn import inputs
+from ctrkit.nn.bilinear_pairs import bilinear_pairs_concat
+from ctrkit.nn.senet import BilinearInteraction
+from ctrkit.training.config import load_config
+from ctrkit.training.trainer import Trainer
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def trainer(name: str, store: Path) -> tuple[Trainer, BatchLoader]:
+    cfg = load_config(REPO / "configs" / "movielens" / f"{name}.yaml", [
+        "train.seed=0", "train.epochs=1", "train.early_stopping.patience=0", "train.ema_decay=null",
+        "train.progress=false"])
+    cfg.train.embedding_l2 = 2e-5 / cfg.data.batch_size  # deepctr_compare.py's matched recipe
+    loader = BatchLoader(Store(store / "train"), cfg.data.batch_size, shuffle=True, seed=0, prefetch=0)
+    seed_everything(0)
+    t = Trainer(create_model(name, loader.store.schema, **cfg.model.params), loader, cfg.train)
+    t.module.train()
+    return t, loader
+
+
+def joint_ab(name: str, store: Path, steps: int) -> None:
+    joint_fn = inputs.pooled_pair
+    (a, loader), (b, _) = trainer(name, store), trainer(name, store)
+    batches = [x for _, x in zip(range(len(loader)), loader)]
+    ms: dict[str, list[float]] = {"joint": [], "separate": []}
+    for s in range(steps):
+        arms = [("joint", a, joint_fn), ("separate", b, lambda *_: None)]
+        for arm, t, fn in arms if s % 2 else arms[::-1]:
+            inputs.pooled_pair = fn
+            c = time.process_time()
+            t._train_step(batches[s % len(batches)])
+            ms[arm].append((time.process_time() - c) * 1e3)
+    inputs.pooled_pair = joint_fn
+    same = all(torch.equal(p, q) for p, q in zip(a.model.parameters(), b.model.parameters()))
+    j, sep = (statistics.median(ms[k][10:]) for k in ("joint", "separate"))
+    print(f"{name}: separate {sep:.2f} ms, joint {j:.2f} ms per step ({sep / j:.3f}x); weights identical after "
+          f"{steps} steps: {same}", flush=True)
+
+
+def cpu_ms(fn: Callable[[], None], reps: int = 20) -> float:
+    out = []
+    for _ in range(reps):
+        c = time.process_time()
+        fn()
+        out.append((time.process_time() - c) * 1e3)
+    return statistics.median(out)
+
+
+def bilinear_case(b: int, f: int, nd: int) -> tuple[float, float]:
+    """(plain, one node) CPU ms of both layers + the dense column, forward + backward, at (B, F, Nd)."""
+    layers = [BilinearInteraction(f, 16) for _ in range(2)]
+    embs = [torch.randn(b, f, 16, requires_grad=True) for _ in range(2)]
+    dense = torch.randn(b, nd)
+    up = torch.randn(b, 2 * layers[0].out_features + nd)
+
+    def plain() -> None:
+        torch.cat([layers[0](embs[0]).flatten(1), layers[1](embs[1]).flatten(1), dense], 1).backward(up)
+
+    def fused() -> None:
+        bilinear_pairs_concat(embs, [m.weight for m in layers], dense).backward(up)
+
+    return cpu_ms(plain), cpu_ms(fused)
+
+
+def bilinear_ab() -> None:
+    for b, f, nd in ((1024, 9, 1), (256, 26, 13)):
+        plain, fused = bilinear_case(b, f, nd)
+        print(f"bilinear B {b}, F {f}: plain {plain:.2f} ms, one node {fused:.2f} ms ({plain / fused:.2f}x)",
+              flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--store", type=Path, required=True, help="OUT/movielens of deepctr_compare.py --out OUT")
+    ap.add_argument("--models", nargs="*", default=["wide_deep", "deepfm"])
+    ap.add_argument("--steps", type=int, default=200)
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    print(f"load average {os.getloadavg()[0]:.1f}", flush=True)
+    for m in a.models:
+        joint_ab(m, a.store, a.steps)
+    bilinear_ab()
+    print(f"load average {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
