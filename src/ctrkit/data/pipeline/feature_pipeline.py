@@ -204,7 +204,10 @@ class FeaturePipeline(RowEncoder):
 
         def ids(table: str, a: np.ndarray, dtype: Any = id_dtype) -> np.ndarray:
             m = luts.get(table)
-            return (m[a] if m is not None else a).astype(dtype)
+            a = m[a] if m is not None else a
+            if a.dtype.kind in "iu" and a.dtype.itemsize == np.dtype(dtype).itemsize and a.flags.c_contiguous:
+                return a.view(dtype)  # the bytes astype would write (an integer cast of one width keeps them)
+            return a.astype(dtype)
 
         out: dict[str, Any] = {}
         if "label" in part:
