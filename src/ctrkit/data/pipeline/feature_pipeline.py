@@ -61,6 +61,7 @@ from ctrkit.data.pipeline.vocab import Vocabulary, check_vocab_options
 from ctrkit.data.pipeline.vocab_arrays import vocab_fingerprint
 from ctrkit.data.pipeline.vocab_grow import GrowFrom, Pending
 from ctrkit.data.pipeline.vocab_joint import JointLookup
+from ctrkit.data.pipeline.vocab_keys import CodedKeys
 from ctrkit.errors import DataError, NotFittedError
 from ctrkit.schema import DenseFeature, Schema, SequenceFeature, SparseFeature
 
@@ -172,6 +173,12 @@ class FeaturePipeline(RowEncoder):
         # a group key training never saw keeps a group of its own (GAUC of new users), not the shared id 1
         base = UNSEEN_GROUP_BASE if table == GROUP_TABLE else None
         return self.vocabs_[table].lookup(values, missing, unseen_base=base)
+
+    def _coded_ids(self, table: str, col: CodedKeys) -> np.ndarray | None:
+        if self.kind == IDS or table == GROUP_TABLE:
+            return None
+        self._check_fitted()
+        return self.vocabs_[table].lookup(col.uniques, col.uniques < 0)  # what lookup(col) gathers for the rows
 
     def _joint(self) -> JointLookup | None:
         """:class:`JointLookup` of the single-valued columns' vocabularies, built once for these vocabularies
