@@ -429,3 +429,27 @@ def test_cli_helpers_and_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert m["preprocessing"]["options"]["min_freq"] == 2
     assert set(m["stats"]["clamped_dense"]) == set(DENSE_NAMES)
     assert m["stats"]["input_rows"] == 500
+
+
+@pytest.mark.parametrize("block_bytes", [1 << 16, 70_001])
+def test_plain_blocks_are_the_files_whole_lines(tmp_path: Path, block_bytes: int) -> None:
+    """Plain files are read straight into the blocks' padded arrays: the blocks, joined, are the file's text (a BOM
+    dropped at its start, a last line without b"\\n" completed), each ends a line, its pad is zero bytes; a line
+    longer than a block (and than the 64 KiB searched first for the last line end) and byte ranges of whole lines
+    (the tasks' reads) come out the same way."""
+    from ctrkit.data.sources.criteo_read import iter_blocks, line_ranges
+
+    rng = np.random.default_rng(3)
+    lines = [b"a" * int(n) for n in rng.integers(0, 400, 3000)]
+    lines[1000] = b"x" * 200_000
+    text = b"\n".join(lines)  # no b"\n" at the end
+    for head in (b"", b"\xef\xbb\xbf"):
+        p = tmp_path / f"f{len(head)}.tsv"
+        p.write_bytes(head + text)
+        blocks = [b for b, _ in iter_blocks(p, block_bytes)]
+        assert b"".join(b.tobytes() for b in blocks) == text + b"\n"
+        assert all(b.tobytes().endswith(b"\n") and not b.buf[b.size:].any() for b in blocks)
+        if not head:
+            got = [b.tobytes() for a, z in line_ranges(p, 100_000) for b, _ in iter_blocks(p, block_bytes, start=a,
+                                                                                          stop=z)]
+            assert b"".join(got) == text + b"\n"
