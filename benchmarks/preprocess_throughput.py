@@ -46,6 +46,9 @@ src, out, kw = json.loads(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
 if kw.pop("keep_freed_memory", True):  # as `ctrkit preprocess criteo` does (run_preprocess_criteo)
     from ctrkit.memory import keep_freed_memory
     keep_freed_memory()
+if not kw.pop("huge_pages", False):  # as `ctrkit preprocess criteo` does (run_preprocess_criteo)
+    from ctrkit.memory import numpy_huge_pages
+    numpy_huge_pages(False)
 cluster = None
 if kw.pop("local_dask", 0):  # a local Dask cluster of that many worker processes (started before the clock)
     from distributed import LocalCluster
@@ -109,6 +112,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-keep-freed-memory", action="store_true",
                     help="leave glibc's allocator as is in the ctrkit runs (the CLI keeps freed memory)")
+    ap.add_argument("--huge-pages", action="store_true",
+                    help="leave numpy's huge-page advice on in the ctrkit runs (the CLI turns it off)")
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     log = logging.getLogger("bench")
@@ -139,7 +144,8 @@ def main() -> None:
         for name, kw in RUNS.items():
             if name != "ctrkit" and a.skip_parallel:
                 continue
-            r = run_child(sys.executable, CTRKIT_CHILD, srcs, str(work / f"{name}_out"), json.dumps({**kw, **split, "keep_freed_memory": not a.no_keep_freed_memory}))
+            r = run_child(sys.executable, CTRKIT_CHILD, srcs, str(work / f"{name}_out"), json.dumps({**kw, **split, "keep_freed_memory": not a.no_keep_freed_memory,
+                                                  "huge_pages": a.huge_pages}))
             ck = ck or r
             result.update({f"{name}_seconds": round(r["seconds"], 2), f"{name}_rows_per_s": round(n / r["seconds"]),
                            f"{name}_cpu_seconds": round(r["cpu_seconds"], 2),

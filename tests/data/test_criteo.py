@@ -155,6 +155,36 @@ def test_shard_spill_reads_zero_width_columns_shuffled(tmp_path: Path) -> None:
     np.testing.assert_array_equal(got["x"], np.arange(9)[np.random.default_rng(3).permutation(9)])
 
 
+def test_spill_reads_two_dim_columns_as_contiguous_columns(tmp_path: Path) -> None:
+    """A 2-d column read back (shuffled or in order, one spill or several parts) holds the rows a[perm] of what was
+    added, column by column (each column one contiguous run, what a store writes), across several gather blocks."""
+    from ctrkit.data.pipeline.rows import SpillColumn
+    from ctrkit.data.storage import spill as sp
+
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 1 << 32, (9000, 26), dtype=np.uint64).astype(np.uint32)
+    cols = {"sparse": SpillColumn("<u4", (26,)), "label": SpillColumn("<f4")}
+    label = rng.random(9000).astype(np.float32)
+    for seed in (None, 5):
+        spill = sp.ShardSpill(tmp_path / f"s{seed}", 1, cols)
+        for i in range(0, 9000, 1234):
+            spill.add({"sparse": np.asfortranarray(a[i:i + 1234]), "label": label[i:i + 1234]})
+        perm = np.arange(9000) if seed is None else np.random.default_rng(seed).permutation(9000)
+        got = spill.read(0, seed=seed)
+        np.testing.assert_array_equal(got["sparse"], a[perm])
+        np.testing.assert_array_equal(got["label"], label[perm])
+        assert all(got["sparse"][:, j].flags.c_contiguous for j in range(26))
+    small = sp._GATHER_BYTES // (26 * 4)  # rows per gather block: 9000 rows span several
+    assert 9000 > 3 * small
+    parts = []
+    for k, (lo, hi) in enumerate(((0, 2000), (2000, 9000))):
+        spill = sp.ShardSpill(tmp_path / f"p{k}", 1, cols)
+        spill.add({"sparse": a[lo:hi], "label": label[lo:hi]})
+        parts.append((spill.dir, hi - lo))
+    got = sp.read_parts(parts, 0, cols, seed=9)
+    np.testing.assert_array_equal(got["sparse"], a[np.random.default_rng(9).permutation(9000)])
+
+
 def test_shuffled_train_is_permutation_with_many_shards(tmp_path: Path) -> None:
     lines = sample_lines(2000)
     src = write(tmp_path / "s.tsv", lines)
@@ -373,21 +403,25 @@ def test_existing_output_needs_overwrite(tmp_path: Path) -> None:
 
 
 def test_cli_helpers_and_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The command (not preprocess_criteo) keeps freed memory (ctrkit.memory.keep_freed_memory), as `ctrkit train`."""
+    """The command (not preprocess_criteo) keeps freed memory (ctrkit.memory.keep_freed_memory), as `ctrkit train`,
+    and turns numpy's huge-page advice off (ctrkit.memory.numpy_huge_pages)."""
     import argparse
 
     from ctrkit.data.sources import criteo
 
     calls: list[int] = []
+    huge: list[bool] = []
     monkeypatch.setattr(criteo, "keep_freed_memory", lambda *a, **k: calls.append(1))
+    monkeypatch.setattr(criteo, "numpy_huge_pages", huge.append)
     src = write(tmp_path / "s.tsv.gz", sample_lines(500), gz=True)
     preprocess_criteo(src, tmp_path / "lib", split="0.9,0.1", progress=False)
     assert calls == []
     p = add_preprocess_criteo_args(argparse.ArgumentParser())
     args = p.parse_args([str(src), "--out", str(tmp_path / "o"), "--min-freq", "2", "--embedding-dim", "8",
                          "--split", "0.9,0.1"])
+    assert huge == []
     res = run_preprocess_criteo(args)
-    assert calls == [1]
+    assert calls == [1] and huge == [False]
     assert set(res) == {"train", "test"}
     s = Store(res["train"])
     assert all(f.embedding_dim == 8 for f in s.schema.sparse)
@@ -395,3 +429,27 @@ def test_cli_helpers_and_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert m["preprocessing"]["options"]["min_freq"] == 2
     assert set(m["stats"]["clamped_dense"]) == set(DENSE_NAMES)
     assert m["stats"]["input_rows"] == 500
+
+
+@pytest.mark.parametrize("block_bytes", [1 << 16, 70_001])
+def test_plain_blocks_are_the_files_whole_lines(tmp_path: Path, block_bytes: int) -> None:
+    """Plain files are read straight into the blocks' padded arrays: the blocks, joined, are the file's text (a BOM
+    dropped at its start, a last line without b"\\n" completed), each ends a line, its pad is zero bytes; a line
+    longer than a block (and than the 64 KiB searched first for the last line end) and byte ranges of whole lines
+    (the tasks' reads) come out the same way."""
+    from ctrkit.data.sources.criteo_read import iter_blocks, line_ranges
+
+    rng = np.random.default_rng(3)
+    lines = [b"a" * int(n) for n in rng.integers(0, 400, 3000)]
+    lines[1000] = b"x" * 200_000
+    text = b"\n".join(lines)  # no b"\n" at the end
+    for head in (b"", b"\xef\xbb\xbf"):
+        p = tmp_path / f"f{len(head)}.tsv"
+        p.write_bytes(head + text)
+        blocks = [b for b, _ in iter_blocks(p, block_bytes)]
+        assert b"".join(b.tobytes() for b in blocks) == text + b"\n"
+        assert all(b.tobytes().endswith(b"\n") and not b.buf[b.size:].any() for b in blocks)
+        if not head:
+            got = [b.tobytes() for a, z in line_ranges(p, 100_000) for b, _ in iter_blocks(p, block_bytes, start=a,
+                                                                                          stop=z)]
+            assert b"".join(got) == text + b"\n"

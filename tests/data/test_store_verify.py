@@ -102,3 +102,32 @@ def test_a_store_written_before_content_checksums_still_opens(tmp_path: Path, ca
     with caplog.at_level("INFO", logger="ctrkit.data.storage.verify"):
         assert len(Store(path)) == N
     assert "before whole-content checksums" in caplog.text
+
+
+def test_quick_checksum_is_crc32_of_size_and_first_and_last_mib_and_older_sha256_ones_still_check(
+        tmp_path: Path) -> None:
+    """New stores record the quick check as a CRC-32 of the size and the first and last MiB (zlib, by hand here);
+    a change there fails an open without full verification; a manifest of the older quick sha256 form still opens
+    and still catches such a change."""
+    import zlib
+
+    from ctrkit.io import file_checksum
+
+    path = make_store(tmp_path / "s")
+    f = path / "c.npy"
+    data = f.read_bytes()
+    crc = zlib.crc32(data[-(1 << 20):], zlib.crc32(data[:1 << 20], zlib.crc32(str(len(data)).encode())))
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["columns"]["c"]["files"]["data"]["checksum"] == f"quick-crc32:{crc:08x}"
+    changed = bytearray(data)
+    changed[-5] ^= 1  # in the last MiB
+    f.write_bytes(bytes(changed))
+    with pytest.raises(StoreError, match="c.npy does not match its checksum"):
+        Store(path, verify=False)
+    f.write_bytes(data)
+    manifest["columns"]["c"]["files"]["data"]["checksum"] = file_checksum(f)  # "quick:" + sha256, as before
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    assert len(Store(path, verify=False)) == N
+    f.write_bytes(bytes(changed))
+    with pytest.raises(StoreError, match="c.npy does not match its checksum"):
+        Store(path, verify=False)

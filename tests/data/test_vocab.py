@@ -216,3 +216,39 @@ def test_factorized_keys_count_and_look_up_as_their_rows():
         np.testing.assert_array_equal(v.lookup(CodedKeys(codes, uniq)), v.lookup(probe, probe < 0))
     mod = Vocabulary.modulo("m", 1000)  # MLPerf's keyless ids: key % 1000, missing 0
     np.testing.assert_array_equal(mod.lookup(CodedKeys(codes, uniq)), np.where(probe < 0, 0, probe % 1000))
+
+
+def test_encoders_give_factorized_columns_the_ids_of_their_rows():
+    """The fitter and the fitted Criteo pipeline gather a factorized column's ids from its distinct keys' ids
+    (RowEncoder._coded_ids) into the sparse block: the same ids as the plain keys of every row give."""
+    import pandas as pd
+
+    from ctrkit.data.pipeline.feature_pipeline import DENSE_NAMES, SPARSE_NAMES, FeaturePipeline
+    from ctrkit.data.pipeline.vocab_keys import CodedKeys
+
+    rng = np.random.default_rng(2)
+
+    def chunk(n: int, coded: bool, seed: int) -> dict:
+        r = np.random.default_rng(seed)
+        cols: dict = {"label": (r.random(n) < 0.3).astype(np.float32)}
+        cols.update((c, r.integers(0, 50, n)) for c in DENSE_NAMES)
+        for c in SPARSE_NAMES:
+            keys = (r.zipf(1.3, n) % 997).astype(np.int64)
+            keys[r.random(n) < 0.1] = -1
+            if coded:
+                codes, uniq = pd.factorize(keys)
+                cols[c] = CodedKeys(codes, uniq)
+            else:
+                cols[c] = keys
+        return cols
+
+    seeds = rng.integers(0, 1 << 30, 4).tolist()
+    fits = [FeaturePipeline.criteo().fitter() for _ in range(2)]
+    for s in seeds:
+        a, b = (f.encode(chunk(700, coded, s)) for f, coded in zip(fits, (True, False)))
+        np.testing.assert_array_equal(a.sparse, b.sparse)
+    pipes = [f.finish() for f in fits]
+    for s in (7, 8):  # unseen keys (1) and missing ones (0) among them
+        a, b = (p.encode(chunk(500, coded, s)) for p, coded in zip(pipes, (True, False)))
+        np.testing.assert_array_equal(a.sparse, b.sparse)
+        assert (a.sparse == 0).any() and a.sparse.dtype == np.uint32

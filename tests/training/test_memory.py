@@ -1,4 +1,5 @@
-"""ctrkit.memory.keep_freed_memory: glibc serves big tensors from the heap afterwards; Trainer wiring."""
+"""ctrkit.memory.keep_freed_memory: glibc serves big tensors from the heap afterwards; Trainer wiring.
+ctrkit.memory.numpy_huge_pages: numpy's huge-page advice switched and the previous setting returned."""
 
 from __future__ import annotations
 
@@ -47,3 +48,16 @@ def test_not_glibc_is_a_no_op(monkeypatch):
 def test_threshold_below_one_mib_is_an_error():
     with pytest.raises(ValueError, match="threshold must be >= 1 MiB"):
         memory.keep_freed_memory(threshold=1000)
+
+
+def test_numpy_huge_pages_switches_and_returns_the_previous_setting():
+    from numpy._core import multiarray
+
+    before = multiarray._get_madvise_hugepage()
+    try:
+        assert memory.numpy_huge_pages(False) is before
+        assert multiarray._get_madvise_hugepage() is False
+        assert memory.numpy_huge_pages(True) is False
+        assert multiarray._get_madvise_hugepage() is True
+    finally:
+        multiarray._set_madvise_hugepage(before)

@@ -155,8 +155,8 @@ def parse_block(buf: bytes | TextBlock) -> ParsedBlock:
     field, and its good rows factorized."""
     t = _tokenise(buf if isinstance(buf, TextBlock) else TextBlock.of(buf))
     n = len(t.gi)
-    lab = t.body[t.starts[:, 0]]
-    lab_ok = (t.lens[:, 0] == 1) & ((lab == 48) | (lab == 49))  # label: exactly "0" or "1"
+    lab = t.body[t.first]
+    lab_ok = (t.ends[:, 0] - t.first == 1) & ((lab == 48) | (lab == 49))  # label: exactly "0" or "1"
     label = (lab.astype(np.float32) - 48.0)
     val, dok = _dense_fields(t)
     raw, sized = _categorical_raw(t)
@@ -181,8 +181,9 @@ def parse_block(buf: bytes | TextBlock) -> ParsedBlock:
 
 @dataclass
 class _Tokens:
-    """A block cut into lines and fields: ``starts`` / ``lens`` (rows, 40) of the lines with 40 fields
-    (``gi``: their line indices), the bytes (``body``) and an unaligned uint64 view at every byte (``u64``)."""
+    """A block cut into lines and fields: ``ends`` (rows, 40) the end of each field of the lines with 40 fields
+    (``gi``: their line indices; ``first``: where each starts), the bytes (``body``) and an unaligned uint64 view
+    at every byte (``u64``). :meth:`fields` gives the starts and lengths of a range of fields."""
 
     body: np.ndarray
     u64: np.ndarray
@@ -191,9 +192,15 @@ class _Tokens:
     line_end: np.ndarray
     empty: np.ndarray
     gi: np.ndarray
-    starts: np.ndarray
-    lens: np.ndarray
+    first: np.ndarray
+    ends: np.ndarray
     bad: list[tuple[np.ndarray, str]]
+
+    def fields(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """(starts, lengths) of fields ``lo`` .. ``hi - 1`` (lo >= 1) of every row, new arrays (rows, hi - lo):
+        field j starts after field j - 1's end. Only the fields asked for are computed."""
+        starts = self.ends[:, lo - 1:hi - 1] + 1
+        return starts, self.ends[:, lo:hi] - starts
 
 
 def _tokenise(block: TextBlock) -> _Tokens:
@@ -226,18 +233,14 @@ def _tokenise(block: TextBlock) -> _Tokens:
     else:
         gi = np.flatnonzero(good)
         ends = sep[nl[gi][:, None] + np.arange(-(NUM_FIELDS - 1), 1)]  # (n, 40) end of each field
-    starts = np.empty_like(ends)
-    starts[:, 0] = line_start[gi]
-    starts[:, 1:] = ends[:, :-1] + 1
     ends[:, -1] -= body[np.maximum(ends[:, -1] - 1, 0)] == 13  # tolerate CRLF
-    return _Tokens(body, u64, n_lines, line_start, line_end, empty, gi, starts, ends - starts, bad)
+    return _Tokens(body, u64, n_lines, line_start, line_end, empty, gi, line_start[gi], ends, bad)
 
 
 def _dense_fields(t: _Tokens) -> tuple[np.ndarray, np.ndarray]:
     """(values, ok) of the dense integers, flat (rows * 13; row by row, so the reads walk the block in order):
     optional '-', up to 8 digits by SWAR, longer ones (rare) digit by digit."""
-    ds = t.starts[:, 1:1 + NUM_DENSE].ravel()
-    dl = t.lens[:, 1:1 + NUM_DENSE].ravel()
+    ds, dl = (a.ravel() for a in t.fields(1, 1 + NUM_DENSE))
     x = t.u64[ds]
     neg = ((x & _U(0xFF)) == _U(45)) & (dl >= 2)
     ni = np.flatnonzero(neg)
@@ -257,8 +260,7 @@ def _dense_fields(t: _Tokens) -> tuple[np.ndarray, np.ndarray]:
 def _categorical_fields(t: _Tokens) -> tuple[np.ndarray, np.ndarray]:
     """(keys, ok) of the categorical fields, flat (rows * 26; row by row, so the reads walk the block in order):
     empty (key -1) or exactly 8 hex digits."""
-    cs = t.starts[:, 1 + NUM_DENSE:].ravel()
-    cl = t.lens[:, 1 + NUM_DENSE:].ravel()
+    cs, cl = (a.ravel() for a in t.fields(1 + NUM_DENSE, NUM_FIELDS))
     key, hok = _sliced(_swar_hex8, t.u64[cs])
     present = cl == 8
     key[~present] = -1
@@ -268,8 +270,9 @@ def _categorical_fields(t: _Tokens) -> tuple[np.ndarray, np.ndarray]:
 def _categorical_raw(t: _Tokens) -> tuple[np.ndarray, bool]:
     """(raw, sized): the 8 bytes of every categorical field as int64 (26, n), one row per column (an empty field
     -> :data:`_MISSING_RAW`); ``sized``: every field is empty or 8 bytes long."""
-    cl = t.lens[:, 1 + NUM_DENSE:].T
-    raw = t.u64[t.starts[:, 1 + NUM_DENSE:].T].view(np.int64)  # (26, n)
+    cs, cl = t.fields(1 + NUM_DENSE, NUM_FIELDS)
+    cl = cl.T
+    raw = t.u64[cs.T].view(np.int64)  # (26, n), gathered row by row (the block's order)
     np.copyto(raw, _MISSING_RAW, where=cl != 8)
     return raw, not np.any(cl & ~8)  # lengths 0 or 8 only
 
@@ -282,19 +285,23 @@ def _factorized(raw: np.ndarray) -> list[CodedKeys] | None:
     The columns are factorized by ``pd.factorize``'s own engine (``Int64HashTable.factorize``: the same codes and
     first-appearance uniques, without its per-call checks and conversions; pandas' private API, as in
     :mod:`~ctrkit.data.pipeline.vocab_index`)."""
-    cols = []
-    for r in raw:
-        uniq, codes = _pd_hashtable.Int64HashTable(max(len(r), 1)).factorize(r)  # pd.factorize's table, directly
-        x = uniq.view(np.uint64)
-        key, ok = _swar_hex8(x)
-        missing = uniq == _MISSING_RAW
-        if not (ok | missing).all():
-            return None
-        key[missing] = -1
-        if (ok & ((x & _LOWER) != _LOWER)).any():  # an upper-case digit: 'A'..'F' lack the 0x20 bit
-            again, key = pd.factorize(key)
+    coded = [_pd_hashtable.Int64HashTable(max(len(r), 1)).factorize(r) for r in raw]  # pd.factorize's table, directly
+    sizes = np.array([len(u) for u, _ in coded])
+    uniq = np.concatenate([u for u, _ in coded])  # every column's distinct values: decoded in one pass
+    x = uniq.view(np.uint64)
+    key, ok = _sliced(_swar_hex8, x)
+    missing = uniq == _MISSING_RAW
+    if not (ok | missing).all():
+        return None
+    key[missing] = -1
+    upper = ok & ((x & _LOWER) != _LOWER)  # an upper-case digit: 'A'..'F' lack the 0x20 bit
+    cols, some_upper = [], bool(upper.any())
+    for (_, codes), hi, m in zip(coded, np.cumsum(sizes).tolist(), sizes.tolist()):
+        k = key[hi - m:hi]
+        if some_upper and upper[hi - m:hi].any():
+            again, k = pd.factorize(k)
             codes = again[codes]
-        cols.append(CodedKeys(codes, key))
+        cols.append(CodedKeys(codes, k))
     return cols
 
 

@@ -262,7 +262,10 @@ class RowEncoder:
                                f"(|value| > {F32_MAX:.4g}{after})", r.column, 0.0)
             dense[:, j] = x
         if logged:  # one lookup-table pass over all integer count columns (elementwise: as one by one)
-            dense[:, logged], clamped[logged] = dense_transform(np.stack(ints, axis=1))
+            vals, clamped[logged] = dense_transform(np.stack(ints).T)  # (n, k) column by column, as ``dense``
+            if len(logged) == len(rules) and vals.dtype == dense.dtype:
+                return vals, clamped  # every column: the transform's output is the dense block
+            dense[:, logged] = vals
         return dense, clamped
 
     def _weight(self, c: _Chunk) -> np.ndarray | None:
@@ -336,9 +339,18 @@ class RowEncoder:
             return joint.lookup(keys, (keys < 0) & hexed).T.astype(self._sparse_dtype)  # (n, Ns)
         sparse = np.empty((n, len(single)), self._sparse_dtype, order="F")  # filled column by column
         for j, (r, v) in enumerate(zip(single, cols)):  # CodedKeys carry their missing values (negative uniques)
+            coded = self._coded_ids(r.table, v) if isinstance(v, CodedKeys) else None
+            if coded is not None:  # the distinct keys' ids, gathered for the rows straight into the column
+                np.take(coded.astype(self._sparse_dtype), v.codes, out=sparse[:, j])
+                continue
             missing = v < 0 if r.kind == HEX and not isinstance(v, CodedKeys) else None
             sparse[:, j] = self._ids(r.table, v, missing)
         return sparse
+
+    def _coded_ids(self, table: str, col: CodedKeys) -> np.ndarray | None:
+        """Ids [m] of the distinct keys of ``col`` (``ids[col.codes]`` being what :meth:`_ids` gives its rows), or
+        None: then :meth:`_ids` takes the rows."""
+        return None
 
     def _joint(self) -> JointLookup | None:
         """One id lookup for all single-valued columns, or None (ids come column by column)."""

@@ -61,6 +61,7 @@ from ctrkit.data.pipeline.vocab import Vocabulary, check_vocab_options
 from ctrkit.data.pipeline.vocab_arrays import vocab_fingerprint
 from ctrkit.data.pipeline.vocab_grow import GrowFrom, Pending
 from ctrkit.data.pipeline.vocab_joint import JointLookup
+from ctrkit.data.pipeline.vocab_keys import CodedKeys
 from ctrkit.errors import DataError, NotFittedError
 from ctrkit.schema import DenseFeature, Schema, SequenceFeature, SparseFeature
 
@@ -173,6 +174,12 @@ class FeaturePipeline(RowEncoder):
         base = UNSEEN_GROUP_BASE if table == GROUP_TABLE else None
         return self.vocabs_[table].lookup(values, missing, unseen_base=base)
 
+    def _coded_ids(self, table: str, col: CodedKeys) -> np.ndarray | None:
+        if self.kind == IDS or table == GROUP_TABLE:
+            return None
+        self._check_fitted()
+        return self.vocabs_[table].lookup(col.uniques, col.uniques < 0)  # what lookup(col) gathers for the rows
+
     def _joint(self) -> JointLookup | None:
         """:class:`JointLookup` of the single-valued columns' vocabularies, built once for these vocabularies
         (None: kind ids, or a vocabulary it cannot join)."""
@@ -204,7 +211,10 @@ class FeaturePipeline(RowEncoder):
 
         def ids(table: str, a: np.ndarray, dtype: Any = id_dtype) -> np.ndarray:
             m = luts.get(table)
-            return (m[a] if m is not None else a).astype(dtype)
+            a = m[a] if m is not None else a
+            if a.dtype.kind in "iu" and a.dtype.itemsize == np.dtype(dtype).itemsize and a.flags.c_contiguous:
+                return a.view(dtype)  # the bytes astype would write (an integer cast of one width keeps them)
+            return a.astype(dtype)
 
         out: dict[str, Any] = {}
         if "label" in part:

@@ -12,6 +12,7 @@ from ctrkit.data.pipeline.columns import kind_of
 from ctrkit.data.pipeline.encode import CRITEO, GROUP_TABLE, RowEncoder
 from ctrkit.data.pipeline.vocab import VocabBuilder, Vocabulary
 from ctrkit.data.pipeline.vocab_grow import Pending, grow_vocabulary, lineage, pending_of
+from ctrkit.data.pipeline.vocab_keys import CodedKeys
 from ctrkit.errors import DataError
 
 if TYPE_CHECKING:
@@ -45,6 +46,15 @@ class PipelineFitter(RowEncoder):
         if b.kind == "int" and isinstance(values, pa.Array) and not pa.types.is_integer(values.type):
             raise DataError(f"vocabulary {table!r} mixes integer and string columns; give them the same type")
         ids = b.add(values, missing)
+        if self.kind == CRITEO and b.next_id >= 1 << 32:
+            raise DataError("a categorical column has more than 2^32 - 2 distinct values")
+        return ids
+
+    def _coded_ids(self, table: str, col: CodedKeys) -> np.ndarray | None:
+        b = self._builders.get(table)
+        if not isinstance(b, VocabBuilder) or b.kind != "int":
+            return None  # a first column, an adopted vocabulary, text keys: through _ids and its checks
+        ids = b.add_coded(col)
         if self.kind == CRITEO and b.next_id >= 1 << 32:
             raise DataError("a categorical column has more than 2^32 - 2 distinct values")
         return ids

@@ -123,6 +123,12 @@ class VocabBuilder:
     def _add_coded(self, col: CodedKeys) -> np.ndarray:
         """:meth:`add` of factorized keys: the distinct ones are admitted and counted, the rows take their ids (a
         negative unique, missing, takes MISSING_ID and counts as missing)."""
+        return self.add_coded(col)[col.codes]
+
+    def add_coded(self, col: CodedKeys) -> np.ndarray:
+        """Count the rows of factorized integer keys ``col`` -> the provisional id of each of its distinct keys
+        [m] (``ids[col.codes]`` are the rows' ids, what :meth:`add` gives; a negative unique, missing, takes
+        MISSING_ID and counts as missing)."""
         uniq = col.uniques
         cnt = np.bincount(col.codes, minlength=len(uniq))
         missing = uniq < 0
@@ -131,7 +137,7 @@ class VocabBuilder:
         self._counts[pid] += cnt  # missing ones add to MISSING_ID's slot, which no count reads (FIRST_ID on)
         if some:
             self.missing += int(cnt[missing].sum())
-        return pid[col.codes]
+        return pid
 
     def merge(self, keys: np.ndarray, counts: np.ndarray, missing: int = 0) -> None:
         """Add another builder's distinct ``keys`` [m] (its first-appearance order) with their ``counts`` [m]: merged

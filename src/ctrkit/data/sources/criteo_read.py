@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ctrkit.data.pipeline.criteo_parse import ParsedBlock, TextBlock
+from ctrkit.data.pipeline.criteo_parse import PAD, ParsedBlock, TextBlock
 from ctrkit.data.pipeline.feature_pipeline import DENSE_NAMES, SPARSE_NAMES
 from ctrkit.errors import DataError
 from ctrkit.io import check_distinct_inputs, missing_path
@@ -71,18 +71,6 @@ def _salvage(d: Any, comp: bytes) -> Iterator[bytes]:
             return
 
 
-def _plain_pieces(raw: Any, size: int, start: int, stop: int | None) -> Iterator[bytes]:
-    raw.seek(start)
-    left = None if stop is None else stop - start
-    while left is None or left > 0:
-        data = raw.read(size if left is None else min(size, left))
-        if not data:
-            return
-        if left is not None:
-            left -= len(data)
-        yield data
-
-
 def iter_blocks(path: Path, block_bytes: int, *, start: int = 0, stop: int | None = None,
                 damage: list[dict[str, Any]] | None = None) -> Iterator[tuple[TextBlock, int]]:
     """Blocks of whole lines (each ending in b"\\n", as padded :class:`TextBlock` arrays the parser reads in place)
@@ -98,7 +86,10 @@ def iter_blocks(path: Path, block_bytes: int, *, start: int = 0, stop: int | Non
     try:
         gz = raw.read(2) == b"\x1f\x8b"
         raw.seek(0)
-        pieces = _gzip_pieces(path, raw, block_bytes, damage) if gz else _plain_pieces(raw, block_bytes, start, stop)
+        if not gz:  # read straight into the blocks' arrays
+            yield from _plain_blocks(raw, block_bytes, start, stop)
+            return
+        pieces = _gzip_pieces(path, raw, block_bytes, damage)
         seen = len(damage) if damage is not None else 0
         carry = b""
         head = start == 0  # the start of the file: strip a BOM there
@@ -121,6 +112,50 @@ def iter_blocks(path: Path, block_bytes: int, *, start: int = 0, stop: int | Non
             yield TextBlock.of(carry + b"\n"), raw.tell()
     finally:
         raw.close()
+
+
+def _plain_blocks(raw: Any, block_bytes: int, start: int, stop: int | None) -> Iterator[tuple[TextBlock, int]]:
+    """:func:`iter_blocks` of a plain file: each read lands in the padded array of its block (``readinto``; the
+    line cut at the block's end, copied to the next block's head, is the only byte copied twice)."""
+    raw.seek(start)
+    left = None if stop is None else stop - start
+    carry, head = b"", start == 0  # the start of the file: strip a BOM there
+    while left is None or left > 0:
+        want = block_bytes if left is None else min(block_bytes, left)
+        buf = np.empty(len(carry) + want + PAD, np.uint8)
+        buf[:len(carry)] = np.frombuffer(carry, np.uint8)
+        got = raw.readinto(memoryview(buf)[len(carry):len(carry) + want])
+        if not got:
+            break
+        if left is not None:
+            left -= got
+        end, lo = len(carry) + got, 0
+        if head:
+            if end < len(_BOM) and _BOM.startswith(buf[:end].tobytes()):  # a read shorter than the BOM: read on
+                carry = buf[:end].tobytes()
+                continue
+            lo, head = (len(_BOM) if buf[:len(_BOM)].tobytes() == _BOM else 0), False
+        cut = _last_newline(buf, lo, end)
+        if cut < 0:
+            carry = buf[lo:end].tobytes()
+            continue
+        carry = buf[cut + 1:end].tobytes()
+        buf[cut + 1:cut + 1 + PAD] = 0
+        yield TextBlock(buf[lo:cut + 1 + PAD]), raw.tell()
+    if carry:
+        yield TextBlock.of(carry + b"\n"), raw.tell()
+
+
+def _last_newline(buf: np.ndarray, lo: int, end: int) -> int:
+    """Index of the last b"\n" in ``buf[lo:end]`` (-1 if none): the last 64 KiB first, then the rest."""
+    for a in (max(lo, end - (1 << 16)), lo):
+        hits = np.flatnonzero(buf[a:end] == 10)
+        if len(hits):
+            return a + int(hits[-1])
+        end = a
+        if a == lo:
+            break
+    return -1
 
 
 def line_ranges(path: Path, size: int) -> list[tuple[int, int]]:

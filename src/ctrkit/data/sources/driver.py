@@ -277,9 +277,9 @@ def write_split_store(path: Path, pipe: FeaturePipeline, spill: ShardSpill, *, s
     ``[shuffle_seed, shard]`` unless None), finalized by ``pipe``; ``fitted_dir`` holds the ``pipeline/`` to
     link into it."""
     with StoreWriter(path, pipe.schema, pipe.column_specs(), overwrite=overwrite) as w:
-        for shard in spill:
-            part = spill.read(shard, seed=None if shuffle_seed is None else [shuffle_seed, shard])
-            w.append(pipe.finalize(part, luts))
+        for shard in spill:  # a piece of a shard at a time: the same rows in the same order as the whole shard
+            for part in spill.pieces(shard, seed=None if shuffle_seed is None else [shuffle_seed, shard]):
+                w.append(pipe.finalize(part, luts))
         link_tree(fitted_dir / PIPELINE_DIR, w.tmp / PIPELINE_DIR)
         w.set_meta(**meta)
     return path

@@ -18,6 +18,9 @@ from ctrkit.data.pipeline.rows import SpillColumn, jagged_take
 
 log = logging.getLogger(__name__)
 
+PIECE_ROWS = 1 << 16  # rows per piece of a shard read back (ShardSpill.pieces)
+_GATHER_BYTES = 1 << 18  # rows gathered and turned into columns per step: source and target stay in cache
+
 
 class ShardSpill:
     """Rows of one split scattered into ``n_shards`` temporary files, read back one shard at a time.
@@ -81,25 +84,37 @@ class ShardSpill:
 
     def read(self, shard: int, seed: int | None = None) -> dict[str, Any]:
         """Shard ``shard`` as a dict of columns, rows permuted by ``default_rng(seed)`` unless seed is None."""
+        return next(self.pieces(shard, seed, rows=None))
+
+    def pieces(self, shard: int, seed: int | None = None, rows: int | None = PIECE_ROWS) -> Iterator[dict[str, Any]]:
+        """Shard ``shard`` as :meth:`read` gives it, in consecutive pieces of ``rows`` rows (the whole shard, at
+        least one piece, when None or when a column is jagged): together the rows of :meth:`read` in its order.
+
+        Fixed-width rows are gathered from the mapped file one piece at a time, so the arrays of a piece (a few
+        MB, reused by the allocator piece after piece) and never the whole shard are held. The shard's files are
+        removed once its last piece was taken."""
         n = int(self.rows[shard])
         perm = np.random.default_rng(seed).permutation(n) if seed is not None else None
-        out: dict[str, Any] = {}
+        whole = rows is None or n == 0 or any(spec.jagged for spec in self.columns.values())
+        step = n if whole else int(rows)  # type: ignore[arg-type]
+        fixed, jagged = {}, {}
         for name, spec in self.columns.items():
             if spec.jagged:
                 vals = np.fromfile(self._file(shard, name, "values"), dtype=spec.dtype) if n else np.zeros(0, spec.dtype)
                 lens = np.fromfile(self._file(shard, name, "lengths"), dtype=np.int64) if n else np.zeros(0, np.int64)
-                out[name] = jagged_take(vals, lens, perm) if perm is not None else (vals, lens)
-            elif perm is not None and n and all(spec.inner):  # rows gathered straight from the mapped file: no copy
-                # of it first (a column of zero width, e.g. a table without dense features, has an empty file: no map)
-                a = np.memmap(self._file(shard, name), dtype=spec.dtype, mode="r", shape=(n, *spec.inner))
-                out[name] = a[perm]
-                del a
+                jagged[name] = jagged_take(vals, lens, perm) if perm is not None else (vals, lens)
+            elif n and all(spec.inner):  # rows gathered straight from the mapped file (a column of zero width,
+                # e.g. a table without dense features, has an empty file: nothing to map)
+                fixed[name] = np.memmap(self._file(shard, name), dtype=spec.dtype, mode="r", shape=(n, *spec.inner))
             else:
-                a = np.fromfile(self._file(shard, name), dtype=spec.dtype) if n else np.zeros(0, spec.dtype)
-                out[name] = a.reshape(n, *spec.inner)
+                fixed[name] = np.zeros((n, *spec.inner), spec.dtype)
+        for lo in range(0, max(n, 1), max(step, 1)):
+            sel = perm[lo:lo + step] if perm is not None else slice(lo, lo + step)
+            yield {name: jagged[name] if name in jagged else by_columns(fixed[name], sel) for name in self.columns}
+        fixed.clear()  # drop the maps before the files go
+        for name in self.columns:
             for part in ("data", "values", "lengths"):
                 self._file(shard, name, part).unlink(missing_ok=True)
-        return out
 
     def __iter__(self) -> Iterator[int]:
         return iter(s for s in range(self.n_shards) if self.rows[s] > 0)
@@ -122,9 +137,29 @@ def read_parts(parts: list[tuple[Path, int]], shard: int, columns: dict[str, Spi
             vals, lens = cat("values", spec.dtype), cat("lengths", np.int64)
             out[name] = jagged_take(vals, lens, perm) if perm is not None else (vals, lens)
         else:
-            a = cat("data", spec.dtype).reshape(n, *spec.inner)
-            out[name] = a[perm] if perm is not None else a
+            out[name] = by_columns(cat("data", spec.dtype).reshape(n, *spec.inner), perm)
     return out
+
+
+
+
+def by_columns(a: np.ndarray, rows: np.ndarray | slice | None) -> np.ndarray:
+    """Rows ``rows`` (an index array, a slice, or all when None) of ``a`` [n, w] (row-major, as a spill stores
+    them, e.g. its mapped file) -> a new array of the same values [m, w] laid out column by column (Fortran
+    order), so that each of its w columns, which a store writes one by one, is one contiguous run. Done a
+    cache-sized block of rows at a time: the rows are gathered and transposed while they are in cache (one column
+    at a time over the whole array would read every row w times). 1-d and zero-width columns: ``a[rows]``."""
+    sub = a if rows is None or not isinstance(rows, slice) else a[rows]  # a slice: a view, nothing read yet
+    idx = rows if isinstance(rows, np.ndarray) else None
+    if a.ndim != 2 or a.shape[1] < 2 or len(sub) == 0 or (idx is not None and len(idx) == 0):
+        return np.asarray(sub[idx]) if idx is not None else np.array(sub)
+    m, w = (len(idx) if idx is not None else len(sub)), a.shape[1]
+    out = np.empty((w, m), a.dtype)  # (w, m): column j is out[j]
+    step = max(1, _GATHER_BYTES // (w * a.itemsize))
+    for i in range(0, m, step):
+        block = sub[i:i + step] if idx is None else sub[idx[i:i + step]]  # (b, w)
+        out[:, i:i + step] = block.T
+    return out.T
 
 
 def shard_count(est_rows: float, row_bytes: int, target_shard_bytes: int = 256 << 20) -> int:

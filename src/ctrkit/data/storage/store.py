@@ -4,7 +4,8 @@ Layout::
 
     store/
       manifest.json         schema, row count, per-column kind/dtype/shape/files/checksums (a quick one:
-                            size + first and last MiB; and a CRC-32 of the whole content),
+                            CRC-32 of size + first and last MiB, sha256 in stores written before; and a
+                            CRC-32 of the whole content),
                             preprocessing options and statistics
       .verified.json        which files were verified in full, and when (see verify.py)
       label.npy             float32 [N]
@@ -46,7 +47,15 @@ import numpy as np
 from ctrkit.data.pipeline.rows import ColumnSpec
 from ctrkit.data.storage.verify import ContentHash, Part, record_written, verify_columns
 from ctrkit.errors import StoreError
-from ctrkit.io import file_checksum, is_empty_dir, path_exists, replace_path, temp_dir
+from ctrkit.io import (
+    check_quick,
+    file_checksum,
+    is_empty_dir,
+    path_exists,
+    quick_checksum,
+    replace_path,
+    temp_dir,
+)
 from ctrkit.schema import Schema
 
 FORMAT = "ctrkit-store"
@@ -201,7 +210,7 @@ class StoreWriter:
                     "file": arr.path.name,
                     "dtype": np.dtype(arr.dtype).str,
                     "shape": list(shape),
-                    "checksum": file_checksum(arr.path, self.full),
+                    "checksum": file_checksum(arr.path, True) if self.full else quick_checksum(arr.path),
                     "content": arr.content.hexdigest(),
                 }
             cols[c.name] = {"kind": c.kind, "files": files}
@@ -328,9 +337,9 @@ class Store:
             raise StoreError(f"{f} listed in the manifest is missing; re-run the preprocessing")
         want = spec["checksum"]
         whole = verify and "content" in spec  # every byte is checked by verify_columns instead
-        if not whole and (want.startswith("quick:") or verify):  # sha256 (full_checksums): read whole, uncached
-            got = file_checksum(f, full=want.startswith("sha256:"))
-            if got != want:
+        if not whole:  # quick (sha256 or CRC-32) always; sha256 (full_checksums) with verify: read whole, uncached
+            got = check_quick(f, want, verify)
+            if got is not None and got != want:
                 raise StoreError(
                     f"{f} does not match its checksum in manifest.json (file changed or truncated); "
                     "re-run the preprocessing"
