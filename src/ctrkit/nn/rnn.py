@@ -251,8 +251,10 @@ class AuxiliaryNet(nn.Module):
         first, rest = self.mlp.layers[0], self.mlp.layers[1:]
         w_h, w_e = first.weight[:, :hs], first.weight[:, hs:]
         from_h = F.linear(h, w_h, first.bias)  # (..., W1) shared by both behaviours
-
-        both = torch.cat([from_h + F.linear(pos, w_e), from_h + F.linear(neg, w_e)])  # (2·..., W1): one pass
+        # both behaviours' e part in one GEMM over the (small) stacked inputs; the state part is added by
+        # broadcasting, so the wide (2·..., W1) pre-activation is written once (no concatenation of it)
+        both = F.linear(torch.cat([pos, neg]), w_e)  # (2·..., W1)
+        both = (both.view(2, *pos.shape[:-1], -1) + from_h).flatten(0, 1)  # (2·..., W1)
         s = self.out(rest(both)).squeeze(-1)
         return s[: len(pos)], s[len(pos):]
 
@@ -278,9 +280,15 @@ def dien_auxiliary_loss(h: Tensor, pos: Tensor, neg: Tensor, mask: Tensor, net: 
             "pass net=AuxiliaryNet(H + D)"
         )
     mask = mask.to(torch.bool)
+    b, t = mask.shape
     pairs = mask[:, :-1] & mask[:, 1:]  # (B, T−1) real (t, t+1)
-    # only the N real pairs are scored (padding would be computed and masked away otherwise)
-    states, e_pos, e_neg = h[:, :-1][pairs], pos[:, 1:][pairs], neg[:, 1:][pairs]  # (N, ·)
+    # only the N real pairs are scored (padding would be computed and masked away otherwise): their flat
+    # (b·T + t) positions found once, then three row gathers (index_select; backward: index_add)
+    rows, steps = pairs.nonzero(as_tuple=True)  # (N,), (N,) in row-major order
+    at = rows * t + steps  # (N,) h_t;  at + 1: e_{t+1}
+    states = h.reshape(b * t, h.shape[2]).index_select(0, at)  # (N, H)
+    e_pos = pos.reshape(b * t, pos.shape[2]).index_select(0, at + 1)  # (N, D)
+    e_neg = neg.reshape(b * t, neg.shape[2]).index_select(0, at + 1)  # (N, D)
     if net is None:
         s_pos, s_neg = (states * e_pos).sum(dim=1), (states * e_neg).sum(dim=1)  # (N,)
     elif isinstance(net, AuxiliaryNet):
