@@ -72,7 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     old = baseline_rnn(a.baseline)
     trainers = {"baseline": build(Path(a.store), Path(a.config)), "this": build(Path(a.store), Path(a.config))}
-    trainers["baseline"][0].model.aux_net.__class__ = old.AuxiliaryNet  # type: ignore[attr-defined]
+    for m in trainers["baseline"][0].model.modules():  # type: ignore[attr-defined]
+        if type(m).__module__ == "ctrkit.nn.rnn":  # AttentionGRU, AuxiliaryNet: the baseline's code
+            m.__class__ = getattr(old, type(m).__name__)
     losses = {"baseline": old.dien_auxiliary_loss, "this": dien_module.dien_auxiliary_loss}
     batches = trainers["this"][1]
     seconds: dict[str, list[float]] = {"baseline": [], "this": []}
@@ -90,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                 seconds[name].append(time.process_time() - c0)
     dien_module.dien_auxiliary_loss = losses["this"]  # type: ignore[attr-defined]
     params = [dict(trainers[k][0].model.named_parameters()) for k in ("baseline", "this")]  # type: ignore[attr-defined]
-    diff = max(float((params[0][n] - p).abs().max()) for n, p in params[1].items())
+    diff = max(float((params[0][n] - p).detach().abs().max()) for n, p in params[1].items())
     med = {k: statistics.median(v) * 1e3 for k, v in seconds.items()}
     load = os.getloadavg()
     sys.stdout.write(f"DIEN step, median CPU ms: baseline ({a.baseline}) {med['baseline']:.2f}, this tree "
