@@ -235,3 +235,30 @@ def test_auxiliary_loss_without_pairs_and_gradcheck() -> None:
     torch.testing.assert_close(dien_auxiliary_loss(zero, zero, zero, m), torch.tensor(2 * math.log(2), dtype=torch.float64))
     with pytest.raises(LayerConfigError, match="AuxiliaryNet: need in_features"):
         AuxiliaryNet(4, hidden=())
+
+
+@pytest.mark.parametrize("update_gate", [True, False])
+@pytest.mark.parametrize("with_d_out", [True, False])
+def test_scripted_loops_equal_the_python_loops(update_gate, with_d_out) -> None:
+    """The AGRU / AUGRU node runs its loops through TorchScript; the Python functions (the fallback) must give
+    the same values bit for bit, forward and backward, with and without a gradient on the per-step outputs."""
+    from ctrkit.nn import rnn
+
+    scripted = rnn._loops()
+    if scripted[0] is rnn._forward_loop:
+        pytest.skip("TorchScript unavailable here: the node runs the Python loops")
+    b, t, hs = 4, 6, 3
+    gi, att = torch.randn(b, t, 3 * hs), torch.rand(b, t)
+    w_hh, b_hh = torch.randn(3 * hs, hs), torch.randn(3 * hs)
+    mask = lengths_mask([6, 2, 0, 4], t)
+    fwd_py = rnn._forward_loop(gi, w_hh, b_hh, att, mask, update_gate)
+    fwd_js = scripted[0](gi, w_hh, b_hh, att, mask, update_gate)
+    assert all(torch.equal(p, s) for p, s in zip(fwd_py, fwd_js))
+    out, _, rzn, g_n = fwd_py
+    prev = torch.cat([out.new_zeros(b, 1, hs), out[:, :-1]], 1)
+    d_out = torch.randn(b, t, hs) if with_d_out else None
+    dh = torch.randn(b, hs)
+    bwd_py = rnn._backward_loop(d_out, dh, w_hh, att, mask, prev, rzn, g_n, update_gate)
+    bwd_js = scripted[1](d_out, dh, w_hh, att, mask, prev, rzn, g_n, update_gate)
+    assert all(torch.equal(p, s) for p, s in zip(bwd_py, bwd_js))
+    assert (bwd_py[2][~mask] == 0).all()  # no attention gradient at padding
