@@ -2,6 +2,7 @@
 
     python benchmarks/retrieval_compare.py --dataset beauty|ml100k [--models two_tower youtube_dnn sasrec]
         [--seeds 0 1 2] [--device cpu|cuda] [--workers 2] [--threads 1] [--epochs 40] [--no-ablation] [--out DIR]
+        [--seq-max-len 50] [--seq-stride 50]
 
 Protocol (issue 10, point 5): every interaction is a positive; leave-last-out by time per user (the last item
 -> test, the second-to-last -> valid, the rest -> train; S3-Rec's Beauty sequences are already in time order),
@@ -49,10 +50,12 @@ METRICS = ["hr@10", "hr@50", "ndcg@10", "mrr"]
 TARGET = {"hr@10": 0.0605, "ndcg@10": 0.0318}  # SASRec, full ranking, Beauty (S3-Rec split)
 
 
-def build_stores(dataset: str, out: Path, train_rows: str = "prefix", max_len: int = 50) -> dict[str, str]:
+def build_stores(dataset: str, out: Path, train_rows: str = "prefix", max_len: int = 50,
+                 stride: int | None = None) -> dict[str, str]:
     """The positive-only behaviour stores of ``dataset`` under ``out`` (reused when present); ``train_rows``:
     "sequence" writes train as one row per user sequence (valid / test: the same per-prefix rows, the same
-    targets); ``max_len``: the history length kept (and a sequence row's window)."""
+    targets); ``max_len``: the history length kept (and a sequence row's window); ``stride``: the sequence
+    windows' stride (None: ``max_len``, no overlap)."""
     from ctrkit.data.sources.behaviour import preprocess_behaviour
 
     if (out / "test" / "manifest.json").is_file():
@@ -68,7 +71,7 @@ def build_stores(dataset: str, out: Path, train_rows: str = "prefix", max_len: i
         # example age: YouTubeDNN's per-row feature; sequence rows have none (sasrec does not read it)
         kw = {"attr_cols": ["genre:cate"], "time_col": "time", "example_age": train_rows == "prefix"}
     paths = preprocess_behaviour(src, out, negatives="none", max_len=max_len, embedding_dim=64, overwrite=True,
-                                 train_rows=train_rows, **kw)
+                                 train_rows=train_rows, sequence_stride=stride, **kw)
     return {k: str(v) for k, v in paths.items()}
 
 
@@ -192,14 +195,19 @@ def main() -> None:
                    help="config overrides for every run (e.g. train.retrieval.loss=full), for selection on valid")
     p.add_argument("--seq-max-len", type=int, default=50,
                    help="history length of the sequence-row stores (sasrec_seq; the paper: 200 for MovieLens)")
+    p.add_argument("--seq-stride", type=int, default=None,
+                   help="stride of the sequence-row windows (sasrec_seq; default --seq-max-len: no overlap; a "
+                        "smaller one gives the early targets of long users more context for more rows)")
     p.add_argument("--out", default="bench_out/retrieval")
     a = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
     out = Path(a.out).resolve()
     t0 = time.perf_counter()
     stores = build_stores(a.dataset, out / f"{a.dataset}_store")
-    suffix = "" if a.seq_max_len == 50 else f"_len{a.seq_max_len}"
-    seq_stores = (build_stores(a.dataset, out / f"{a.dataset}_seq_store{suffix}", "sequence", a.seq_max_len)
+    suffix = ("" if a.seq_max_len == 50 else f"_len{a.seq_max_len}") + (
+        "" if a.seq_stride in (None, a.seq_max_len) else f"_stride{a.seq_stride}")
+    seq_stores = (build_stores(a.dataset, out / f"{a.dataset}_seq_store{suffix}", "sequence", a.seq_max_len,
+                               a.seq_stride)
                   if set(a.models) & set(SEQUENCE_MODELS) else None)
     base = baselines(stores)
     for name, r in base.items():

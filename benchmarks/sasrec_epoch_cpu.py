@@ -3,8 +3,8 @@
     PYTHONPATH=src python benchmarks/sasrec_epoch_cpu.py STORE_DIR [--batch 256] [--positions recency|absolute|none]
         [--steps 40] [--softmax-only]
 
-Runs ``--steps`` training steps (RetrievalTask full-softmax loss, backward, Adam on dense weights and SparseAdam on
-the tables, one thread) on shuffled batches of STORE_DIR/train and prints this process's CPU time per step and
+Runs ``--steps`` training steps (RetrievalTask full-softmax loss, backward, Adam on dense weights and the Trainer's lazy
+Adam (torch's SparseAdam in a ctrkit without it) on the tables, one thread) on shuffled batches of STORE_DIR/train and prints this process's CPU time per step and
 scaled to the epoch's steps. A store of sequence rows trains per position. ``--positions none`` passes no
 ``positions`` option (a ctrkit from before it, e.g. main, for the "before" figure: ``PYTHONPATH=/path/to/main/src``).
 ``--softmax-only``: the full softmax's forward + backward alone, with the store's targets per step and catalogue
@@ -34,6 +34,10 @@ def main() -> None:
     from ctrkit.retrieval.catalogue import ItemCatalogue
     from ctrkit.retrieval.losses import full_softmax_loss
     from ctrkit.training.tasks import RetrievalTask
+    try:  # the Trainer's table optimizer (takes the dense gradients small tables now get), else torch's
+        from ctrkit.training.optim import LazyAdam as TableAdam
+    except ImportError:  # a ctrkit from before it
+        from torch.optim import SparseAdam as TableAdam
     try:
         from ctrkit.retrieval.catalogue import sequence_window
     except ImportError:  # a ctrkit without sequence rows
@@ -59,7 +63,7 @@ def main() -> None:
         task.bind(model)
         tables = {id(t) for t in model.embedding_parameters()}
         opts = [torch.optim.Adam([t for t in model.parameters() if id(t) not in tables], lr=1e-3),
-                torch.optim.SparseAdam([t for t in model.parameters() if id(t) in tables], lr=1e-3)]
+                TableAdam([t for t in model.parameters() if id(t) in tables], lr=1e-3)]
         model.train()
         batches = iter(loader)
         t0 = time.process_time()
