@@ -2,7 +2,7 @@
 
     python benchmarks/retrieval_compare.py --dataset beauty|ml100k [--models two_tower youtube_dnn sasrec]
         [--seeds 0 1 2] [--device cpu|cuda] [--workers 2] [--threads 1] [--epochs 40] [--no-ablation] [--out DIR]
-        [--seq-max-len 50] [--seq-stride 50]
+        [--seq-max-len 50] [--seq-stride N]
 
 Protocol (issue 10, point 5): every interaction is a positive; leave-last-out by time per user (the last item
 -> test, the second-to-last -> valid, the rest -> train; S3-Rec's Beauty sequences are already in time order),
@@ -46,6 +46,10 @@ SHARED = Path(os.environ.get("CTRKIT_SHARED_DATA", REPO.parent / "shared" / "dat
 S3REC = SHARED / "amazon_yelp_lastfm_sequences_s3rec"
 MODELS = ("two_tower", "youtube_dnn", "sasrec", "sasrec_seq")
 SEQUENCE_MODELS = ("sasrec_seq",)  # sasrec on sequence rows (--train-rows sequence): configs/<dataset>_retrieval_seq
+# the sequence windows' stride per dataset, as a fraction of --seq-max-len (None: max_len, no overlap); MovieLens: a
+# fifth, chosen on valid NDCG@10 over 3 seeds against a half, a quarter and none (docs/benchmarks.md); Beauty's users
+# are short (6 training items on average), so its windows barely overlap at any stride
+SEQ_STRIDE = {"ml100k": 5, "beauty": None}
 METRICS = ["hr@10", "hr@50", "ndcg@10", "mrr"]
 TARGET = {"hr@10": 0.0605, "ndcg@10": 0.0318}  # SASRec, full ranking, Beauty (S3-Rec split)
 
@@ -196,14 +200,17 @@ def main() -> None:
     p.add_argument("--seq-max-len", type=int, default=50,
                    help="history length of the sequence-row stores (sasrec_seq; the paper: 200 for MovieLens)")
     p.add_argument("--seq-stride", type=int, default=None,
-                   help="stride of the sequence-row windows (sasrec_seq; default --seq-max-len: no overlap; a "
-                        "smaller one gives the early targets of long users more context for more rows)")
+                   help="stride of the sequence-row windows (sasrec_seq; --seq-max-len: no overlap; a smaller one "
+                        "gives the early targets of long users more context for more rows); default: the "
+                        "dataset's (MovieLens --seq-max-len / 5, Beauty --seq-max-len)")
     p.add_argument("--out", default="bench_out/retrieval")
     a = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
     out = Path(a.out).resolve()
     t0 = time.perf_counter()
     stores = build_stores(a.dataset, out / f"{a.dataset}_store")
+    if a.seq_stride is None and SEQ_STRIDE[a.dataset]:
+        a.seq_stride = max(1, a.seq_max_len // SEQ_STRIDE[a.dataset])
     suffix = ("" if a.seq_max_len == 50 else f"_len{a.seq_max_len}") + (
         "" if a.seq_stride in (None, a.seq_max_len) else f"_stride{a.seq_stride}")
     seq_stores = (build_stores(a.dataset, out / f"{a.dataset}_seq_store{suffix}", "sequence", a.seq_max_len,
