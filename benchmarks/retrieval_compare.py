@@ -47,7 +47,8 @@ S3REC = SHARED / "amazon_yelp_lastfm_sequences_s3rec"
 MODELS = ("two_tower", "youtube_dnn", "sasrec", "sasrec_seq")
 SEQUENCE_MODELS = ("sasrec_seq",)  # sasrec on sequence rows (--train-rows sequence): configs/<dataset>_retrieval_seq
 # the sequence windows' stride per dataset, as a fraction of --seq-max-len (None: max_len, no overlap); MovieLens: a
-# fifth, chosen on valid NDCG@10 over 3 seeds against a half, a quarter and none (docs/benchmarks.md); Beauty's users
+# fifth, chosen on valid NDCG@10 over 3 seeds against a half, a quarter and none (docs/benchmarks.md; with the config's
+# batch of 32 sequences, chosen after it); Beauty's users
 # are short (6 training items on average), so its windows barely overlap at any stride
 SEQ_STRIDE = {"ml100k": 5, "beauty": None}
 METRICS = ["hr@10", "hr@50", "ndcg@10", "mrr"]
