@@ -48,7 +48,7 @@ MODELS = ("two_tower", "youtube_dnn", "sasrec", "sasrec_seq")
 SEQUENCE_MODELS = ("sasrec_seq",)  # sasrec on sequence rows (--train-rows sequence): configs/<dataset>_retrieval_seq
 # the sequence windows' stride per dataset, as a fraction of --seq-max-len (None: max_len, no overlap); MovieLens: a
 # fifth, chosen on valid NDCG@10 over 3 seeds against a half, a quarter and none (docs/benchmarks.md; with the config's
-# batch of 32 sequences, chosen after it); Beauty's users
+# batch of 32 sequences and lr 3e-3, chosen after it); Beauty's users
 # are short (6 training items on average), so its windows barely overlap at any stride
 SEQ_STRIDE = {"ml100k": 5, "beauty": None}
 METRICS = ["hr@10", "hr@50", "ndcg@10", "mrr"]
