@@ -17,10 +17,10 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
+from _step_ab import alternate
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -60,19 +60,7 @@ def main(argv: list[str] | None = None) -> int:
                  "and pass DIR/criteo or DIR/movielens")
     torch.set_num_threads(1)
     trainers = {"plain": build(Path(a.store), Path(a.config), True), "fused": build(Path(a.store), Path(a.config), False)}
-    batches = trainers["plain"][1]
-    seconds: dict[str, list[float]] = {"plain": [], "fused": []}
-    for i in range(a.warmup + a.steps):
-        batch = batches[i % len(batches)]
-        for name in ("plain", "fused") if i % 2 else ("fused", "plain"):
-            tr = trainers[name][0]
-            c0 = time.process_time()
-            loss, _ = tr.module(batch)  # type: ignore[attr-defined]
-            tr.optimizer.zero_grad(set_to_none=True)  # type: ignore[attr-defined]
-            loss.backward()
-            tr.optimizer.step()  # type: ignore[attr-defined]
-            if i >= a.warmup:
-                seconds[name].append(time.process_time() - c0)
+    seconds = alternate({k: v[0] for k, v in trainers.items()}, trainers["plain"][1], a.steps, a.warmup)
     med = {k: statistics.median(v) * 1e3 for k, v in seconds.items()}
     load = os.getloadavg()
     sys.stdout.write(f"{a.config}: median CPU ms per step, plain {med['plain']:.2f}, fused {med['fused']:.2f}, "

@@ -21,10 +21,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
+from _step_ab import alternate
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -77,19 +77,11 @@ def main(argv: list[str] | None = None) -> int:
             m.__class__ = getattr(old, type(m).__name__)
     losses = {"baseline": old.dien_auxiliary_loss, "this": dien_module.dien_auxiliary_loss}
     batches = trainers["this"][1]
-    seconds: dict[str, list[float]] = {"baseline": [], "this": []}
-    for i in range(a.warmup + a.steps):
-        batch = batches[i % len(batches)]
-        for name in ("baseline", "this") if i % 2 else ("this", "baseline"):
-            tr = trainers[name][0]
-            dien_module.dien_auxiliary_loss = losses[name]  # type: ignore[attr-defined]
-            c0 = time.process_time()
-            loss, _ = tr.module(batch)  # type: ignore[attr-defined]
-            tr.optimizer.zero_grad(set_to_none=True)  # type: ignore[attr-defined]
-            loss.backward()
-            tr.optimizer.step()  # type: ignore[attr-defined]
-            if i >= a.warmup:
-                seconds[name].append(time.process_time() - c0)
+
+    def swap(name: str) -> None:  # the auxiliary loss of the arm's own code
+        dien_module.dien_auxiliary_loss = losses[name]  # type: ignore[attr-defined]
+
+    seconds = alternate({k: v[0] for k, v in trainers.items()}, batches, a.steps, a.warmup, before=swap)
     dien_module.dien_auxiliary_loss = losses["this"]  # type: ignore[attr-defined]
     params = [dict(trainers[k][0].model.named_parameters()) for k in ("baseline", "this")]  # type: ignore[attr-defined]
     diff = max(float((params[0][n] - p).detach().abs().max()) for n, p in params[1].items())

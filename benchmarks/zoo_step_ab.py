@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from _step_ab import alternate
 
 from ctrkit.data.storage.loader import BatchLoader
 from ctrkit.data.storage.store import Store
@@ -53,17 +54,16 @@ def joint_ab(name: str, store: Path, steps: int) -> None:
     joint_fn = inputs.pooled_pair
     (a, loader), (b, _) = trainer(name, store), trainer(name, store)
     batches = [x for _, x in zip(range(len(loader)), loader)]
-    ms: dict[str, list[float]] = {"joint": [], "separate": []}
-    for s in range(steps):
-        arms = [("joint", a, joint_fn), ("separate", b, lambda *_: None)]
-        for arm, t, fn in arms if s % 2 else arms[::-1]:
-            inputs.pooled_pair = fn
-            c = time.process_time()
-            t._train_step(batches[s % len(batches)])
-            ms[arm].append((time.process_time() - c) * 1e3)
+    fns = {"joint": joint_fn, "separate": lambda *_: None}
+
+    def swap(arm: str) -> None:  # the joint lookup on, or off (each collection looked up on its own)
+        inputs.pooled_pair = fns[arm]
+
+    ms = alternate({"joint": a, "separate": b}, batches, steps - 10, 10, step=lambda t, x: t._train_step(x),
+                   before=swap)
     inputs.pooled_pair = joint_fn
     same = all(torch.equal(p, q) for p, q in zip(a.model.parameters(), b.model.parameters()))
-    j, sep = (statistics.median(ms[k][10:]) for k in ("joint", "separate"))
+    j, sep = (statistics.median(ms[k]) * 1e3 for k in ("joint", "separate"))
     print(f"{name}: separate {sep:.2f} ms, joint {j:.2f} ms per step ({sep / j:.3f}x); weights identical after "
           f"{steps} steps: {same}", flush=True)
 
