@@ -8,12 +8,12 @@ import math
 
 import numpy as np
 import pyarrow as pa
+from column_readers import same, slow
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ctrkit.data.pipeline.arrow_columns import arrow_columns
 from ctrkit.data.pipeline.rules import COUNT, DENSE, HEX, ID, ColumnRule
-from ctrkit.data.pipeline.values import Refused, reader
 
 RULES = [ColumnRule("i1", "I1", COUNT, "<f4", transform="log"), ColumnRule("i2", "I2", COUNT, "<f4", transform="log"),
          ColumnRule("c1", "C1", HEX, "<u4"), ColumnRule("c2", "C2", HEX, "<u4"),
@@ -47,23 +47,6 @@ def arrays(draw, n: int) -> pa.Array:
     if kind == "bool":
         return pa.array(draw(st.lists(st.one_of(st.none(), st.booleans()), min_size=n, max_size=n)), pa.bool_())
     return pa.nulls(n)
-
-
-def slow(rule: ColumnRule, vals: list) -> list | None:
-    """The per-value readers' column of the Python values, or None when they refuse one."""
-    read = reader(rule)
-    try:
-        return [read(v) for v in vals]
-    except Refused:
-        return None
-
-
-def same(fast: np.ndarray, expected: list, rule: ColumnRule) -> bool:
-    if rule.kind != DENSE:
-        return fast.dtype == np.int64 and fast.tolist() == expected
-    if fast.dtype == np.int64:  # a dense column of integers and nulls: int64, null -> 0 (as a JSON body's)
-        return np.array_equal(fast.astype(np.float64), np.nan_to_num(np.array(expected, np.float64), nan=0.0))
-    return fast.dtype == np.float64 and np.array_equal(fast, np.array(expected, np.float64), equal_nan=True)
 
 
 @settings(max_examples=300, deadline=None)

@@ -5,12 +5,13 @@ a value those readers refuse; well-formed columns of the usual JSON types do tak
 from __future__ import annotations
 
 import numpy as np
+from column_readers import same, slow
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ctrkit.data.pipeline.json_columns import fast_columns
 from ctrkit.data.pipeline.rules import CATEGORY, COUNT, DENSE, HEX, ID, ColumnRule, decode_hex8
-from ctrkit.data.pipeline.values import NonFinite, Refused, reader
+from ctrkit.data.pipeline.values import NonFinite
 
 RULES = [ColumnRule("i1", "I1", COUNT, "<f4", transform="log"), ColumnRule("i2", "I2", COUNT, "<f4", transform="log"),
          ColumnRule("c1", "C1", HEX, "<u4"), ColumnRule("c2", "C2", HEX, "<u4"),
@@ -31,26 +32,6 @@ usual = {COUNT: st.one_of(st.none(), st.integers(-(10**18) + 1, 10**18 - 1)),
          DENSE: st.one_of(st.none(), st.integers(-(2**40), 2**40), st.floats(-1e30, 1e30)),
          CATEGORY: st.one_of(st.none(), st.text("abc", max_size=3)),
          ID: st.one_of(st.none(), st.integers(0, 4))}
-
-
-def slow(rule: ColumnRule, vals: list) -> list | None:
-    """The per-value readers' column, or None when they refuse a value."""
-    read = reader(rule)
-    try:
-        return [read(v) for v in vals]
-    except Refused:
-        return None
-
-
-def same(fast: object, expected: list, rule: ColumnRule) -> bool:
-    if rule.kind == CATEGORY:
-        return list(fast) == expected  # type: ignore[call-overload]
-    a = np.asarray(fast)
-    if rule.kind != DENSE:
-        return a.dtype == np.int64 and a.tolist() == expected
-    if a.dtype == np.int64:  # a dense column of integers and nulls: int64, null -> 0 (the pipeline reads NaN as 0)
-        return np.array_equal(a.astype(np.float64), np.nan_to_num(np.array(expected, np.float64), nan=0.0))
-    return a.dtype == np.float64 and np.array_equal(a, np.array(expected, np.float64), equal_nan=True)
 
 
 @settings(max_examples=300, deadline=None)
