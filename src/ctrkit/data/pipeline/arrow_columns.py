@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ctrkit.data.pipeline.json_columns import hex_keys
+from ctrkit.data.pipeline.json_columns import hex_keys, read_blocks
 from ctrkit.data.pipeline.rules import COUNT, COUNT_LIMIT, DENSE, HEX, ID, ColumnRule
 
 
@@ -105,19 +105,7 @@ def arrow_columns(rules: Sequence[ColumnRule], columns: dict[str, pa.Array]) -> 
     that are of the usual Arrow type and all well-formed (see the module docstring); the others are left out.
     The columns of one kind (and one Arrow type) are read together; when that fails, each alone, so only the
     columns that hold a bad value (or another type) are left out."""
-    out: dict[str, Any] = {}
-    for kind, read in _BLOCKS.items():
-        group = [r for r in rules if r.kind == kind]
-        if not group:
-            continue
-        block = read(group, [columns[r.column] for r in group])
-        if block is not None:
-            out.update({r.column: block[j] for j, r in enumerate(group)})
-            continue
-        for r in group if len(group) > 1 else ():
-            one = read([r], [columns[r.column]])
-            if one is not None:
-                out[r.column] = one[0]
+    out = read_blocks(_BLOCKS, rules, columns)
     for r in rules:
         if r.kind == DENSE and (col := _dense(r, columns[r.column])) is not None:
             out[r.column] = col

@@ -111,24 +111,33 @@ _BLOCKS: dict[str, Callable[[Sequence[ColumnRule], Sequence[Sequence[Any]]], np.
     COUNT: _counts, HEX: _hex_keys, ID: _ids}
 
 
+def read_blocks(blocks: dict[str, Callable[[Sequence[ColumnRule], Sequence[Any]], np.ndarray | None]],
+                rules: Sequence[ColumnRule], columns: dict[str, Any]) -> dict[str, Any]:
+    """{column: canonical column} of the kinds in ``blocks`` (kind -> a reader of that kind's rules and columns
+    into a (k, n) block, or None): the columns of one kind read together; when that fails, each alone, so only
+    the columns that hold a bad value (or an unusual type) are left out. Shared by the JSON and Arrow bodies."""
+    out: dict[str, Any] = {}
+    for kind, read in blocks.items():
+        group = [r for r in rules if r.kind == kind]
+        if not group:
+            continue
+        block = read(group, [columns[r.column] for r in group])
+        if block is not None:
+            out.update({r.column: block[j] for j, r in enumerate(group)})
+            continue
+        for r in group if len(group) > 1 else ():
+            one = read([r], [columns[r.column]])
+            if one is not None:
+                out[r.column] = one[0]
+    return out
+
+
 def fast_columns(rules: Sequence[ColumnRule], values: dict[str, Sequence[Any]]) -> dict[str, Any]:
     """{column: canonical column} of the columns of ``rules`` (their ``values``: one JSON value per row) whose
     values are all of the usual JSON type and well-formed (see the module docstring); the other columns are
     left out. The columns of one kind are read together; when that fails (a bad value in one of them), each
     alone, so only the columns that hold a bad value are left out."""
-    out: dict[str, Any] = {}
-    for kind, read in _BLOCKS.items():
-        group = [r for r in rules if r.kind == kind]
-        if not group:
-            continue
-        block = read(group, [values[r.column] for r in group])
-        if block is not None:
-            out.update({r.column: block[j] for j, r in enumerate(group)})
-            continue
-        for r in group if len(group) > 1 else ():
-            one = read([r], [values[r.column]])
-            if one is not None:
-                out[r.column] = one[0]
+    out = read_blocks(_BLOCKS, rules, values)
     for r in rules:
         if r.column not in out and r.kind in (DENSE, CATEGORY):
             col = _dense(r, values[r.column]) if r.kind == DENSE else _category(values[r.column])
