@@ -1,5 +1,5 @@
 """Training steps of several trainers alternated in one process, for the step A/B scripts
-(attention_step_ab.py, dien_step_ab.py, zoo_step_ab.py): every arm trains on the same batches, and the order of
+(attention_step_ab.py, dien_step_ab.py, zoo_step_ab.py), and the trainers they build alike: every arm trains on the same batches, and the order of
 the arms flips every step, so drift in the machine's load reaches them alike; CPU seconds by ``time.process_time``
 (run with one thread)."""
 
@@ -7,7 +7,34 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
+
+BASE_OVERRIDES = ("train.seed=0", "train.epochs=1", "train.ema_decay=null", "train.progress=false")
+
+
+def build_trainer(store: Path, config: Path, *, overrides: Sequence[str] = (), matched_l2: bool = False,
+                  patch: Callable[[Any], None] | None = None) -> tuple[Any, Any]:
+    """(a Trainer of ``config`` on ``store``'s train split, its loader): seed 0, one epoch, no weight average, no
+    progress bar, then ``overrides``; the loader shuffles with seed 0 and prefetches nothing. ``matched_l2``:
+    the embedding L2 per row of deepctr_compare.py's matched recipe; ``patch(model)`` runs on the model before
+    the Trainer takes it."""
+    from ctrkit.data.storage.loader import BatchLoader
+    from ctrkit.data.storage.store import Store
+    from ctrkit.jobs.common import seed_everything
+    from ctrkit.models.registry import create_model
+    from ctrkit.training.config import load_config
+    from ctrkit.training.trainer import Trainer
+
+    cfg = load_config(config, [*BASE_OVERRIDES, *overrides])
+    if matched_l2:
+        cfg.train.embedding_l2 = 2e-5 / cfg.data.batch_size
+    loader = BatchLoader(Store(str(store / "train")), cfg.data.batch_size, shuffle=True, seed=0, prefetch=0)
+    seed_everything(0)
+    model = create_model(cfg.model.name, loader.store.schema, **cfg.model.params)
+    if patch is not None:
+        patch(model)
+    return Trainer(model, loader, cfg.train), loader
 
 
 def plain_step(trainer: Any, batch: Any) -> None:

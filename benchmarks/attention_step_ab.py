@@ -20,32 +20,23 @@ import sys
 from pathlib import Path
 
 import torch
-from _step_ab import alternate
+from _step_ab import alternate, build_trainer
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def build(store: Path, config: Path, plain: bool) -> tuple[object, list[object]]:
-    """A Trainer of ``config`` on ``store``'s train split and its batches; ``plain``: the attention's plain path."""
-    from ctrkit.data.storage.loader import BatchLoader
-    from ctrkit.data.storage.store import Store
-    from ctrkit.jobs.common import seed_everything
-    from ctrkit.models.registry import create_model
+    """A Trainer of ``config`` on ``store``'s train split (the matched recipe's L2) and its full batches;
+    ``plain``: the attention's plain path."""
     from ctrkit.nn.attention import MultiHeadSelfAttention
-    from ctrkit.training.config import load_config
-    from ctrkit.training.trainer import Trainer
 
-    cfg = load_config(config, ["train.seed=0", "train.epochs=1", "train.ema_decay=null", "train.progress=false"])
-    b = cfg.data.batch_size
-    cfg.train.embedding_l2 = 2e-5 / b  # the matched recipe's per-row L2 (deepctr_compare.py)
-    loader = BatchLoader(Store(str(store / "train")), b, shuffle=True, seed=0, prefetch=0)
-    seed_everything(0)
-    model = create_model(cfg.model.name, loader.store.schema, **cfg.model.params)
-    if plain:
-        for m in model.modules():
+    def plain_path(model: object) -> None:
+        for m in model.modules():  # type: ignore[attr-defined]
             if isinstance(m, MultiHeadSelfAttention):
                 m._fused = lambda emb: False  # type: ignore[method-assign]
-    return Trainer(model, loader, cfg.train), list(loader)[:-1]  # full batches only
+
+    trainer, loader = build_trainer(store, config, matched_l2=True, patch=plain_path if plain else None)
+    return trainer, list(loader)[:-1]  # full batches only
 
 
 def main(argv: list[str] | None = None) -> int:

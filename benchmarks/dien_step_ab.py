@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from _step_ab import alternate
+from _step_ab import alternate, build_trainer
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -42,18 +42,8 @@ def baseline_rnn(rev: str) -> object:
 
 
 def build(store: Path, config: Path) -> tuple[object, list[object]]:
-    from ctrkit.data.storage.loader import BatchLoader
-    from ctrkit.data.storage.store import Store
-    from ctrkit.jobs.common import seed_everything
-    from ctrkit.models.registry import create_model
-    from ctrkit.training.config import load_config
-    from ctrkit.training.trainer import Trainer
-
-    cfg = load_config(config, ["train.seed=0", "train.epochs=1", "train.ema_decay=null", "train.progress=false"])
-    loader = BatchLoader(Store(str(store / "train")), cfg.data.batch_size, shuffle=True, seed=0, prefetch=0)
-    seed_everything(0)
-    model = create_model(cfg.model.name, loader.store.schema, **cfg.model.params)
-    return Trainer(model, loader, cfg.train), list(loader)[:-1]  # full batches only
+    trainer, loader = build_trainer(store, config)
+    return trainer, list(loader)[:-1]  # full batches only
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,29 +23,20 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from _step_ab import alternate
+from _step_ab import alternate, build_trainer
 
 from ctrkit.data.storage.loader import BatchLoader
-from ctrkit.data.storage.store import Store
-from ctrkit.jobs.common import seed_everything
-from ctrkit.models.registry import create_model
 from ctrkit.nn import inputs
 from ctrkit.nn.bilinear_pairs import bilinear_pairs_concat
 from ctrkit.nn.senet import BilinearInteraction
-from ctrkit.training.config import load_config
 from ctrkit.training.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def trainer(name: str, store: Path) -> tuple[Trainer, BatchLoader]:
-    cfg = load_config(REPO / "configs" / "movielens" / f"{name}.yaml", [
-        "train.seed=0", "train.epochs=1", "train.early_stopping.patience=0", "train.ema_decay=null",
-        "train.progress=false"])
-    cfg.train.embedding_l2 = 2e-5 / cfg.data.batch_size  # deepctr_compare.py's matched recipe
-    loader = BatchLoader(Store(store / "train"), cfg.data.batch_size, shuffle=True, seed=0, prefetch=0)
-    seed_everything(0)
-    t = Trainer(create_model(name, loader.store.schema, **cfg.model.params), loader, cfg.train)
+    t, loader = build_trainer(store, REPO / "configs" / "movielens" / f"{name}.yaml",
+                              overrides=["train.early_stopping.patience=0"], matched_l2=True)
     t.module.train()
     return t, loader
 
