@@ -1,7 +1,5 @@
 """``python -m ctrkit``: the ``ctrkit`` command line."""
 
-import sys
+from ctrkit.cli import run
 
-from ctrkit.cli import main
-
-sys.exit(main())
+run()

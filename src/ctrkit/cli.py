@@ -15,7 +15,7 @@ import os
 import sys
 import typing
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 log = logging.getLogger("ctrkit")
 
@@ -271,5 +271,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         stop_all()
 
 
+def run() -> NoReturn:
+    """The ``ctrkit`` program (console script and ``python -m ctrkit``): :func:`main` on the process's arguments,
+    its result the exit status. A rank that torchrun started ends without the interpreter's finalization
+    (:func:`ctrkit.training.distributed.end_worker_process`: gloo's threads outlive the process group)."""
+    rc = main()
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        from ctrkit.training.distributed import end_worker_process
+
+        end_worker_process(rc)
+    sys.exit(rc)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctrkit.models.base import logits_of
+from ctrkit.training.distributed import end_worker_process
 
 
 class LossOf(nn.Module):
@@ -43,6 +44,7 @@ def _entry(rank: int, fn: Any, world: int, port: int, args: tuple) -> None:
         fn(rank, world, *args)
     finally:
         dist.destroy_process_group()
+    end_worker_process(0)  # torchrec keeps the group's threads alive: no interpreter finalization after them
 
 
 def launch(fn: Any, world: int, *args: Any, timeout_s: float = 120.0) -> None:

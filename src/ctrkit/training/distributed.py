@@ -19,13 +19,16 @@ ordinary one-process run.
 
 from __future__ import annotations
 
+import atexit
 import datetime
+import gc
 import inspect
 import logging
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -152,6 +155,25 @@ def shutdown() -> None:
     if _OWNED and dist.is_initialized():
         dist.destroy_process_group()
     _OWNED.clear()
+
+
+def end_worker_process(code: int = 0) -> NoReturn:
+    """End this worker process with exit status ``code`` without the interpreter's finalization: run the exit
+    handlers, let go of unreferenced objects (open files flush as they close), flush logging and the standard
+    streams, then ``os._exit``. Why: a process group that DDP or torchrec's sharded modules used is never freed
+    (they keep it in a reference cycle in C++), so gloo's worker threads are still alive when Python finalizes; a
+    native thread that then needs the GIL -- to drop a tensor that Python once held, say -- is made to exit by the
+    interpreter from inside C++ code, which kills the process with "terminate called without an active exception"
+    (SIGABRT) after a run that succeeded. Only for a process started to be a rank (torchrun's or a spawned one):
+    the caller owns the process."""
+    try:
+        atexit._run_exitfuncs()  # what the interpreter would run first at exit (ctrkit.background.stop_all, ...)
+        gc.collect()
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+    finally:
+        os._exit(code)
 
 
 def model_device(model: nn.Module) -> torch.device:
