@@ -50,7 +50,7 @@ from ctrkit.data.storage.loader import BatchLoader
 from ctrkit.data.storage.store import Store
 from ctrkit.models.registry import create_model
 from ctrkit.training.config import DistributedConfig, TrainConfig
-from ctrkit.training.distributed import DistContext, wrap_for_training
+from ctrkit.training.distributed import DistContext, end_worker_process, wrap_for_training
 from ctrkit.training.optim import build_optimizers
 from ctrkit.training.sharding import sharded_optimizers
 from ctrkit.training.tasks import CTRTask
@@ -125,6 +125,7 @@ def worker(rank: int, world: int, port: int, store_path: str, batch: int, steps:
             "dense_params": dense, "sparse_rows_per_step": float(np.mean(rows[3:]))}))
     if ctx is not None:
         dist.destroy_process_group()
+        end_worker_process(0)  # DDP / torchrec keep gloo's threads alive: no interpreter finalization after them
 
 
 def run(world: int, store: Path, args: argparse.Namespace, tmp: Path, sharding: str | None = None,
