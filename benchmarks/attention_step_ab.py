@@ -1,23 +1,33 @@
-"""AutoInt's training step with the plain and the fused interacting layer, alternated step by step in one process.
+"""AutoInt's training step with the plain interacting layer, the fused one of a git revision and this tree's fused
+one, alternated step by step in one process; ``--profile``: where one step's time goes.
 
-    python benchmarks/attention_step_ab.py --store OUT/criteo --config configs/criteo/autoint.yaml [--steps 300]
+    python benchmarks/attention_step_ab.py --store OUT/criteo --config configs/criteo/autoint.yaml \
+        [--baseline main] [--no-plain] [--steps 300] [--profile]
 
 ``--store``: a directory with the ``train`` store of a prepared dataset (``deepctr_compare.py --out OUT`` leaves
-``OUT/criteo`` / ``OUT/movielens``). Two models are built from the same seed and config (the matched recipe's
-settings: one thread, DeepCTR's L2 strength); one runs every ``MultiHeadSelfAttention`` on its plain path, the
-other on the fused one (:mod:`ctrkit.nn.field_attention`). Their steps alternate (the order flips every step) on
-the same batches, so drift in the machine's load reaches both; the medians of the per-step CPU seconds and
-their ratio are printed, with the load average. Ends with one ``RESULT {json}`` line.
+``OUT/criteo`` / ``OUT/movielens``). Models are built from the same seed and config (the matched recipe's
+settings: one thread, DeepCTR's L2 strength); one runs every ``MultiHeadSelfAttention`` on its plain path, one
+(``--baseline REV``) on the fused node of REV's ``src/ctrkit/nn/field_attention.py`` (loaded from git), one on this
+tree's (:mod:`ctrkit.nn.field_attention`). Their steps alternate (the order flips every step) on the same batches,
+so drift in the machine's load reaches them alike; the medians of the per-step CPU seconds, their ratios to this
+tree's and the load average are printed, then the largest weight difference between the fused arms (rounding
+only when the arithmetic is the same). ``--profile``: instead, torch.profiler over this tree's steps, per part
+(embedding, each interacting layer, DNN, output unit; forward and backward), loss, optimizer and overhead.
+Ends with one ``RESULT {json}`` line.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 from _step_ab import alternate, build_trainer
@@ -25,13 +35,25 @@ from _step_ab import alternate, build_trainer
 REPO = Path(__file__).resolve().parent.parent
 
 
-def build(store: Path, config: Path, plain: bool) -> tuple[object, list[object]]:
+def baseline_node(rev: str) -> Any:
+    """``fused_self_attention`` of git revision ``rev``'s ``src/ctrkit/nn/field_attention.py``."""
+    text = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:src/ctrkit/nn/field_attention.py"], check=True,
+                          capture_output=True, text=True).stdout
+    path = Path(tempfile.mkdtemp()) / "field_attention_baseline.py"
+    path.write_text(text)
+    spec = importlib.util.spec_from_file_location("field_attention_baseline", path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module.fused_self_attention
+
+
+def build(store: Path, config: Path, plain: bool) -> tuple[Any, list[Any]]:
     """A Trainer of ``config`` on ``store``'s train split (the matched recipe's L2) and its full batches;
     ``plain``: the attention's plain path."""
     from ctrkit.nn.attention import MultiHeadSelfAttention
 
-    def plain_path(model: object) -> None:
-        for m in model.modules():  # type: ignore[attr-defined]
+    def plain_path(model: Any) -> None:
+        for m in model.modules():
             if isinstance(m, MultiHeadSelfAttention):
                 m._fused = lambda emb: False  # type: ignore[method-assign]
 
@@ -39,26 +61,79 @@ def build(store: Path, config: Path, plain: bool) -> tuple[object, list[object]]
     return trainer, list(loader)[:-1]  # full batches only
 
 
+def profile(trainer: Any, batches: list[Any], steps: int) -> dict[str, Any]:
+    """Where this tree's step goes: :func:`_step_profile.profile_steps` over the model's parts."""
+    from _step_profile import profile_steps
+
+    m = trainer.model
+    parts = {"embedding": m.embedding, **{f"attention {i}": layer for i, layer in enumerate(m.attention)},
+             "DNN": m.head.tower, "output unit": m.head.out}
+
+    def step(b: Any, scope: Any) -> None:
+        with scope("loss"):
+            loss, _ = trainer.module(b)
+        with scope("zero_grad"):
+            trainer.optimizer.zero_grad(set_to_none=True)
+        with scope("backward"):
+            loss.backward()
+        with scope("optimizer"):
+            trainer.optimizer.step()
+
+    return profile_steps(step, [batches[i % len(batches)] for i in range(steps + 3)], parts)
+
+
 def main(argv: list[str] | None = None) -> int:
+    from ctrkit.nn import attention
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--store", required=True, help="directory holding the prepared 'train' store")
     ap.add_argument("--config", default=str(REPO / "configs" / "criteo" / "autoint.yaml"))
+    ap.add_argument("--baseline", default=None, help="git revision whose fused node is one more arm")
+    ap.add_argument("--no-plain", action="store_true", help="leave out the plain layer's arm")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--profile", action="store_true", help="profile this tree's steps instead of the A/B")
     a = ap.parse_args(argv)
     if not (Path(a.store) / "train").is_dir():
         ap.error(f"--store {a.store}: no 'train' store there; run benchmarks/deepctr_compare.py --out DIR first "
                  "and pass DIR/criteo or DIR/movielens")
     torch.set_num_threads(1)
-    trainers = {"plain": build(Path(a.store), Path(a.config), True), "fused": build(Path(a.store), Path(a.config), False)}
-    seconds = alternate({k: v[0] for k, v in trainers.items()}, trainers["plain"][1], a.steps, a.warmup)
+    store, config = Path(a.store), Path(a.config)
+    if a.profile:
+        from _step_profile import format_table
+
+        trainer, batches = build(store, config, False)
+        res = profile(trainer, batches, a.steps)
+        load = os.getloadavg()
+        sys.stdout.write(format_table(res, f"{config} (this tree)") + f"\n\nload average {load[0]:.1f} / {load[1]:.1f}"
+                         " (the profiler times wall clock: on shared cores the shares are what to read)\n")
+        sys.stdout.write("RESULT " + json.dumps({"config": a.config, **res, "loadavg": load}) + "\n")
+        return 0
+    nodes = {"fused": attention.fused_self_attention}
+    arms = {} if a.no_plain else {"plain": build(store, config, True)}
+    if a.baseline:
+        nodes["baseline"] = baseline_node(a.baseline)
+        arms["baseline"] = build(store, config, False)
+    arms["fused"] = build(store, config, False)
+
+    def swap(name: str) -> None:  # the arm's own node (the plain arm does not call it)
+        attention.fused_self_attention = nodes.get(name, nodes["fused"])  # type: ignore[attr-defined]
+
+    seconds = alternate({k: v[0] for k, v in arms.items()}, arms["fused"][1], a.steps, a.warmup, before=swap)
+    attention.fused_self_attention = nodes["fused"]  # type: ignore[attr-defined]
     med = {k: statistics.median(v) * 1e3 for k, v in seconds.items()}
+    diff = None
+    if "baseline" in arms:
+        ps = [dict(arms[k][0].model.named_parameters()) for k in ("baseline", "fused")]
+        diff = max(float((ps[0][n] - p).detach().abs().max()) for n, p in ps[1].items())
     load = os.getloadavg()
-    sys.stdout.write(f"{a.config}: median CPU ms per step, plain {med['plain']:.2f}, fused {med['fused']:.2f}, "
-                     f"ratio {med['plain'] / med['fused']:.3f} ({a.steps} steps each, load average "
-                     f"{load[0]:.1f} / {load[1]:.1f})\n")
-    sys.stdout.write("RESULT " + json.dumps({"config": a.config, "steps": a.steps, "median_ms": med,
-                                             "ratio": med["plain"] / med["fused"], "loadavg": load}) + "\n")
+    cells = ", ".join(f"{k} {v:.2f} ({v / med['fused']:.3f}x this tree's)" for k, v in med.items())
+    sys.stdout.write(f"{a.config}: median CPU ms per step: {cells} ({a.steps} steps each, load average "
+                     f"{load[0]:.1f} / {load[1]:.1f})"
+                     + (f"; largest weight difference baseline vs this tree {diff:.3g}" if diff is not None else "")
+                     + "\n")
+    sys.stdout.write("RESULT " + json.dumps({"config": a.config, "steps": a.steps, "baseline": a.baseline,
+                                             "median_ms": med, "weight_diff": diff, "loadavg": load}) + "\n")
     return 0
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ctrkit.nn.attention import MultiHeadSelfAttention
-from ctrkit.nn.field_attention import fused_self_attention
+from ctrkit.nn.field_attention import _attend, fused_self_attention
 
 B, F, D = 4, 6, 8
 
@@ -31,14 +31,16 @@ def einsum_reference(layer: MultiHeadSelfAttention, e: torch.Tensor) -> torch.Te
     return torch.relu(out) if layer.use_relu else out
 
 
-@pytest.mark.parametrize(("scaled", "use_residual", "use_relu"),
-                         [(False, True, True), (True, False, True), (False, True, False), (True, False, False)])
-def test_fused_layer_equals_einsum_values_and_gradients(scaled: bool, use_residual: bool, use_relu: bool) -> None:
-    layer = MultiHeadSelfAttention(D, num_heads=2, head_dim=3, scaled=scaled, use_residual=use_residual,
+@pytest.mark.parametrize(("scaled", "use_residual", "use_relu", "heads"),
+                         [(False, True, True, 2), (True, False, True, 2), (False, True, False, 2), (True, False, False, 2),
+                          (False, True, True, 3), (False, True, True, 1)])
+def test_fused_layer_equals_einsum_values_and_gradients(scaled: bool, use_residual: bool, use_relu: bool,
+                                                        heads: int) -> None:
+    layer = MultiHeadSelfAttention(D, num_heads=heads, head_dim=3, scaled=scaled, use_residual=use_residual,
                                    use_relu=use_relu).double().train()
     assert layer._fused(torch.zeros(1, 1, D, dtype=torch.float64))  # the path under test
     e = torch.randn(B, F, D, dtype=torch.float64, requires_grad=True)
-    g = torch.randn(B, F, 6, dtype=torch.float64)
+    g = torch.randn(B, F, 3 * heads, dtype=torch.float64)
     params = [e, *layer.parameters()]
     out = layer(e)
     grads = torch.autograd.grad(out, params, g)
@@ -76,8 +78,8 @@ def test_gradcheck() -> None:
 
 
 def test_overflowing_scores_fall_back_to_the_row_maximum() -> None:
-    """A row whose largest score is far above its mean (exp overflows in float32 after the mean shift) gets the
-    stable softmax: finite, and equal to the einsum formula."""
+    """A row whose largest score is far above its mean (the unshifted exp overflows in float32) gets the stable
+    softmax: finite, and equal to the einsum formula."""
     layer = MultiHeadSelfAttention(D, num_heads=2, use_relu=False).train()
     e = torch.randn(B, F, D)
     e[0, 2] *= 60.0  # one field's key dominates: scores ~1e3 above the row mean
@@ -109,3 +111,37 @@ def test_eval_and_masks_keep_the_plain_path() -> None:
     assert not MultiHeadSelfAttention(D, dropout=0.1)._fused(e)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert not layer._fused(e)
+
+
+def test_underflowing_rows_fall_back_to_the_row_maximum() -> None:
+    """Rows whose every score is far below 0 (every unshifted exp underflows in float32, z = 0) get the stable
+    softmax too: finite, and equal to the einsum formula (near-uniform weights here)."""
+    layer = MultiHeadSelfAttention(D, num_heads=2, use_relu=False).train()
+    with torch.no_grad():
+        layer.w_k.weight.copy_(-layer.w_q.weight)  # S_mk = -<W x_m, W x_k>
+    e = torch.randn(D).expand(B, F, D) * 40.0 + 0.01 * torch.randn(B, F, D)  # all fields ~ one vector
+    s = -torch.einsum("bfd,od->bfo", e, layer.w_q.weight)[..., :4].square().sum(-1)  # head 0's diagonal scores
+    assert s.max() < -104  # exp(s) is 0 in float32, so z would be 0 without the fallback
+    e.requires_grad_()
+    out = layer(e)
+    ref = einsum_reference(layer, e)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-3)
+    (gx,) = torch.autograd.grad(out.sum(), e)
+    (gr,) = torch.autograd.grad(ref.sum(), e)
+    assert torch.isfinite(gx).all()
+    torch.testing.assert_close(gx, gr, rtol=1e-3, atol=1e-3)
+
+
+def test_stable_path_equals_the_checked_one() -> None:
+    """``stable`` (what a GPU runs: the row-maximum shift, no host read) and the checked unshifted path give the same
+    normalised weights and outputs (all heads and samples batched: (H·B, d', F) operands, a row of ones on V)."""
+    hb, dh = 6, 3
+    q, k = torch.randn(hb, dh, F, dtype=torch.float64), torch.randn(hb, dh, F, dtype=torch.float64)
+    v1 = torch.cat([torch.randn(hb, dh, F, dtype=torch.float64), torch.ones(hb, 1, F, dtype=torch.float64)], 1)
+    (e0, o0), (e1, o1) = _attend(q, k, v1, stable=False), _attend(q, k, v1, stable=True)
+    torch.testing.assert_close(o0[:, -1], e0.sum(2))  # the ones row gives the row sums z
+    torch.testing.assert_close(e0 / o0[:, -1:].transpose(1, 2), e1 / o1[:, -1:].transpose(1, 2))
+    torch.testing.assert_close(o0[:, :-1] / o0[:, -1:], o1[:, :-1] / o1[:, -1:])
+    ref = torch.softmax(q.transpose(1, 2) @ k, dim=2)  # (H·B, F, F)
+    torch.testing.assert_close(e1 / o1[:, -1:].transpose(1, 2), ref)

@@ -17,11 +17,18 @@ residual and ReLU run over contiguous rows, and the output is a (B, F, H·d') vi
 as its X^T without a copy. Measured: one AutoInt training step on the Criteo sample 20.5 -> 18.0 CPU ms (steps of
 the two paths alternated in one process, median of 300, load average 13 on two cores). Also:
 
-- The softmax is shifted by the row mean of the scores instead of the row maximum (any per-row shift gives the
-  same softmax): Q^h (K^h - mean_k K^h)^T has row mean 0, so its largest entry is >= 0 and the row sum of the
-  exponentials is >= 1 (nothing underflows to 0/0), for the price of a (B, 1, d') mean instead of a max over
-  every row of (B, F, F) (ATen's amax over rows of 26 costs 5x its sum). Only when an exponential overflows
-  (a row whose largest score sits more than ~88 above its mean) is that head recomputed with the row maximum.
+- All heads in one batched matmul per product (issue 29 item 3): the Q, K, V blocks of W are taken dimension-major
+  (row j·H + h is head h's row j), so head and sample become one batch index h·B + b of stride F and every
+  product, division and copy runs once per layer instead of once per head (6 batched matmuls per layer, forward
+  and backward together, where the per-head version ran 6 per head).
+- The row sums come out of a matmul: H rows of ones follow V^T in T, so [V^T; 1] exp(S)^T gives (exp(S) V)^T and
+  z = Σ_k exp(S_k) together; in the backward [G^T; -c]^T [V^T; 1] = G V^T - c 1^T gives the softmax Jacobian's
+  bracket in the same product (no pass over the (F, F) scores for either).
+- No shift before the exp: any per-row shift gives the same softmax, and none is needed while every row sum z lies
+  in [_Z_MIN, inf) (checked once per layer: one (H·B, F) min/max and a host read, on the CPU only). A row whose
+  exponentials overflow, or all underflow (z < _Z_MIN), recomputes the layer with the row-maximum shift; on other
+  devices that shift is taken always (no host synchronisation in the step). The shift used to be the row mean
+  (K - mean_k K): two passes fewer per layer, rounding-level differences.
 - The normalisation is applied to the (B, F, d') output, not to the (B, F, F) weights: O = (exp(S) V) / z with
   z = Σ_k exp(S_k); the backward uses FlashAttention's identity Σ_k dA_k A_k = dO · O (a d'-wide row dot product)
   for the softmax Jacobian, so the weights are never normalised in memory:
@@ -35,12 +42,17 @@ cannot capture, so evaluation and export keep the plain path.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 from torch import Tensor
 
 __all__ = ["fused_self_attention"]
+
+# The smallest row sum z kept without a shift: above it the row's largest exp(score) is > _Z_MIN / F, so entries
+# lost to float32 underflow (< exp(-87) ~ 1e-38) weigh < 1e-16 of it, under float32's rounding.
+_Z_MIN = 1e-20
 
 
 def fused_self_attention(x: Tensor, weight: Tensor, num_heads: int, head_dim: int, *, residual: bool,
@@ -54,28 +66,47 @@ def fused_self_attention(x: Tensor, weight: Tensor, num_heads: int, head_dim: in
     return _FieldSelfAttention.apply(x, weight, num_heads, head_dim, residual, relu)
 
 
-def _exp_scores(q: Tensor, k_t: Tensor) -> tuple[Tensor, Tensor]:
-    """(exp(S - shift) (B, F, F), row sums (B, F)) for S = q k^T, q (B, F, d'), ``k_t`` = k^T (B, d', F):
-    shifted by the row mean, or by the row maximum where an exponential overflowed."""
-    e = torch.bmm(q, k_t - k_t.mean(2, keepdim=True)).exp_()  # rows of mean 0 before the exp
-    z = e.sum(2)  # >= 1 unless an exponential overflowed
-    if not math.isfinite(float(z.sum())):  # a score more than ~88 above its row mean: the stable shift
-        s = torch.bmm(q, k_t)
-        e = s.sub_(s.amax(2, keepdim=True)).exp_()
-        z = e.sum(2)
-    return e, z
+@functools.lru_cache(maxsize=64)
+def _node_order(num_heads: int, head_dim: int, residual: bool, device: torch.device) -> Tensor:
+    """Indices into ``weight``'s rows in the node's order: [W_res; W_Q; W_K; W_V], each of W_Q, W_K, W_V with its
+    rows taken dimension-major (row j·H + h of a block is head h's row j), W_res as given."""
+    inner = num_heads * head_dim
+    by_dim = torch.arange(inner).view(num_heads, head_dim).t().reshape(-1)  # (d', H) order
+    blocks = [by_dim + j * inner for j in range(3)]
+    if residual:
+        blocks.insert(0, torch.arange(3 * inner, 4 * inner))
+    return torch.cat(blocks).to(device)
 
 
-def _per_sample(rows: Tensor, b: int, f: int) -> Tensor:
-    """(d', B·F) feature-major rows -> (B, d', F) strided view: sample b's matrix, features by fields."""
-    return rows.view(-1, b, f).transpose(0, 1)
+def _qkv(t: Tensor, first: int, num_heads: int, head_dim: int, batch: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Q^T, K^T (H·B, d', F) and [V^T; 1] (H·B, d'+1, F): strided views of T's dimension-major blocks from row
+    ``first`` on (row j·H + h of a block, column b·F + f -> matrix h·B + b, entry (j, f))."""
+    inner, hb, f = num_heads * head_dim, num_heads * batch, t.shape[1] // batch
+    q, k = (t[first + j * inner:first + (j + 1) * inner].view(head_dim, hb, f).transpose(0, 1) for j in range(2))
+    return q, k, t[first + 2 * inner:].view(head_dim + 1, hb, f).transpose(0, 1)
+
+
+def _attend(q: Tensor, k: Tensor, v1: Tensor, stable: bool) -> tuple[Tensor, Tensor]:
+    """(E (H·B, F, F), O1 (H·B, d'+1, F)) with E = exp(S - shift) for S = q^T k and O1 = v1 E^T: v1's last row
+    is ones, so O1's last row is z = Σ_k E_k. No shift while every z lies in [_Z_MIN, inf) (checked, one host
+    read on the CPU); the row maximum where one does not, or where ``stable``."""
+    if not stable:
+        e = torch.bmm(q.transpose(1, 2), k).exp_()
+        o1 = torch.bmm(v1, e.transpose(1, 2))
+        lo, hi = torch.aminmax(o1[:, -1])
+        if lo.item() >= _Z_MIN and hi.item() < math.inf:
+            return e, o1
+    s = torch.bmm(q.transpose(1, 2), k)
+    e = s.sub_(s.amax(2, keepdim=True)).exp_()
+    return e, torch.bmm(v1, e.transpose(1, 2))
 
 
 class _FieldSelfAttention(torch.autograd.Function):
-    """Feature-major layout: the projection is one matmul T = W X^T ((3|4)·H·d', B·F), so each head's Q^T, K^T,
-    V^T, R^T are contiguous row blocks, a sample's matrices are strided views of them (batched matmuls read them
-    in place), and the division, residual and ReLU run over contiguous rows. The output is a (B, F, H·d') view
-    of the feature-major result; the next layer reads it back as its X^T without a copy."""
+    """Feature-major layout: T = W' X^T ((3|4)·H·d' + H, B·F), W' = ``weight``'s rows in :func:`_node_order`, then
+    H rows of ones. All heads' Q^T, K^T, V^T are (H·B, d', F) strided views of their blocks (dimension-major rows
+    make head and sample one batch index), so every product is one batched matmul over all heads; the rows of
+    ones after V^T make the sum z of each softmax row come out of the E V product. The output is a (B, F, H·d')
+    view of the feature-major result; the next layer reads it back as its X^T without a copy."""
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, num_heads: int, head_dim: int, residual: bool,  # type: ignore[override]
@@ -83,53 +114,59 @@ class _FieldSelfAttention(torch.autograd.Function):
         b, f, _ = x.shape
         h, dh = num_heads, head_dim
         inner = h * dh
-        t = torch.mm(weight, _features_first(x))  # (rows of W, B·F) = [Q^T; K^T; V^T; R^T]
-        att = torch.empty(inner, b * f, dtype=x.dtype, device=x.device)  # [A^1 V^1; ...]^T before residual / ReLU
-        saved = []
-        for i in range(h):
-            q_t, k_t, v_t = (_per_sample(t[j * inner + i * dh:j * inner + (i + 1) * dh], b, f) for j in range(3))
-            e, z = _exp_scores(q_t.transpose(1, 2), k_t)  # (B, F, F), (B, F)
-            o_t = torch.bmm(v_t, e.transpose(1, 2))  # (B, d', F) = (E V)^T per sample
-            torch.div(o_t.transpose(0, 1), z, out=att[i * dh:(i + 1) * dh].view(dh, b, f))  # (d', B, F)
-            saved += [e, z]
-        y = att + t[3 * inner:] if residual else att.clone()  # (H·d', B·F)
+        w = weight.index_select(0, _node_order(h, dh, residual, x.device))
+        r0, rows = (inner if residual else 0), w.shape[0]
+        t = torch.empty(rows + h, b * f, dtype=x.dtype, device=x.device)  # [R^T; Q^T; K^T; V^T; ones]
+        torch.mm(w, _features_first(x), out=t[:rows])
+        t[rows:].fill_(1.0)
+        q, k, v1 = _qkv(t, r0, h, dh, b)  # (H·B, d', F) twice, (H·B, d'+1, F): V^T and a row of ones
+        e, o1 = _attend(q, k, v1, stable=x.device.type != "cpu")
+        o4 = o1.view(h, b, dh + 1, f)
+        att = torch.empty(inner, b * f, dtype=x.dtype, device=x.device)  # [A^1 V^1; ...]^T, heads' rows in order
+        torch.div(o4[:, :, :dh].transpose(1, 2), o4[:, :, dh:].transpose(1, 2), out=att.view(h, dh, b, f))
+        y = att + t[:inner] if residual else att.clone()  # (H·d', B·F)
         if relu:
             y.relu_()
         ctx.shape = (num_heads, head_dim, residual, relu)
-        ctx.save_for_backward(x, weight, t, att, y, *saved)
+        ctx.save_for_backward(x, w, t, att, y, e, o1)
         return y.view(inner, b, f).permute(1, 2, 0)  # (B, F, H·d') view
 
     @staticmethod
     def backward(ctx, gy: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        x, weight, t, att, y, *saved = ctx.saved_tensors
+        x, w, t, att, y, e, o1 = ctx.saved_tensors
         h, dh, residual, relu = ctx.shape
         b, f, d = x.shape
-        inner = h * dh
+        inner, hb = h * dh, h * b
+        r0 = inner if residual else 0
         gy_t = gy.permute(2, 0, 1).reshape(inner, b * f)  # (H·d', B·F): a view when gy has the output's layout
-        dt = torch.empty_like(t)  # (rows of W, B·F) gradient of T
-        g = dt[3 * inner:] if residual else torch.empty_like(gy_t)  # dL/d(att + R), also R's gradient
+        dt = torch.empty(w.shape[0], b * f, dtype=t.dtype, device=t.device)  # gradient of T's rows in W' order
+        g = dt[:inner] if residual else torch.empty_like(gy_t)  # dL/d(att + R), also R's gradient
         if relu:
             torch.ops.aten.threshold_backward.grad_input(gy_t, y, 0, grad_input=g)
         else:
             g.copy_(gy_t)
-        for i in range(h):
-            rows = slice(i * dh, (i + 1) * dh)
-            q_t, k_t, v_t = (_per_sample(t[j * inner + rows.start:j * inner + rows.stop], b, f) for j in range(3))
-            e, z = saved[2 * i], saved[2 * i + 1]
-            g_t = g[rows] / z.view(1, -1)  # (d', B·F) G^T = dO^T / z
-            c = torch.linalg.vecdot(g_t, att[rows], dim=0).view(b, f, 1)  # rowsum(G ⊙ O) = Σ_k dA_k A_k / z
-            g_t = _per_sample(g_t, b, f)  # (B, d', F)
-            ds = torch.bmm(g_t.transpose(1, 2), v_t).sub_(c).mul_(e)  # (B, F, F) dS
-            for j, grad in enumerate((torch.bmm(k_t, ds.transpose(1, 2)), torch.bmm(q_t, ds), torch.bmm(g_t, e))):
-                dt[j * inner + rows.start:j * inner + rows.stop].view(dh, b, f).copy_(grad.transpose(0, 1))  # dQ^T..
+        g1 = torch.empty(hb, dh + 1, f, dtype=t.dtype, device=t.device)  # [G^T; -c] per head and sample
+        g4 = g1.view(h, b, dh + 1, f)
+        torch.div(g.view(h, dh, b, f), o1.view(h, b, dh + 1, f)[:, :, dh:].transpose(1, 2),
+                  out=g4[:, :, :dh].transpose(1, 2))  # G = dO / z
+        c = torch.linalg.vecdot(g.view(h, dh, b, f), att.view(h, dh, b, f), dim=1).neg_()  # (H, B, F)
+        torch.div(c, o1.view(h, b, dh + 1, f)[:, :, dh], out=g4[:, :, dh])  # -c: c = rowsum(G ⊙ O) = Σ_k dA_k A_k / z
+        q, k, v1 = _qkv(t, r0, h, dh, b)
+        ds = torch.bmm(g1.transpose(1, 2), v1).mul_(e)  # (H·B, F, F) dS = E ⊙ (G V^T - c)
+        grads = torch.empty(3, hb, dh, f, dtype=t.dtype, device=t.device)  # dQ^T, dK^T, dV^T
+        torch.bmm(k, ds.transpose(1, 2), out=grads[0])
+        torch.bmm(q, ds, out=grads[1])
+        torch.bmm(g1[:, :dh], e, out=grads[2])
+        dt[r0:].view(3, dh, hb, f).copy_(grads.transpose(1, 2))
         dx = dw = None
         if ctx.needs_input_grad[0]:  # in x's layout: rows of (B, F, D), or feature-major like this layer's output
             if x.is_contiguous():
-                dx = torch.mm(dt.t(), weight).view(b, f, d)
+                dx = torch.mm(dt.t(), w).view(b, f, d)
             else:
-                dx = torch.mm(weight.t(), dt).view(d, b, f).permute(1, 2, 0)
+                dx = torch.mm(w.t(), dt).view(d, b, f).permute(1, 2, 0)
         if ctx.needs_input_grad[1]:
-            dw = torch.mm(dt, _features_first(x).t())  # (rows of W, D)
+            order = _node_order(h, dh, residual, x.device)
+            dw = torch.empty_like(w).index_copy_(0, order, torch.mm(dt, _features_first(x).t()))  # (rows of W, D)
         return dx, dw, None, None, None, None
 
 
