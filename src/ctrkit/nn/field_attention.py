@@ -138,13 +138,13 @@ class _FieldSelfAttention(torch.autograd.Function):
         b, f, d = x.shape
         inner, hb = h * dh, h * b
         r0 = inner if residual else 0
-        gy_t = gy.permute(2, 0, 1).reshape(inner, b * f)  # (H·d', B·F): a view when gy has the output's layout
+        gy_t = gy.permute(2, 0, 1)  # (H·d', B, F): a view, read in place (strided when gy is (B, F, H·d') rows)
         dt = torch.empty(w.shape[0], b * f, dtype=t.dtype, device=t.device)  # gradient of T's rows in W' order
-        g = dt[:inner] if residual else torch.empty_like(gy_t)  # dL/d(att + R), also R's gradient
-        if relu:
-            torch.ops.aten.threshold_backward.grad_input(gy_t, y, 0, grad_input=g)
+        g = dt[:inner] if residual else torch.empty(inner, b * f, dtype=t.dtype, device=t.device)  # dL/d(att + R)
+        if relu:  # also R's gradient; written feature-major in the same pass that applies the ReLU's mask
+            torch.ops.aten.threshold_backward.grad_input(gy_t, y.view(inner, b, f), 0, grad_input=g.view(inner, b, f))
         else:
-            g.copy_(gy_t)
+            g.view(inner, b, f).copy_(gy_t)
         g1 = torch.empty(hb, dh + 1, f, dtype=t.dtype, device=t.device)  # [G^T; -c] per head and sample
         g4 = g1.view(h, b, dh + 1, f)
         torch.div(g.view(h, dh, b, f), o1.view(h, b, dh + 1, f)[:, :, dh:].transpose(1, 2),
