@@ -12,7 +12,8 @@ def line(unit: str, rec: dict[str, Any]) -> str:
     for arm in ARMS:
         r = rec[arm]
         cells.append(f"{arm[:4]} AUC {r['auc']:.4f} GAUC {r['gauc']:.4f}"
-                     + (f" {r['train_s']:5.1f}s (ep {r['best_epoch']}/{r['epochs']:g})" if "train_s" in r else ""))
+                     + (f" {r['train_s']:5.1f}s (ep {r['best_epoch']}/{r['epochs']:g})" if "train_s" in r else "")
+                     + (" refresh" if arm == "incremental" and r.get("refresh") else ""))
     return " | ".join(cells)
 
 
@@ -23,7 +24,8 @@ def table(name: str, unit: str, recs: list[dict[str, Any]], s: dict[str, Any]) -
     for r in recs:
         rows.append(f"| {r['t']} -> {r['t'] + 1} | {r['new_rows']} / {r['all_rows']} | " + " | ".join(
             f"{r[a]['auc']:.4f} | {r[a]['gauc']:.4f}" for a in ARMS)
-            + f" | {r['incremental']['train_s']:.1f} | {r['retrain']['train_s']:.1f} |")
+            + f" | {r['incremental']['train_s']:.1f}{' (refresh)' if r['incremental'].get('refresh') else ''}"
+            f" | {r['retrain']['train_s']:.1f} |")
     rows.append("| mean t>=1 | | " + " | ".join(f"{s[a]['auc']:.4f} | {s[a]['gauc']:.4f}" for a in ARMS)
                 + f" | {s['incremental']['train_s_total']:.1f} (total) | {s['retrain']['train_s_total']:.1f} (total) |")
     rows.append("seconds, t>=1 totals: " + "; ".join(

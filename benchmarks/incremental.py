@@ -6,7 +6,7 @@ first model, on real logs with time: next-period AUC / GAUC and training seconds
                                      [--warm-embedding-lr LR] [--warm-epochs N]
                                      [--id-dropout KEY=P ...] [--warm-new-rows fresh|rare]
                                      [--warm-optimizer keep|fresh] [--ema-decay D [--warm-average keep|fresh]]
-                                     [--tune]
+                                     [--refresh-every K] [--tune]
 
 Data (benchmarks/_rolling_data.py): MovieLens-100K cut by week (31 weeks; label rating >= 4, the user's 20
 previous items as a history) and the Taobao UserBehavior head cut by day (9 days; label: the behaviour went past
@@ -26,8 +26,12 @@ Periods t = 0 .. T-2 (each evaluated on period t + 1, which no choice ever sees)
   given: for every data set, the other one the config's; neither: ``WARM_LR``, chosen per data set on its
   validation AUC: MovieLens a quarter of the config's, Taobao the config's), ``--warm-new-rows rare`` starts their
   new rows from the rare row, ``--warm-optimizer fresh`` their optimizers with fresh states, ``--warm-epochs``
-  caps their epochs (default ``--epochs``). ``--tune`` runs the incremental arm alone and reports its mean
-  validation AUC, the only figure these settings are chosen on;
+  caps their epochs (default ``--epochs``). ``--refresh-every K`` (default ``REFRESH_EVERY``, per data set; 0:
+  never) makes every K-th period (t = K, 2K, ...) a refresh: the incremental arm's model of that period is a fit
+  from scratch on every row so far (the retrain arm's run, store p{t}/re; its preprocess and training seconds count
+  in the incremental arm's totals), and the next warm run grows its vocabulary from p{t}/re/train and starts from
+  that fit. ``--tune`` runs the incremental arm alone (with the retrain arm's fits of the refresh periods) and
+  reports its mean validation AUC, the only figure these settings are chosen on;
 * retrain: ``ctrkit preprocess table`` fitted from scratch and ``ctrkit train`` on every row up to period t's
   validation split (all periods so far);
 * frozen: period 0's model, never updated; period t + 1 encoded with period 0's vocabularies
@@ -59,7 +63,6 @@ training seconds, and above frozen's. Prints a table per dataset and ends with O
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import json
@@ -78,6 +81,7 @@ import pyarrow.csv as pacsv
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _rolling_args import parse
 from _rolling_data import REPO, Log, load
 from _rolling_report import ARMS, line, table
 from bench_models import SHARED_DATA
@@ -88,6 +92,9 @@ QUICK = {"movielens": 4, "taobao": 4}  # periods of --quick (3 evaluated)
 # the warm runs' (dense, embedding) learning rates where --warm-dense-lr / --warm-embedding-lr are not given, chosen on
 # each data set's validation AUC (docs/benchmarks.md, "Warm learning rates"); None: the config's (2e-3, 2.5e-3)
 WARM_LR: dict[str, tuple[float | None, float | None]] = {"movielens": (5e-4, 6.25e-4), "taobao": (None, None)}
+# the incremental arm's refresh period where --refresh-every is not given (0: never; docs/benchmarks.md, "Periodic
+# refresh"): every K-th period its model is a fit from scratch on every row so far, the warm runs continue from it
+REFRESH_EVERY: dict[str, int] = {"movielens": 0, "taobao": 0}
 
 
 def ctrkit(*args: str) -> None:
@@ -187,6 +194,7 @@ class Warm:
     average: str | None = None  # train.warm_start_average (None: not set; with --ema-decay: keep)
     embedding_lr: float | None = None  # the warm runs' train.embedding_lr (None: the config's)
     epochs: int | None = None  # the warm runs' train.epochs (None: --epochs)
+    refresh_every: int = 0  # every K-th period a fit from scratch (the retrain arm's run); 0: never
 
 
 def incremental(log: Log, r: dict[str, Any], d: Path, t: int, prev: tuple[Path, str] | None, overrides: list[str],
@@ -215,6 +223,12 @@ def incremental(log: Log, r: dict[str, Any], d: Path, t: int, prev: tuple[Path, 
     return {**inc, "prep_s": prep, "replayed_rows": replayed}
 
 
+def refreshes(t: int, every: int) -> bool:
+    """``--refresh-every K``: period t is a refresh of the incremental arm (a fit from scratch on every row so far)
+    when t >= 1 and K > 0 divides t; period 0 is a fit from scratch in every arm anyway."""
+    return every > 0 and t >= 1 and t % every == 0
+
+
 def roll(log: Log, periods: int, work: Path, overrides: list[str], valid_fraction: float,
          warm: Warm = Warm()) -> list[dict[str, Any]]:
     """The three arms over periods 0 .. periods-2 -> one record per period: {t, rows, new ids, arm: figures}."""
@@ -225,13 +239,19 @@ def roll(log: Log, periods: int, work: Path, overrides: list[str], valid_fractio
         valid, test = (write(log, *r[k], d / f"{k}.csv") for k in ("valid", "next"))
         rec: dict[str, Any] = {"t": t, "new_rows": r["new"][1] - r["new"][0], "all_rows": r["all"][1],
                                "next_rows": r["next"][1] - r["next"][0]}
-        rec["incremental"] = inc = incremental(log, r, d, t, prev, overrides, warm, valid, test)
+        refresh = refreshes(t, warm.refresh_every)
+        if t and (refresh or not warm.only):
+            prep = preprocess(log.spec, write(log, *r["all"], d / "all.csv"), d / "re", valid=valid, test=test)
+            rec["retrain"] = {**train(d / "re", work / "runs", f"re{t}", overrides), "prep_s": prep}
+        if refresh:  # the incremental arm's model of period t is the retrain arm's run (its seconds are counted)
+            rec["incremental"] = inc = {**rec["retrain"], "replayed_rows": 0, "refresh": True}
+        else:
+            rec["incremental"] = inc = incremental(log, r, d, t, prev, overrides, warm, valid, test)
+        stores = d / ("re" if refresh else "inc")
         if t == 0:
             first = (d / "inc" / "train", inc["best"])
             rec["retrain"] = rec["frozen"] = rec["incremental"]
         elif not warm.only:
-            prep = preprocess(log.spec, write(log, *r["all"], d / "all.csv"), d / "re", valid=valid, test=test)
-            rec["retrain"] = {**train(d / "re", work / "runs", f"re{t}", overrides), "prep_s": prep}
             prep = preprocess(log.spec, test, d / "frozen", parent=first[0])
             rec["frozen"] = {**frozen(first[1], d / "frozen" / "train"), "prep_s": prep,
                              "next_unseen": unseen(d / "frozen" / "train")}
@@ -239,8 +259,8 @@ def roll(log: Log, periods: int, work: Path, overrides: list[str], valid_fractio
             if rec[arm]["rows"] != rec["next_rows"]:
                 raise SystemExit(f"{log.name} period {t} {arm}: {rec[arm]['rows']} rows scored, period t + 1 holds "
                                  f"{rec['next_rows']}")
-        rec["vocab"] = vocab_growth(d / "inc")
-        prev = (d / "inc" / "train", inc["best"])
+        rec["vocab"] = vocab_growth(stores)
+        prev = (stores / "train", inc["best"])
         out.append(rec)
         sys.stdout.write((line(log.unit, rec) if not warm.only else
                           f"{log.unit} {t}: valid AUC {inc['valid_auc']:.4f} replayed {inc['replayed_rows']}") + "\n")
@@ -274,6 +294,7 @@ def summarise(recs: list[dict[str, Any]]) -> dict[str, Any]:
         for k in ("train_s", "job_s", "prep_s"):
             if all(k in x for x in rs):
                 out[arm][f"{k}_total"] = sum(x[k] for x in rs)
+    out["incremental"]["refresh_periods"] = [r["t"] for r in later if r["incremental"].get("refresh")]
     inc, re, fr = out["incremental"], out["retrain"], out["frozen"]
     out["incremental_minus_retrain_auc"] = inc["auc"] - re["auc"]
     out["incremental_minus_frozen_auc"] = inc["auc"] - fr["auc"]
@@ -287,59 +308,13 @@ def summarise(recs: list[dict[str, Any]]) -> dict[str, Any]:
 def tuned(recs: list[dict[str, Any]]) -> dict[str, Any]:
     """``--tune``: the incremental arm's mean validation AUC over t >= 1 (the only figure a choice may read)."""
     later = [r["incremental"] for r in recs if r["t"] >= 1]
-    return {"valid_auc": statistics.fmean(x["valid_auc"] for x in later), "valid_auc_per_period":
+    return {"valid_auc": statistics.fmean(x["valid_auc"] for x in later), "refresh_periods":
+            [r["t"] for r in recs if r["t"] >= 1 and r["incremental"].get("refresh")], "valid_auc_per_period":
             [x["valid_auc"] for x in later], "train_s_total": sum(x["train_s"] for x in later)}
 
 
-def id_dropout(items: list[str], ap: argparse.ArgumentParser) -> dict[str, float]:
-    """``--id-dropout user_id=0.1 ...`` -> {key: probability} (the keys and ranges are checked by ``ctrkit train``)."""
-    out = {}
-    for item in items:
-        key, _, p = item.partition("=")
-        try:
-            out[key] = float(p)
-        except ValueError:
-            ap.error(f"--id-dropout takes KEY=P (e.g. user_id=0.1), got {item!r}")
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--datasets", nargs="*", default=["movielens", "taobao"], choices=["movielens", "taobao"])
-    ap.add_argument("--quick", action="store_true", help=f"the first periods only ({QUICK}) and 2 epochs: <= 2 min")
-    ap.add_argument("--periods", type=int, help="roll over the first N periods (default: all)")
-    ap.add_argument("--epochs", type=int, default=5, help="most epochs per run (early stopping on valid, patience 1)")
-    ap.add_argument("--valid-fraction", type=float, default=0.1, help="the last rows of each period: its valid split")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="/tmp/ctrkit-incremental", help="work directory (stores and runs; replaced)")
-    ap.add_argument("--replay", type=float, default=0.0, metavar="F",
-                    help="incremental arm: append F x the new rows, sampled from earlier periods' train splits")
-    ap.add_argument("--warm-dense-lr", type=float, help="incremental arm, warm runs: the dense (non-embedding) lr")
-    ap.add_argument("--warm-embedding-lr", type=float, help="incremental arm, warm runs: the embedding rows' lr")
-    ap.add_argument("--warm-epochs", type=int, help="incremental arm, warm runs: most epochs (default: --epochs)")
-    ap.add_argument("--warm-new-rows", choices=["fresh", "rare"], default="fresh",
-                    help="incremental arm, warm runs: train.warm_start_new_rows (rare: new rows copy the rare row 1)")
-    ap.add_argument("--warm-optimizer", choices=["keep", "fresh"], default="keep",
-                    help="incremental arm, warm runs: train.warm_start_optimizer (the checkpoint's Adam moments or fresh)")
-    ap.add_argument("--ema-decay", type=float, metavar="D",
-                    help="every arm: train.ema_decay (weight averaging); the incremental arm's warm runs continue "
-                         "their checkpoint's average (--warm-average keep): an average over periods")
-    ap.add_argument("--warm-average", choices=["keep", "fresh"],
-                    help="incremental arm, warm runs, with --ema-decay: train.warm_start_average (default keep)")
-    ap.add_argument("--id-dropout", nargs="*", default=[], metavar="KEY=P",
-                    help="every arm: train.id_dropout, e.g. user_id=0.1 (training ids -> the rare id 1 with prob. P)")
-    ap.add_argument("--tune", action="store_true",
-                    help="the incremental arm alone, judged on its validation AUC (for choosing --replay / lr)")
-    a = ap.parse_args(argv)
-    if a.replay < 0 or any(x is not None and x <= 0 for x in (a.warm_dense_lr, a.warm_embedding_lr)):
-        ap.error(f"--replay must be >= 0 and --warm-dense-lr, --warm-embedding-lr > 0, got {a.replay}, "
-                 f"{a.warm_dense_lr} and {a.warm_embedding_lr}")
-    if a.warm_average and a.ema_decay is None:
-        ap.error(f"--warm-average {a.warm_average} needs --ema-decay (a warm start's average is that of train.ema_decay)")
-    if a.ema_decay is not None and not 0 < a.ema_decay < 1:
-        ap.error(f"--ema-decay must lie strictly between 0 and 1, got {a.ema_decay}")
-    drop = id_dropout(a.id_dropout, ap)
+    a, drop = parse(argv, __doc__.splitlines()[0], QUICK)
     average = (a.warm_average or "keep") if a.ema_decay is not None else None
     warm = Warm(a.replay, a.warm_dense_lr, a.seed, a.tune, a.warm_new_rows, a.warm_optimizer, average,
                 a.warm_embedding_lr, a.warm_epochs)
@@ -362,23 +337,25 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         lrs = WARM_LR[name] if a.warm_dense_lr is None and a.warm_embedding_lr is None else (a.warm_dense_lr,
                                                                                             a.warm_embedding_lr)
-        recs = roll(log, periods, Path(a.out) / name, overrides, a.valid_fraction, replace(warm, dense_lr=lrs[0],
-                                                                                           embedding_lr=lrs[1]))
+        every = REFRESH_EVERY[name] if a.refresh_every is None else a.refresh_every
+        recs = roll(log, periods, Path(a.out) / name, overrides, a.valid_fraction,
+                    replace(warm, dense_lr=lrs[0], embedding_lr=lrs[1], refresh_every=every))
+        setting = {"warm_lr": {"dense": lrs[0], "embedding": lrs[1]}, "refresh_every": every}
         if a.tune:
-            result[name] = {**tuned(recs), "warm_lr": {"dense": lrs[0], "embedding": lrs[1]}}
+            result[name] = {**tuned(recs), **setting}
             sys.stdout.write(f"{name}: incremental mean valid AUC (t>=1) {result[name]['valid_auc']:.4f}\n")
             continue
         s = summarise(recs)
         sys.stdout.write(table(name, log.unit, recs, s))
         for check, ok in s["checks"].items():
             sys.stdout.write(f"  {'PASS' if ok else 'FAIL'}  {check}\n")
-        result[name] = {"warm_lr": {"dense": lrs[0], "embedding": lrs[1]}, "periods": periods, "unit": log.unit, "seconds": time.perf_counter() - t0, "summary": s,
+        result[name] = {**setting, "periods": periods, "unit": log.unit, "seconds": time.perf_counter() - t0, "summary": s,
                         "per_period": [{k: ({kk: vv for kk, vv in v.items() if kk != "best"} if isinstance(v, dict)
                                             else v) for k, v in r.items()} for r in recs]}
     load1 = os.getloadavg()
     sys.stdout.write("RESULT " + json.dumps({
         "benchmark": "incremental", "quick": a.quick, "epochs": epochs, "threads": a.threads, "seed": a.seed,
-        "valid_fraction": a.valid_fraction, "replay": a.replay, "warm_dense_lr": a.warm_dense_lr,
+        "valid_fraction": a.valid_fraction, "replay": a.replay, "refresh_every": a.refresh_every, "warm_dense_lr": a.warm_dense_lr,
         "warm_embedding_lr": a.warm_embedding_lr, "warm_epochs": a.warm_epochs, "id_dropout": drop, "warm_new_rows": a.warm_new_rows, "warm_optimizer": a.warm_optimizer,
         "ema_decay": a.ema_decay, "warm_average": average, "tune": a.tune,
         "config": str(CONFIG.relative_to(REPO)), "overrides": overrides,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from conftest import benchmark_module
 INC = benchmark_module("incremental")
 DATA = benchmark_module("_rolling_data")
 POST = benchmark_module("incremental_posthoc")
+ARGS = benchmark_module("_rolling_args")
 
 
 @pytest.mark.parametrize("sizes", [[10, 7, 13, 5], [4, 4], [100, 1, 2, 50, 9, 30]])
@@ -88,10 +90,10 @@ def test_id_dropout_option_reads_key_probability_pairs() -> None:
     import argparse
 
     ap = argparse.ArgumentParser()
-    assert INC.id_dropout(["user_id=0.1", "item_id=0.25"], ap) == {"user_id": 0.1, "item_id": 0.25}
-    assert INC.id_dropout([], ap) == {}
+    assert ARGS.id_dropout(["user_id=0.1", "item_id=0.25"], ap) == {"user_id": 0.1, "item_id": 0.25}
+    assert ARGS.id_dropout([], ap) == {}
     with pytest.raises(SystemExit):  # argparse's error: exit 2 with the option named
-        INC.id_dropout(["user_id"], ap)
+        ARGS.id_dropout(["user_id"], ap)
 
 
 def test_average_over_periods_against_a_loop() -> None:
@@ -135,3 +137,63 @@ def test_weight_average_options_are_checked(argv: list[str], message: str, capsy
 def test_warm_learning_rates_are_set_per_data_set() -> None:
     assert INC.WARM_LR.keys() == DATA.LOADERS.keys()
     assert all(lr is None or lr > 0 for pair in INC.WARM_LR.values() for lr in pair)
+
+
+@pytest.mark.parametrize("every", [0, 1, 2, 3])
+def test_refresh_periods_are_the_multiples_of_k(every: int) -> None:
+    got = [t for t in range(10) if INC.refreshes(t, every)]
+    assert got == ([t for t in range(1, 10) if t % every == 0] if every else [])  # never period 0 (a fit anyway)
+
+
+def test_refresh_every_must_not_be_negative(capsys) -> None:
+    with pytest.raises(SystemExit) as e:
+        INC.main(["--refresh-every", "-1"])
+    assert e.value.code == 2 and "--refresh-every must be >= 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("only", [False, True])
+def test_a_refresh_period_is_the_retrain_run_and_the_next_warm_start_continues_from_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, only: bool) -> None:
+    """With --refresh-every 2 the incremental arm's model of periods 2 and 4 is the retrain arm's fit (its seconds
+    counted, also with --tune, where the retrain arm does not run otherwise), and the warm starts of periods 3 and 5
+    grow their vocabulary from that fit's store and start from its checkpoint; other periods warm-start from the
+    incremental arm's own previous run."""
+    import pyarrow as pa
+
+    calls: list[tuple[str, int, Any]] = []
+
+    def fake_train(store: Path, runs: Path, name: str, overrides: list[str], warm: Path | None = None) -> dict:
+        calls.append(("train", int(name[2:]), store.name))
+        return {"auc": 0.5, "gauc": 0.5, "rows": 1, "train_s": 10.0, "job_s": 11.0, "valid_auc": 0.6, "best_epoch": 1,
+                "epochs": 1, "best": str(runs / name / "best.pt")}
+
+    def fake_incremental(log, r, d: Path, t: int, prev, overrides, warm, valid, test) -> dict:
+        calls.append(("incremental", t, prev and (str(prev[0].relative_to(tmp_path)), Path(prev[1]).parent.name)))
+        return {**fake_train(d / "inc", d.parent / "runs", f"in{t}", []), "prep_s": 0.0, "replayed_rows": 0}
+
+    monkeypatch.setattr(INC, "train", fake_train)
+    monkeypatch.setattr(INC, "incremental", fake_incremental)
+    monkeypatch.setattr(INC, "preprocess", lambda *a, **k: 0.5)
+    monkeypatch.setattr(INC, "frozen", lambda ckpt, store: {"auc": 0.5, "gauc": 0.5, "rows": 1})
+    monkeypatch.setattr(INC, "unseen", lambda store: {"user_id": 0.0, "item_id": 0.0})
+    monkeypatch.setattr(INC, "vocab_growth", lambda stores: {"store": stores.name})
+    monkeypatch.setattr(INC, "write", lambda log, lo, hi, path: path)
+    log = DATA.Log("toy", pa.table({"x": list(range(7))}), np.arange(7), tmp_path / "spec.yaml", "day")
+    monkeypatch.setattr(DATA.Log, "bounds", lambda self, periods=None: np.arange(8))  # one row per period
+    recs = INC.roll(log, 7, tmp_path, [], 0.0, INC.Warm(only=only, refresh_every=2))
+    assert [r["t"] for r in recs] == list(range(6))
+    warm_starts = [c for c in calls if c[0] == "incremental"]
+    assert warm_starts == [("incremental", 0, None), ("incremental", 1, ("p0/inc/train", "in0")),
+                           ("incremental", 3, ("p2/re/train", "re2")), ("incremental", 5, ("p4/re/train", "re4"))]
+    # (p{t}/re/train: the refresh's store, the parent of the next grown vocabulary; runs/re{t}: its fit)
+    refits = [c[1] for c in calls if c[0] == "train" and c[2] == "re"]
+    assert refits == ([2, 4] if only else [1, 2, 3, 4, 5])  # --tune: the retrain arm runs only to refresh
+    for r in recs[1:]:
+        inc = r["incremental"]
+        assert inc.get("refresh", False) == (r["t"] in (2, 4)) and r["vocab"]["store"] == ("re" if inc.get("refresh") else "inc")
+        if inc.get("refresh"):
+            assert inc["best"].endswith(f"re{r['t']}/best.pt") and inc["train_s"] == 10.0
+    if not only:
+        s = INC.summarise(recs)
+        assert s["incremental"]["refresh_periods"] == [2, 4]
+        assert s["incremental"]["train_s_total"] == s["retrain"]["train_s_total"] == 50.0  # fake: every fit 10 s

@@ -1,0 +1,68 @@
+"""benchmarks/incremental.py's command line: the options and their checks (argparse errors: exit 2, one line)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def id_dropout(items: list[str], ap: argparse.ArgumentParser) -> dict[str, float]:
+    """``--id-dropout user_id=0.1 ...`` -> {key: probability} (the keys and ranges are checked by ``ctrkit train``)."""
+    out = {}
+    for item in items:
+        key, _, p = item.partition("=")
+        try:
+            out[key] = float(p)
+        except ValueError:
+            ap.error(f"--id-dropout takes KEY=P (e.g. user_id=0.1), got {item!r}")
+    return out
+
+
+def parser(description: str, quick: dict[str, int]) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--datasets", nargs="*", default=["movielens", "taobao"], choices=["movielens", "taobao"])
+    ap.add_argument("--quick", action="store_true", help=f"the first periods only ({quick}) and 2 epochs: <= 2 min")
+    ap.add_argument("--periods", type=int, help="roll over the first N periods (default: all)")
+    ap.add_argument("--epochs", type=int, default=5, help="most epochs per run (early stopping on valid, patience 1)")
+    ap.add_argument("--valid-fraction", type=float, default=0.1, help="the last rows of each period: its valid split")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="/tmp/ctrkit-incremental", help="work directory (stores and runs; replaced)")
+    ap.add_argument("--replay", type=float, default=0.0, metavar="F",
+                    help="incremental arm: append F x the new rows, sampled from earlier periods' train splits")
+    ap.add_argument("--refresh-every", type=int, metavar="K",
+                    help="incremental arm: every K-th period (t = K, 2K, ...) is a fit from scratch on every row so "
+                         "far (the retrain arm's run, its seconds counted), the warm runs continue from it "
+                         "(default: the data set's REFRESH_EVERY; 0: never)")
+    ap.add_argument("--warm-dense-lr", type=float, help="incremental arm, warm runs: the dense (non-embedding) lr")
+    ap.add_argument("--warm-embedding-lr", type=float, help="incremental arm, warm runs: the embedding rows' lr")
+    ap.add_argument("--warm-epochs", type=int, help="incremental arm, warm runs: most epochs (default: --epochs)")
+    ap.add_argument("--warm-new-rows", choices=["fresh", "rare"], default="fresh",
+                    help="incremental arm, warm runs: train.warm_start_new_rows (rare: new rows copy the rare row 1)")
+    ap.add_argument("--warm-optimizer", choices=["keep", "fresh"], default="keep",
+                    help="incremental arm, warm runs: train.warm_start_optimizer (the checkpoint's Adam moments or fresh)")
+    ap.add_argument("--ema-decay", type=float, metavar="D",
+                    help="every arm: train.ema_decay (weight averaging); the incremental arm's warm runs continue "
+                         "their checkpoint's average (--warm-average keep): an average over periods")
+    ap.add_argument("--warm-average", choices=["keep", "fresh"],
+                    help="incremental arm, warm runs, with --ema-decay: train.warm_start_average (default keep)")
+    ap.add_argument("--id-dropout", nargs="*", default=[], metavar="KEY=P",
+                    help="every arm: train.id_dropout, e.g. user_id=0.1 (training ids -> the rare id 1 with prob. P)")
+    ap.add_argument("--tune", action="store_true",
+                    help="the incremental arm alone, judged on its validation AUC (for choosing --replay / lr)")
+    return ap
+
+
+def parse(argv: list[str] | None, description: str, quick: dict[str, int]) -> tuple[argparse.Namespace, dict[str, float]]:
+    """The checked options and ``--id-dropout``'s {key: probability}."""
+    ap = parser(description, quick)
+    a = ap.parse_args(argv)
+    if a.replay < 0 or any(x is not None and x <= 0 for x in (a.warm_dense_lr, a.warm_embedding_lr)):
+        ap.error(f"--replay must be >= 0 and --warm-dense-lr, --warm-embedding-lr > 0, got {a.replay}, "
+                 f"{a.warm_dense_lr} and {a.warm_embedding_lr}")
+    if a.refresh_every is not None and a.refresh_every < 0:
+        ap.error(f"--refresh-every must be >= 0 (0: never refresh), got {a.refresh_every}")
+    if a.warm_average and a.ema_decay is None:
+        ap.error(f"--warm-average {a.warm_average} needs --ema-decay (a warm start's average is that of train.ema_decay)")
+    if a.ema_decay is not None and not 0 < a.ema_decay < 1:
+        ap.error(f"--ema-decay must lie strictly between 0 and 1, got {a.ema_decay}")
+    return a, id_dropout(a.id_dropout, ap)
