@@ -137,6 +137,7 @@ def test_weight_average_options_are_checked(argv: list[str], message: str, capsy
 def test_warm_learning_rates_are_set_per_data_set() -> None:
     assert INC.WARM_LR.keys() == DATA.LOADERS.keys()
     assert all(lr is None or lr > 0 for pair in INC.WARM_LR.values() for lr in pair)
+    assert INC.REFRESH_EVERY.keys() == DATA.LOADERS.keys() and all(k >= 0 for k in INC.REFRESH_EVERY.values())
 
 
 @pytest.mark.parametrize("every", [0, 1, 2, 3])
