@@ -4,6 +4,7 @@
     python benchmarks/incremental_posthoc.py split   OUT [--dataset movielens]
     python benchmarks/incremental_posthoc.py average OUT [--dataset movielens] [--betas 0.3 0.5 0.7]
     python benchmarks/incremental_posthoc.py window  OUT [--dataset movielens] [--last-tuning-period 9]
+    python benchmarks/incremental_posthoc.py gap     OUT [--dataset movielens]
 
 * ``split``: per period t >= 1 and arm (incremental, retrain), the share of next-period rows whose user the arm's
   vocabulary does not hold (id 1, rare), how many training rows carry user id 1, and the next-period AUC within
@@ -12,6 +13,9 @@
 * ``window``: per arm run (incremental, retrain), the mean validation AUC and next-period AUC over the periods
   t = 1 .. K (a tuning window: a setting chosen on their next periods never sees periods K + 2 onwards) and over
   t > K (held out); also read from an ``--tune`` run (incremental alone).
+* ``gap``: incremental minus retrain per period t >= 1, validation AUC and next-period AUC, means and standard
+  errors over all periods and over the warm ones (a ``--refresh-every`` refresh period has no ``inc{t}`` run: its
+  model is ``re{t}``, so read a run's own fresh ``--out`` directory).
 * ``average``: weights averaged over periods from the incremental arm's own checkpoints, a_0 = w_0 and
   a_t = beta a_{t-1} + (1 - beta) w_t (rows of ids new at t: w_t's), scored on period t's validation split (the
   figure a choice may read) and on period t + 1. The warm starts are the run's (each continues from w_t): the
@@ -123,9 +127,35 @@ def window(work: Path, last: int) -> None:
                                  f", next-period AUC {statistics.fmean(per[t][1] for t in ts):.4f}\n")
 
 
+def gap(work: Path) -> None:
+    """Incremental minus retrain, per period t >= 1: validation AUC (each run's best) and next-period AUC, means with
+    their standard errors over the periods, over all periods and over the warm periods alone (a period without an
+    ``inc{t}`` run is a ``--refresh-every`` refresh: its model is ``re{t}``, difference 0)."""
+    import json
+
+    def aucs(run: Path) -> tuple[float, float]:
+        p = np.load(run / "predictions.npz")
+        return json.loads((run / "summary.json").read_text())["best"]["value"], roc_auc_score(p["label"], p["score"])
+
+    rows = []
+    for t in _periods(work, "re"):
+        inc, re = work / "runs" / f"inc{t}", work / "runs" / f"re{t}"
+        warm = (inc / "predictions.npz").exists()
+        a, b = aucs(inc if warm else re), aucs(re)
+        rows.append((warm, a[0] - b[0], a[1] - b[1]))
+    for name, sel in (("all periods", rows), ("warm periods", [r for r in rows if r[0]])):
+        if len(sel) < 2:
+            continue
+        out = [f"{name} ({len(sel)})"]
+        for i, what in ((1, "valid AUC"), (2, "next-period AUC")):
+            x = [r[i] for r in sel]
+            out.append(f"{what} {statistics.fmean(x):+.4f} ± {statistics.stdev(x) / len(x) ** 0.5:.4f}")
+        sys.stdout.write("incremental - retrain, " + ", ".join(out) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=["split", "average", "window"])
+    ap.add_argument("what", choices=["split", "average", "window", "gap"])
     ap.add_argument("out", type=Path, help="benchmarks/incremental.py's --out directory")
     ap.add_argument("--dataset", default="movielens", choices=["movielens", "taobao"])
     ap.add_argument("--betas", type=float, nargs="+", default=[0.3, 0.5, 0.7])
@@ -139,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     if a.what == "window":
         window(work, a.last_tuning_period)
+    elif a.what == "gap":
+        gap(work)
     else:
         split(work) if a.what == "split" else averaged(work, a.betas)
     return 0

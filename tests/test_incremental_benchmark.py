@@ -198,3 +198,34 @@ def test_a_refresh_period_is_the_retrain_run_and_the_next_warm_start_continues_f
         s = INC.summarise(recs)
         assert s["incremental"]["refresh_periods"] == [2, 4]
         assert s["incremental"]["train_s_total"] == s["retrain"]["train_s_total"] == 50.0  # fake: every fit 10 s
+
+
+def test_posthoc_gap_reads_a_refresh_period_as_the_retrain_run(tmp_path: Path, capsys) -> None:
+    """``incremental_posthoc.py gap``: a period without an inc{t} run (a refresh) counts as a difference of 0; the
+    others are inc{t} - re{t}, validation (summary.json) and next-period AUC (predictions.npz, sklearn's AUC)."""
+    import json
+
+    from sklearn.metrics import roc_auc_score
+
+    rng = np.random.default_rng(0)
+    label = rng.integers(0, 2, 200)
+    want_valid, want_next = [], []
+    for t in (1, 2, 3):
+        runs = {"re": 0.70 + 0.01 * t} | ({} if t == 2 else {"inc": 0.69 + 0.02 * t})  # period 2: a refresh
+        auc = {}
+        for arm, valid in runs.items():
+            run = tmp_path / "movielens" / "runs" / f"{arm}{t}"
+            run.mkdir(parents=True)
+            score = label * 0.3 * rng.random() + rng.random(200)
+            np.savez(run / "predictions.npz", label=label, score=score, group=np.zeros(200))
+            (run / "summary.json").write_text(json.dumps({"best": {"value": valid, "epoch": 0}}))
+            auc[arm] = (valid, roc_auc_score(label, score))
+        inc = auc.get("inc", auc["re"])
+        want_valid.append(inc[0] - auc["re"][0])
+        want_next.append(inc[1] - auc["re"][1])
+    POST.main(["gap", str(tmp_path)])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("incremental - retrain, all periods (3)") and "warm periods (2)" in out[1]
+    assert f"valid AUC {np.mean(want_valid):+.4f} ± {np.std(want_valid, ddof=1) / 3 ** 0.5:.4f}" in out[0]
+    assert f"next-period AUC {np.mean(want_next):+.4f}" in out[0]
+    assert f"valid AUC {np.mean(want_valid[::2]):+.4f}" in out[1]  # periods 1 and 3
