@@ -4,7 +4,7 @@
     python benchmarks/incremental_posthoc.py split   OUT [--dataset movielens]
     python benchmarks/incremental_posthoc.py average OUT [--dataset movielens] [--betas 0.3 0.5 0.7]
     python benchmarks/incremental_posthoc.py window  OUT [--dataset movielens] [--last-tuning-period 9]
-    python benchmarks/incremental_posthoc.py gap     OUT [--dataset movielens]
+    python benchmarks/incremental_posthoc.py gap     OUT [OUT ...] [--dataset movielens]
 
 * ``split``: per period t >= 1 and arm (incremental, retrain), the share of next-period rows whose user the arm's
   vocabulary does not hold (id 1, rare), how many training rows carry user id 1, and the next-period AUC within
@@ -127,10 +127,11 @@ def window(work: Path, last: int) -> None:
                                  f", next-period AUC {statistics.fmean(per[t][1] for t in ts):.4f}\n")
 
 
-def gap(work: Path) -> None:
+def gap(works: list[Path]) -> None:
     """Incremental minus retrain, per period t >= 1: validation AUC (each run's best) and next-period AUC, means with
-    their standard errors over the periods, over all periods and over the warm periods alone (a period without an
-    ``inc{t}`` run is a ``--refresh-every`` refresh: its model is ``re{t}``, difference 0)."""
+    their standard errors over the periods (of every run given, e.g. one per seed), over all periods, the warm ones,
+    and the warm ones by periods since the last refresh (a period without an ``inc{t}`` run is a ``--refresh-every``
+    refresh: its model is ``re{t}``, difference 0)."""
     import json
 
     def aucs(run: Path) -> tuple[float, float]:
@@ -138,12 +139,17 @@ def gap(work: Path) -> None:
         return json.loads((run / "summary.json").read_text())["best"]["value"], roc_auc_score(p["label"], p["score"])
 
     rows = []
-    for t in _periods(work, "re"):
-        inc, re = work / "runs" / f"inc{t}", work / "runs" / f"re{t}"
-        warm = (inc / "predictions.npz").exists()
-        a, b = aucs(inc if warm else re), aucs(re)
-        rows.append((warm, a[0] - b[0], a[1] - b[1]))
-    for name, sel in (("all periods", rows), ("warm periods", [r for r in rows if r[0]])):
+    for work in works:
+        last = None  # the last refresh period (None: none yet)
+        for t in _periods(work, "re"):
+            inc, re = work / "runs" / f"inc{t}", work / "runs" / f"re{t}"
+            warm = (inc / "predictions.npz").exists()
+            a, b = aucs(inc if warm else re), aucs(re)
+            rows.append((warm, a[0] - b[0], a[1] - b[1], t - last if warm and last is not None else None))
+            last = last if warm else t
+    groups = [("all periods", rows), ("warm periods", [r for r in rows if r[0]])]
+    groups += [(f"{k} after a refresh", [r for r in rows if r[3] == k]) for k in sorted({r[3] for r in rows} - {None})]
+    for name, sel in groups:
         if len(sel) < 2:
             continue
         out = [f"{name} ({len(sel)})"]
@@ -156,21 +162,26 @@ def gap(work: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("what", choices=["split", "average", "window", "gap"])
-    ap.add_argument("out", type=Path, help="benchmarks/incremental.py's --out directory")
+    ap.add_argument("out", type=Path, nargs="+", help="benchmarks/incremental.py's --out directory (gap: one or more, "
+                                                      "e.g. one per seed, pooled)")
     ap.add_argument("--dataset", default="movielens", choices=["movielens", "taobao"])
     ap.add_argument("--betas", type=float, nargs="+", default=[0.3, 0.5, 0.7])
     ap.add_argument("--last-tuning-period", type=int, default=9, metavar="K", help="window: periods 1 .. K tune")
     a = ap.parse_args(argv)
-    work = a.out / a.dataset
-    if not (work / "runs").is_dir():
-        ap.error(f"{work / 'runs'} does not exist: give the --out directory of a benchmarks/incremental.py run")
+    if len(a.out) > 1 and a.what != "gap":
+        ap.error(f"{a.what} reads one --out directory, got {len(a.out)}: {' '.join(map(str, a.out))}")
+    works = [o / a.dataset for o in a.out]
+    for w in works:
+        if not (w / "runs").is_dir():
+            ap.error(f"{w / 'runs'} does not exist: give the --out directory of a benchmarks/incremental.py run")
+    work = works[0]
     if any(not 0 < b < 1 for b in a.betas):
         ap.error(f"--betas must lie strictly between 0 and 1, got {a.betas}")
     torch.set_num_threads(1)
     if a.what == "window":
         window(work, a.last_tuning_period)
     elif a.what == "gap":
-        gap(work)
+        gap(works)
     else:
         split(work) if a.what == "split" else averaged(work, a.betas)
     return 0

@@ -201,31 +201,42 @@ def test_a_refresh_period_is_the_retrain_run_and_the_next_warm_start_continues_f
 
 
 def test_posthoc_gap_reads_a_refresh_period_as_the_retrain_run(tmp_path: Path, capsys) -> None:
-    """``incremental_posthoc.py gap``: a period without an inc{t} run (a refresh) counts as a difference of 0; the
-    others are inc{t} - re{t}, validation (summary.json) and next-period AUC (predictions.npz, sklearn's AUC)."""
+    """``incremental_posthoc.py gap OUT OUT``: a period without an inc{t} run (a refresh) counts as a difference of 0;
+    the others are inc{t} - re{t}, validation (summary.json) and next-period AUC (predictions.npz, sklearn's AUC),
+    pooled over the runs given; warm periods are also grouped by periods since the last refresh."""
     import json
 
     from sklearn.metrics import roc_auc_score
 
     rng = np.random.default_rng(0)
     label = rng.integers(0, 2, 200)
-    want_valid, want_next = [], []
-    for t in (1, 2, 3):
-        runs = {"re": 0.70 + 0.01 * t} | ({} if t == 2 else {"inc": 0.69 + 0.02 * t})  # period 2: a refresh
-        auc = {}
-        for arm, valid in runs.items():
-            run = tmp_path / "movielens" / "runs" / f"{arm}{t}"
-            run.mkdir(parents=True)
-            score = label * 0.3 * rng.random() + rng.random(200)
-            np.savez(run / "predictions.npz", label=label, score=score, group=np.zeros(200))
-            (run / "summary.json").write_text(json.dumps({"best": {"value": valid, "epoch": 0}}))
-            auc[arm] = (valid, roc_auc_score(label, score))
-        inc = auc.get("inc", auc["re"])
-        want_valid.append(inc[0] - auc["re"][0])
-        want_next.append(inc[1] - auc["re"][1])
-    POST.main(["gap", str(tmp_path)])
+    diffs: dict[tuple[int, int], tuple[float, float]] = {}
+    for seed in (0, 1):
+        for t in (1, 2, 3):
+            runs = {"re": 0.70 + 0.01 * t} | ({} if t == 2 else {"inc": 0.69 + 0.02 * t + 0.001 * seed})  # 2: refresh
+            auc = {}
+            for arm, valid in runs.items():
+                run = tmp_path / f"s{seed}" / "movielens" / "runs" / f"{arm}{t}"
+                run.mkdir(parents=True)
+                score = label * 0.3 * rng.random() + rng.random(200)
+                np.savez(run / "predictions.npz", label=label, score=score, group=np.zeros(200))
+                (run / "summary.json").write_text(json.dumps({"best": {"value": valid, "epoch": 0}}))
+                auc[arm] = (valid, roc_auc_score(label, score))
+            inc = auc.get("inc", auc["re"])
+            diffs[seed, t] = (inc[0] - auc["re"][0], inc[1] - auc["re"][1])
+    POST.main(["gap", str(tmp_path / "s0"), str(tmp_path / "s1")])
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("incremental - retrain, all periods (3)") and "warm periods (2)" in out[1]
-    assert f"valid AUC {np.mean(want_valid):+.4f} ± {np.std(want_valid, ddof=1) / 3 ** 0.5:.4f}" in out[0]
-    assert f"next-period AUC {np.mean(want_next):+.4f}" in out[0]
-    assert f"valid AUC {np.mean(want_valid[::2]):+.4f}" in out[1]  # periods 1 and 3
+    assert [ln.split(" (")[0] for ln in out] == ["incremental - retrain, all periods", "incremental - retrain, warm periods",
+                                                 "incremental - retrain, 1 after a refresh"]
+
+    def stats(keys: list[tuple[int, int]], i: int) -> str:
+        x = [diffs[k][i] for k in keys]
+        return f"{np.mean(x):+.4f} ± {np.std(x, ddof=1) / len(x) ** 0.5:.4f}"
+
+    every = sorted(diffs)
+    assert f"all periods (6), valid AUC {stats(every, 0)}, next-period AUC {stats(every, 1)}" in out[0]
+    warm = [k for k in every if k[1] != 2]
+    assert f"warm periods (4), valid AUC {stats(warm, 0)}, next-period AUC {stats(warm, 1)}" in out[1]
+    assert f"1 after a refresh (2), valid AUC {stats([(0, 3), (1, 3)], 0)}" in out[2]  # period 1 has no refresh before
+    with pytest.raises(SystemExit):  # the other readings take one directory
+        POST.main(["split", str(tmp_path / "s0"), str(tmp_path / "s1")])
