@@ -95,7 +95,8 @@ WARM_LR: dict[str, tuple[float | None, float | None]] = {"movielens": (5e-4, 6.2
 # the incremental arm's refresh period where --refresh-every is not given (0: never): every K-th period its model is
 # a fit from scratch on every row so far, the warm runs continue from it. MovieLens 4, chosen on validation AUC
 # (seed 0, mean over weeks 1-29: K = 0 .7224, 2 .7267, 3 .7241, 4 .7265, 6 .7240, 8 .7239; retrain .7291): K = 2's
-# figure at about 2/3 of its seconds (docs/benchmarks.md, "Periodic refresh"); Taobao meets its target without one
+# figure at about 2/3 of its seconds (docs/benchmarks.md, "Periodic refresh": three seeds, next-week gap K = 4 -.0027,
+# K = 2 -.0016 at about half of retrain's seconds); Taobao meets its target without one
 REFRESH_EVERY: dict[str, int] = {"movielens": 4, "taobao": 0}
 
 
