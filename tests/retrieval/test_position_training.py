@@ -117,6 +117,26 @@ def test_overlapping_windows_train_each_target_on_the_row_that_owns_it():
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("targets", ["owned", "all"])
+def test_sequence_targets_option_picks_the_positions_with_loss(targets):
+    """train.retrieval.sequence_targets: "owned" trains each target on the row that owns it (as above), "all" on every
+    real position of every window (a target of overlapping windows once per window), through the job's task."""
+    from ctrkit.jobs.tasks import RetrievalKind
+    from ctrkit.training.config import config_from_dict
+
+    schema, model, cat = next_item_schema(N_ITEMS), sasrec().train(), catalogue()
+    seq = sequence_rows([6, 3], seed=4)
+    cfg = config_from_dict({"model": {"name": "sasrec"}, "data": {"train": "t"},
+                            "train": {"retrieval": {"loss": "full", "sequence_targets": targets}}})
+    task = RetrievalKind.task(RetrievalKind().configure(cfg), cat, None, window=(6, 2)).bind(model)
+    got, _ = task.loss(model, make_batch(seq, slice(None), schema))
+    pre = prefix_rows(seq)  # row-major: the full row's positions 0..5, then the short row's 0..2
+    naive = RetrievalTask(cat, loss="full").bind(model)
+    rows = (4, 5, 6, 7, 8) if targets == "owned" else range(9)
+    want = torch.stack([naive.loss(model, make_batch(pre, [i], schema))[0] for i in rows]).mean()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_padding_never_contributes():
     """A row's loss alone = its part of a batch padded to a longer row; pads get no gradient (positions past the
     longest row, the pad id's embedding row)."""

@@ -113,13 +113,15 @@ class RetrievalKind(TaskKind):
     def task(cfg: Config, catalogue: Any, seen: Any, *, window: tuple[int, int] | None = None) -> Task:
         """The :class:`~ctrkit.training.tasks.RetrievalTask` of ``cfg.train.retrieval`` over ``catalogue``, excluding
         the items ``seen`` (:class:`~ctrkit.retrieval.catalogue.SeenItems`; None: only the rows' own histories);
-        ``window``: (max_len, stride) of a training store of sequence rows (per-position training)."""
+        ``window``: (max_len, stride) of a training store of sequence rows (per-position training; the loss on the
+        targets each row owns, or on every position with ``train.retrieval.sequence_targets: all``)."""
         from ctrkit.training.tasks import RetrievalTask
 
         r = cfg.train.retrieval
         return RetrievalTask(catalogue, seen=seen, loss=r.loss, log_q=r.log_q, num_negatives=r.num_negatives,
                              sampling=r.sampling, alpha=r.alpha, metrics=cfg.train.metrics,
-                             precision=cfg.train.precision, per_position=window is not None, window=window)
+                             precision=cfg.train.precision, per_position=window is not None,
+                             window=window if r.sequence_targets == "owned" else None)
 
 
 TASK_KINDS: dict[str, TaskKind] = {kind.name: kind for kind in (RankingKind(), RetrievalKind())}

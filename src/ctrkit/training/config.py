@@ -102,6 +102,9 @@ class RetrievalConfig:
 
     ``loss``: in_batch | sampled | full softmax; ``log_q``: the log-Q (sampling-bias) correction; ``num_negatives``
     / ``sampling`` / ``alpha``: the sampled softmax's k negatives per batch, uniform or ∝ count^alpha (热门打压).
+    ``sequence_targets`` (sequence rows only): the loss on the targets each row owns ("owned": every target once per
+    epoch, even when the windows overlap) or on every real position ("all": a target of overlapping windows once per
+    window holding it, with each window's context).
     """
 
     loss: Literal["in_batch", "sampled", "full"] = "in_batch"
@@ -109,6 +112,7 @@ class RetrievalConfig:
     num_negatives: PositiveInt = 100
     sampling: Literal["uniform", "frequency"] = "uniform"
     alpha: NonNegativeFloat = 0.75
+    sequence_targets: Literal["owned", "all"] = "owned"
 
 
 @dataclass
