@@ -1,14 +1,15 @@
 """Training CPU time per epoch of sasrec on a behaviour store, per-prefix or sequence rows, from a few steps.
 
     PYTHONPATH=src python benchmarks/sasrec_epoch_cpu.py STORE_DIR [--batch 256] [--positions recency|absolute|none]
-        [--steps 40] [--softmax-only]
+        [--steps 40] [--softmax-only] [--ema-decay D]
 
 Runs ``--steps`` training steps (RetrievalTask full-softmax loss, backward, Adam on dense weights and the Trainer's lazy
 Adam (torch's SparseAdam in a ctrkit without it) on the tables, one thread) on shuffled batches of STORE_DIR/train and prints this process's CPU time per step and
 scaled to the epoch's steps. A store of sequence rows trains per position. ``--positions none`` passes no
 ``positions`` option (a ctrkit from before it, e.g. main, for the "before" figure: ``PYTHONPATH=/path/to/main/src``).
 ``--softmax-only``: the full softmax's forward + backward alone, with the store's targets per step and catalogue
-size (the floor both row forms share). The stores: ``benchmarks/retrieval_compare.py`` builds them.
+size (the floor both row forms share). ``--ema-decay``: keep the weights' moving average as ``train.ema_decay`` does
+(the Trainer's :class:`~ctrkit.training.averaging.WeightAverage`, its cost counted). The stores: ``benchmarks/retrieval_compare.py`` builds them.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ def main() -> None:
     p.add_argument("--positions", default="none", choices=("none", "recency", "absolute"))
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--softmax-only", action="store_true")
+    p.add_argument("--ema-decay", type=float, default=None)
     a = p.parse_args()
     torch.set_num_threads(1)
     from ctrkit.data.storage.loader import BatchLoader
@@ -64,6 +66,10 @@ def main() -> None:
         tables = {id(t) for t in model.embedding_parameters()}
         opts = [torch.optim.Adam([t for t in model.parameters() if id(t) not in tables], lr=1e-3),
                 TableAdam([t for t in model.parameters() if id(t) in tables], lr=1e-3)]
+        average = None
+        if a.ema_decay is not None:
+            from ctrkit.training.averaging import WeightAverage
+            average = WeightAverage(model, a.ema_decay, [t for t in model.parameters() if id(t) in tables])
         model.train()
         batches = iter(loader)
         t0 = time.process_time()
@@ -72,11 +78,15 @@ def main() -> None:
             for o in opts:
                 o.zero_grad()
             loss.backward()
+            if average is not None:
+                average.before_step()
             for o in opts:
                 o.step()
+            if average is not None:
+                average.after_step()
     dt = time.process_time() - t0
     form = f"sequence rows {window}" if window else "per-prefix rows"
-    print(f"{a.store} ({form}, batch {a.batch}{', softmax only' if a.softmax_only else ''}): {steps} steps "
+    print(f"{a.store} ({form}, batch {a.batch}{', softmax only' if a.softmax_only else ''}{f', ema {a.ema_decay}' if a.ema_decay else ''}): {steps} steps "
           f"{dt / steps * 1000:.1f} ms CPU each -> {dt / steps * len(loader):.1f} s per epoch ({len(loader)} steps)")
 
 
