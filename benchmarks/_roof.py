@@ -141,15 +141,16 @@ def training_flops(model: torch.nn.Module, batch: Any, loss_fn: Callable[[torch.
 
 
 def model_flops_from_config(config: str | Path, store: str | Path, batch_size: int = 256,
-                            backward: bool = True) -> float:
-    """FLOPs per training sample of the model of a ctrkit config, on the first ``batch_size`` rows of ``store``."""
+                            backward: bool = True, overrides: list[str] | None = None) -> float:
+    """FLOPs per training sample of the model of a ctrkit config (with ``overrides``, ``key=value`` as on the command
+    line), on the first ``batch_size`` rows of ``store``."""
     from ctrkit.data.storage.loader import BatchLoader
     from ctrkit.data.storage.store import Store
     from ctrkit.models.registry import create_model
     from ctrkit.training.config import load_config
     from ctrkit.training.tasks import ranking_task
 
-    cfg = load_config(config)
+    cfg = load_config(config, overrides or [])
     loader = BatchLoader(Store(store), batch_size, shuffle=False)
     model = create_model(cfg.model.name, loader.store.schema, **cfg.model.params)
     if model.needs_prefit:

@@ -21,9 +21,16 @@ defaults (l2_reg_embedding = l2_reg_linear = 1e-5 on whole tables, added to a *s
 1e-5 / batch_size per row against a mean loss); ctrkit gets the same per-row strength on the rows a batch
 touches, ``embedding_l2 = 2e-5 / batch_size`` (the gradient of 1e-5 ||w||^2 is 2e-5 w).
 
+Where DeepCTR-Torch can only build one form of a model, the matched recipe builds that form on the ctrkit side
+too (``MATCHED_PARAMS``): FiBiNET with one bilinear layer shared by the raw and the SENET embeddings
+(``bilinear_shared``; DeepCTR-Torch's FiBiNET has one ``Bilinear``, ctrkit's default has two).
+
 Time: the fit loop only, wall and the process's CPU seconds (``cpu x``: steadier where other work shares the
 cores), the same on both sides: DeepCTR's ``model.fit`` (which includes building its
-TensorDataset) vs ctrkit's ``Trainer.fit`` (loader built before the clock starts). Metrics: both sides'
+TensorDataset) vs ctrkit's ``Trainer.fit`` (loader built before the clock starts). ctrkit trains with the process
+settings ``ctrkit train`` applies: glibc keeps freed memory (``train.keep_freed_memory``, default on,
+:func:`ctrkit.memory.keep_freed_memory`); DeepCTR runs as installed, or with the same glibc thresholds
+(``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_``) under ``--peer-keep-freed-memory``. Metrics: both sides'
 test probabilities scored here with sklearn (roc_auc_score, log_loss). Every run is scored on the valid
 split too (``config``: its best epoch's valid AUC, as logged), and the table gives each side's valid std next
 to the test figures: defaults are chosen on those, the test column only reports.
@@ -93,6 +100,10 @@ AUC_SLACK = 0.002
 RECIPES = ("matched", "config")
 LABEL = {"deepctr": "DeepCTR", "matched": "ctrkit matched", "config": "ctrkit config"}
 DEEPCTR_L2 = 1e-5  # DeepCTR's default l2_reg_embedding / l2_reg_linear
+# the matched recipe's ctrkit options where DeepCTR-Torch builds only one form of the model (module docstring)
+MATCHED_PARAMS: dict[str, dict[str, Any]] = {"fibinet": {"bilinear_shared": True}}
+# glibc's thresholds as ctrkit.memory.keep_freed_memory sets them (1 GiB mmap, 2 GiB - 1 trim), as environment
+PEER_KEEP_FREED_MEMORY = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(2**31 - 1)}
 
 
 def peer_params(model: str, p: dict[str, Any]) -> dict[str, Any]:
@@ -194,18 +205,26 @@ def export(stores: dict[str, str], out: Path) -> dict[str, Any]:
     return meta
 
 
+def matched_overrides(model: str) -> list[str]:
+    """``model.params.<k>=<v>`` overrides of the matched recipe (``MATCHED_PARAMS``)."""
+    return [f"model.params.{k}={json.dumps(v)}" for k, v in MATCHED_PARAMS.get(model, {}).items()]
+
+
 def run_ctrkit(config: Path, stores: dict[str, str], seed: int, epochs: int) -> dict[str, Any]:
     """Fit ``config`` for ``epochs`` with no validation -> {pred, pred_valid, fit_seconds, params} (probs)."""
     from ctrkit.data.storage.loader import BatchLoader
     from ctrkit.data.storage.store import Store
     from ctrkit.jobs.common import seed_everything
     from ctrkit.jobs.scoring import predict_store
+    from ctrkit.memory import keep_freed_memory
     from ctrkit.models.registry import create_model
     from ctrkit.training.config import load_config
     from ctrkit.training.trainer import Trainer
 
     cfg = load_config(config, [f"train.seed={seed}", f"train.epochs={epochs}", "train.early_stopping.patience=0",
-                               "train.ema_decay=null", "train.progress=false"])
+                               "train.ema_decay=null", "train.progress=false", *matched_overrides(config.stem)])
+    if cfg.train.keep_freed_memory:  # process-wide, as the train job sets it (the Trainer leaves it alone)
+        keep_freed_memory()
     b = cfg.data.batch_size
     cfg.train.embedding_l2 = 2 * DEEPCTR_L2 / b
     train = BatchLoader(Store(stores["train"]), b, shuffle=True, seed=seed, prefetch=cfg.data.prefetch)
@@ -258,10 +277,11 @@ def data_digest(data: Path) -> str:
 
 
 def run_peer(python: Path, data: Path, model: str, params: dict[str, Any], cfg: Any, seed: int, epochs: int,
-             threads: int, cache: Path | None = None) -> dict[str, Any]:
+             threads: int, cache: Path | None = None, env: dict[str, str] | None = None) -> dict[str, Any]:
     """One DeepCTR run -> its PEER_RESULT fields with ``pred`` / ``pred_valid``. With ``cache``, a run whose
     script, arguments and data were seen before is read back (DeepCTR-Torch's runs are deterministic per seed
-    on one machine; the cached fit seconds are the earlier run's) and a new one is stored there."""
+    on one machine; the cached fit seconds are the earlier run's) and a new one is stored there. ``env``: extra
+    environment variables of the subprocess (not part of the cache key)."""
     out = data / f"pred-{model}-{seed}.npz"
     elr = cfg.train.embedding_lr if cfg.train.embedding_lr is not None else cfg.train.lr
     args = ["--model", model, "--seed", str(seed), "--epochs", str(epochs), "--batch-size", str(cfg.data.batch_size),
@@ -275,7 +295,7 @@ def run_peer(python: Path, data: Path, model: str, params: dict[str, Any], cfg: 
             with np.load(hit.with_suffix(".npz")) as saved:
                 return {**res, "pred": saved["pred"], "pred_valid": saved["pred_valid"], "cached": True}
     cmd = [str(python), str(PEER), "--data", str(data), *args, "--out", str(out)]
-    proc = subprocess.run(cmd, check=False, capture_output=True, text=True)
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env={**os.environ, **(env or {})})
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("PEER_RESULT ")]
     if proc.returncode != 0 or not lines:
         err = (proc.stderr.strip().splitlines() or ["(no stderr)"])[-1]
@@ -314,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peer-cache", help="directory of DeepCTR runs to reuse and add to (keyed by the peer script, "
                     "its arguments and the exported data): re-measuring ctrkit's defaults does not re-run "
                     "DeepCTR. Its fit seconds are then the cached run's, so not with the matched recipe")
+    ap.add_argument("--peer-keep-freed-memory", action="store_true", help="run DeepCTR with the glibc thresholds "
+                    "ctrkit train sets (MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_); default: as installed")
     ap.add_argument("--merge", nargs="+", metavar="LOG", help="no training: one report over the RESULT lines of "
                     "earlier runs' output (the same setup, the models split between them)")
     a = ap.parse_args(argv)
@@ -349,7 +371,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(f"{a.dataset}: {len(meta['dense'])} dense, {len(meta['sparse'])} sparse, "
                          f"{len(meta['varlen'])} varlen features; {len(y)} test rows; epochs={epochs}; "
                          f"threads={a.threads}; seeds={a.seeds}; recipes={a.recipes}; torch {torch.__version__}, "
-                         f"CPU capability {cpu}\n")
+                         f"CPU capability {cpu}; ctrkit keeps freed memory as ctrkit train does, DeepCTR "
+                         f"{'with the same glibc thresholds' if a.peer_keep_freed_memory else 'as installed'}; "
+                         f"matched-recipe options {MATCHED_PARAMS}\n")
         for m in models:
             path = REPO / "configs" / a.dataset / f"{m}.yaml"
             cfg = load_config(path)
@@ -357,7 +381,8 @@ def main(argv: list[str] | None = None) -> int:
             rows[m] = {side: [] for side in sides}
             for seed in a.seeds:
                 peer = run_peer(Path(a.peer_python), data, PEERS[m], params, cfg, seed, epochs, a.threads,
-                                Path(a.peer_cache) if a.peer_cache else None)
+                                Path(a.peer_cache) if a.peer_cache else None,
+                                PEER_KEEP_FREED_MEMORY if a.peer_keep_freed_memory else None)
                 if "error" in peer:  # the peer cannot run this model on this data: say so, skip the model
                     failed[m] = peer["error"]
                     sys.stdout.write(f"  {m:<10} seed {seed}: DeepCTR {PEERS[m]} failed: {peer['error']}\n")
@@ -384,8 +409,8 @@ def main(argv: list[str] | None = None) -> int:
         n_train = len(np.load(data / "train.npz")["label"])
         rates = {m: {s: n_train * statistics.mean(r.get("epochs", epochs) / r["fit_seconds"] for r in rs)
                      for s, rs in sides_.items()} for m, sides_ in rows.items()}
-        flops = {m: _roof.model_flops_from_config(REPO / "configs" / a.dataset / f"{m}.yaml", stores["train"])
-                 for m in rows}
+        flops = {m: _roof.model_flops_from_config(REPO / "configs" / a.dataset / f"{m}.yaml", stores["train"],
+                                                  overrides=matched_overrides(m)) for m in rows}
         roof = _roof.zoo_roof(_roof.measure(a.threads), flops, rates, lambda t: sys.stdout.write(t + "\n"))
     return report(a.dataset, a.seeds, a.recipes, epochs, a.threads, meta["embedding_dim"], cpu, rows, failed,
                   roof=roof)

@@ -98,6 +98,7 @@ DEEP_AND_ATTENTION: Variants = {
         {**_DNN, "bilinear_type": "field_all", "senet_pooling": "mean"},
         {**_DNN, "bilinear_type": "field_each", "senet_pooling": "max", "reduction_ratio": 2.0},
         {**_DNN, "bilinear_type": "field_interaction", "senet_pooling": "mean"},
+        {**_DNN, "bilinear_type": "field_interaction", "bilinear_shared": True},
     ],
     "autoint": [
         {"num_layers": 2, "num_heads": 2},

@@ -233,10 +233,15 @@ def test_afm_attention_pooling_plus_linear():
 
 @pytest.mark.parametrize("bilinear_type", ["field_all", "field_each", "field_interaction"])
 @pytest.mark.parametrize("pooling", ["mean", "max"])
-def test_fibinet_equals_loop_reference(bilinear_type, pooling):
+@pytest.mark.parametrize("shared", [False, True])
+def test_fibinet_equals_loop_reference(bilinear_type, pooling, shared):
     model = build("fibinet", bilinear_type=bilinear_type, senet_pooling=pooling, reduction_ratio=2.0,
-                  dnn_hidden=())
-    assert model.bilinear_raw.weight.data_ptr() != model.bilinear_senet.weight.data_ptr()
+                  dnn_hidden=(), bilinear_shared=shared)
+    if shared:  # one layer for both (DeepCTR-Torch's form)
+        assert model.bilinear_senet is None
+    else:
+        assert model.bilinear_raw.weight.data_ptr() != model.bilinear_senet.weight.data_ptr()
+    senet_layer = model.bilinear_raw if shared else model.bilinear_senet
     batch = tiny_batch()
     out = logits_of(model(batch))
     w1, w2 = model.senet.excite[0].weight, model.senet.excite[2].weight
@@ -253,7 +258,7 @@ def test_fibinet_equals_loop_reference(bilinear_type, pooling):
         z = torch.stack([x.mean() if pooling == "mean" else x.max() for x in e])  # (F,)
         a = torch.relu(w2 @ torch.relu(w1 @ z))
         v = [a[f] * e[f] for f in range(len(e))]
-        h = torch.cat([*bilinear(model.bilinear_raw.weight, e), *bilinear(model.bilinear_senet.weight, v),
+        h = torch.cat([*bilinear(model.bilinear_raw.weight, e), *bilinear(senet_layer.weight, v),
                        batch.dense[b]])
         ref = linear_ref(model, batch, b) + model.deep.out.weight[0] @ h
         torch.testing.assert_close(out[b], ref, rtol=1e-5, atol=1e-5)

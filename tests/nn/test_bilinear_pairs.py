@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from ctrkit.errors import LayerConfigError
-from ctrkit.nn.bilinear_pairs import bilinear_pairs_concat
-from ctrkit.nn.senet import BilinearInteraction, bilinear_concat
+from ctrkit.nn.bilinear_pairs import bilinear_pairs_concat, bilinear_pairs_shared
+from ctrkit.nn.senet import BilinearInteraction, bilinear_concat, bilinear_shared_concat
 
 B, D = 5, 4
 
@@ -87,3 +87,56 @@ def test_mismatched_lists_and_shapes_are_errors() -> None:
     layer = BilinearInteraction(3, D)
     with pytest.raises(LayerConfigError, match="BilinearInteraction"):
         bilinear_concat([layer], [torch.randn(B, 4, D)])
+
+
+def test_output_is_a_transposed_view_and_a_matmul_hands_back_its_gradient_in_place() -> None:
+    """The layout contract: X is the (B, N) view of a contiguous X^T, and the next Linear's backward returns dX in
+    the same transposed layout (torch's matmul backward keeps a transposed input's layout), so no copy is made."""
+    embs = [torch.randn(6, 4, D, requires_grad=True) for _ in range(2)]
+    weights = [torch.randn(6, D, D, requires_grad=True) for _ in range(2)]
+    x = bilinear_pairs_concat(embs, weights, torch.randn(6, 2))
+    assert x.shape == (6, 2 * 6 * D + 2) and x.t().is_contiguous()
+    seen = []
+    x.register_hook(lambda g: seen.append(g.t().is_contiguous()))
+    torch.nn.Linear(x.shape[1], 3)(x).sum().backward()
+    assert seen == [True]
+
+
+def shared_reference(layer: BilinearInteraction, emb: torch.Tensor, scale: torch.Tensor,
+                     tail: torch.Tensor | None) -> torch.Tensor:
+    """The definition: the same layer on the raw and on the re-weighted embeddings, concatenated."""
+    parts = [layer(emb).flatten(1), layer(emb * scale.unsqueeze(2)).flatten(1)]
+    return torch.cat(parts if tail is None else [*parts, tail], dim=1)
+
+
+@pytest.mark.parametrize("bilinear_type", ["field_all", "field_each", "field_interaction"])
+@pytest.mark.parametrize("num_fields", [2, 5])
+@pytest.mark.parametrize("tail_width", [None, 3])
+def test_shared_layer_values_and_gradients_equal_the_definition(bilinear_type: str, num_fields: int,
+                                                                tail_width: int | None) -> None:
+    layer = BilinearInteraction(num_fields, D, bilinear_type=bilinear_type).double()
+    emb = torch.randn(B, num_fields, D, dtype=torch.float64, requires_grad=True)
+    scale = torch.rand(B, num_fields, dtype=torch.float64, requires_grad=True)
+    tail = None if tail_width is None else torch.randn(B, tail_width, dtype=torch.float64, requires_grad=True)
+    got = bilinear_shared_concat(layer, emb, scale, tail)
+    want = shared_reference(layer, emb, scale, tail)
+    torch.testing.assert_close(got, want)
+    upstream = torch.randn_like(want)
+    inputs = [emb, scale, layer.weight, *([tail] if tail is not None else [])]
+    for a, b in zip(torch.autograd.grad(got, inputs, upstream), torch.autograd.grad(want, inputs, upstream)):
+        torch.testing.assert_close(a, b)
+
+
+def test_shared_node_gradcheck() -> None:
+    f = 4
+    emb = torch.randn(3, f, 2, dtype=torch.float64, requires_grad=True)
+    scale = torch.rand(3, f, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(f * (f - 1) // 2, 2, 2, dtype=torch.float64, requires_grad=True)
+    tail = torch.randn(3, 2, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(bilinear_pairs_shared, (emb, scale, w, tail))
+
+
+def test_shared_scale_of_the_wrong_shape_is_an_error() -> None:
+    layer = BilinearInteraction(3, D)
+    with pytest.raises(LayerConfigError, match=r"scale must be \(B, F\) = \(5, 3\), got \(5, 4\)"):
+        bilinear_shared_concat(layer, torch.randn(B, 3, D), torch.rand(B, 4))

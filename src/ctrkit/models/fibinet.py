@@ -12,8 +12,9 @@ and the re-weighted embeddings, and let a DNN combine them.
     linear = b + Σ_f w[id_f] + <w_d, dense>                                                (B,)
     logit  = linear + deep
 
-The two bilinear layers have their own weights (the paper's figure, FuxiCTR; DeepCTR-Torch shares
-one). ``bilinear_type`` 'field_all' (one W), 'field_each' (W_i per left field), 'field_interaction'
+The two bilinear layers have their own weights (the paper's figure, FuxiCTR) unless ``bilinear_shared``
+(DeepCTR-Torch's form: one layer for both); shared, ``q_ij = a_i a_j p_ij`` exactly (a = SENET's field
+weights), which is how it is computed: no second bilinear pass. ``bilinear_type`` 'field_all' (one W), 'field_each' (W_i per left field), 'field_interaction'
 (W_ij per pair). Needs >= 2 sparse fields sharing one dim D.
 """
 
@@ -28,7 +29,7 @@ from ctrkit.models._towers import DNNOptions, TowerHead, check_choice, layer_opt
 from ctrkit.models.base import CTRModel, ModelOutput
 from ctrkit.models.registry import ConfigError, register_model
 from ctrkit.nn.inputs import ZOO_INIT_STD, FieldEmbedding, LinearTerm, field_and_linear
-from ctrkit.nn.senet import SENET, BilinearInteraction, bilinear_concat
+from ctrkit.nn.senet import SENET, BilinearInteraction, bilinear_concat, bilinear_shared_concat
 from ctrkit.schema import Schema
 
 BILINEAR_TYPES = ("field_all", "field_each", "field_interaction")
@@ -47,6 +48,7 @@ class FiBiNET(CTRModel):
         bilinear_type: Literal["field_all", "field_each", "field_interaction"] = "field_interaction",
         reduction_ratio: float = 3.0,
         senet_pooling: Literal["mean", "max"] = "mean",
+        bilinear_shared: bool = False,
         **dnn: Unpack[DNNOptions],
     ) -> None:
         super().__init__()
@@ -62,14 +64,17 @@ class FiBiNET(CTRModel):
         with layer_options("fibinet", "reduction_ratio"):
             self.senet = SENET(f, reduction_ratio=reduction_ratio, pooling=senet_pooling)  # (B, F, D)
         self.bilinear_raw = BilinearInteraction(f, d, bilinear_type=bilinear_type)  # (B, P, D)
-        self.bilinear_senet = BilinearInteraction(f, d, bilinear_type=bilinear_type)  # (B, P, D)
-        n = self.bilinear_raw.out_features + self.bilinear_senet.out_features + schema.num_dense
+        self.bilinear_senet = None if bilinear_shared else BilinearInteraction(f, d, bilinear_type=bilinear_type)
+        n = 2 * self.bilinear_raw.out_features + schema.num_dense
         self.deep = TowerHead(self, n, dnn, bias=False)  # (B, N) -> (B,)
 
     def forward(self, batch: Batch) -> ModelOutput:
         pooled, first = field_and_linear(self.embedding, self.linear, batch)  # one lookup of both; first (B,)
         emb = pooled.stacked()  # (B, F, D)
         # [flat p; flat q; dense]: p = Bilinear_p(E), q = Bilinear_q(SENET(E)), (B, P*D) each
-        x = bilinear_concat([self.bilinear_raw, self.bilinear_senet], [emb, self.senet(emb)], batch.dense)
+        if self.bilinear_senet is None:  # one layer for both: q_ij = a_i a_j p_ij, a = SENET's weights (B, F)
+            x = bilinear_shared_concat(self.bilinear_raw, emb, self.senet.field_weights(emb), batch.dense)
+        else:
+            x = bilinear_concat([self.bilinear_raw, self.bilinear_senet], [emb, self.senet(emb)], batch.dense)
         deep = self.deep(x)  # (B, 2*P*D + Nd) -> (B,)
         return ModelOutput(first + deep, {})  # (B,)

@@ -8,10 +8,10 @@ import torch
 from torch import Tensor, nn
 
 from ctrkit.errors import LayerConfigError
-from ctrkit.nn.bilinear_pairs import bilinear_pairs_concat
+from ctrkit.nn.bilinear_pairs import bilinear_pairs_concat, bilinear_pairs_shared
 from ctrkit.nn.fm import check_embeddings, pair_indices
 
-__all__ = ["SENET", "BilinearInteraction", "bilinear_concat"]
+__all__ = ["SENET", "BilinearInteraction", "bilinear_concat", "bilinear_shared_concat"]
 
 _POOLINGS = ("mean", "max")
 
@@ -149,4 +149,25 @@ def bilinear_concat(layers: list[BilinearInteraction], embs: list[Tensor], tail:
     if fused:
         return bilinear_pairs_concat(list(embs), [layer.weight for layer in layers], tail)
     parts = [layer(emb).flatten(1) for layer, emb in zip(layers, embs)]
+    return torch.cat(parts if tail is None else [*parts, tail], dim=1)
+
+
+def bilinear_shared_concat(layer: BilinearInteraction, emb: Tensor, scale: Tensor, tail: Tensor | None = None) -> Tensor:
+    """``[flat layer(emb) | flat layer(scale ⊙ emb) | tail]`` -> (B, 2·P·D + Nt): one bilinear layer applied to the
+    raw and the re-weighted embeddings (``scale`` (B, F): SENET's field weights a), as DeepCTR-Torch's FiBiNET does.
+
+    Every bilinear type is linear in each of its two fields, so the re-weighted layer's output is the raw one's
+    scaled per pair, ``q_ij = a_i a_j p_ij``: computed that way (exact algebra, rounding aside) instead of a second
+    pass through the layer. ``field_interaction`` outside ``torch.export`` goes through one autograd node
+    (:func:`ctrkit.nn.bilinear_pairs.bilinear_pairs_shared`).
+    """
+    check_embeddings("BilinearInteraction", emb, layer.num_fields, layer.embedding_dim)
+    if scale.shape != emb.shape[:2]:
+        raise LayerConfigError(f"bilinear_shared_concat: scale must be (B, F) = {tuple(emb.shape[:2])}, "
+                               f"got {tuple(scale.shape)}")
+    if layer.bilinear_type == "field_interaction" and not torch.compiler.is_exporting():
+        return bilinear_pairs_shared(emb, scale, layer.weight, tail)
+    p = layer(emb)  # (B, P, D)
+    q = p * (scale.index_select(1, layer.rows) * scale.index_select(1, layer.cols)).unsqueeze(2)  # (B, P, D)
+    parts = [p.flatten(1), q.flatten(1)]
     return torch.cat(parts if tail is None else [*parts, tail], dim=1)
