@@ -35,10 +35,17 @@ def _layer(num_fields: int | None = F) -> AFMAttention:
     return layer
 
 
-@pytest.mark.parametrize(("num_fields", "chunk"), [(F, 32), (None, 32), (F, 2)])
-def test_fused_layer_equals_einsum_values_and_gradients(num_fields: int | None, chunk: int,
+def _path(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
+    """Run the matrices node ('matrix') or the feature-major pairs node ('pairs') on F fields."""
+    monkeypatch.setattr(afm_pool, "PAIRS_MAX_FIELDS", F if path == "pairs" else 1)
+
+
+@pytest.mark.parametrize(("num_fields", "chunk", "path"), [(F, 32, "matrix"), (None, 32, "matrix"), (F, 2, "matrix"),
+                                                           (F, 32, "pairs"), (None, 32, "pairs")])
+def test_fused_layer_equals_einsum_values_and_gradients(num_fields: int | None, chunk: int, path: str,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(afm_pool, "CHUNK_FLOATS", chunk * A * F * F)  # 2: three chunks of B = 5, the last short
+    _path(monkeypatch, path)
     layer = _layer(num_fields)
     e = torch.randn(B, F, D, dtype=torch.float64, requires_grad=True)
     assert layer._fused(e)  # the path under test
@@ -53,16 +60,20 @@ def test_fused_layer_equals_einsum_values_and_gradients(num_fields: int | None, 
     assert 0 < int((hidden == 0).sum()) < hidden.numel()  # both sides of the ReLU were exercised
 
 
-def test_fused_pool_gradcheck(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("path", ["matrix", "pairs"])
+def test_fused_pool_gradcheck(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
     monkeypatch.setattr(afm_pool, "CHUNK_FLOATS", 2 * A * F * F)  # three chunks
+    _path(monkeypatch, path)
     layer = _layer()
     e = torch.randn(B, F, D, dtype=torch.float64, requires_grad=True)
     args = (e, layer.attention.weight, layer.attention.bias, layer.h)
     assert torch.autograd.gradcheck(fused_afm_pool, args)
 
 
-def test_large_logits_stay_finite_and_match() -> None:
+@pytest.mark.parametrize("path", ["matrix", "pairs"])
+def test_large_logits_stay_finite_and_match(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
     """Logits in the hundreds (exp overflows float32 unshifted): the softmax is the stable one."""
+    _path(monkeypatch, path)
     layer = _layer().float()
     e = (torch.randn(B, F, D) * 6).requires_grad_(True)
     out, ref = layer(e), einsum_reference(layer, e)
@@ -70,10 +81,12 @@ def test_large_logits_stay_finite_and_match() -> None:
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
 
 
-def test_which_path_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("path", "node"), [("matrix", "_AFMPool"), ("pairs", "_AFMPairs")])
+def test_which_path_runs(monkeypatch: pytest.MonkeyPatch, path: str, node: str) -> None:
+    _path(monkeypatch, path)
     calls = []
-    real = afm_pool._AFMPool.apply
-    monkeypatch.setattr(afm_pool._AFMPool, "apply", lambda *a: calls.append(1) or real(*a))
+    real = getattr(afm_pool, node).apply
+    monkeypatch.setattr(getattr(afm_pool, node), "apply", lambda *a: calls.append(1) or real(*a))
     layer = _layer()
     e = torch.randn(B, F, D, dtype=torch.float64)
     layer(e)
@@ -85,3 +98,15 @@ def test_which_path_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     assert calls == [1]  # no_grad and eval: the formula
     with pytest.raises(Exception, match="AFMAttention"):
         layer.train()(torch.randn(B, F, D + 1, dtype=torch.float64))  # the input checks run on the fused path too
+
+
+def test_pairs_up_to_the_bound_matrices_above(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = []
+    for node in ("_AFMPool", "_AFMPairs"):
+        real = getattr(afm_pool, node).apply
+        monkeypatch.setattr(getattr(afm_pool, node), "apply", lambda *a, n=node, r=real: seen.append(n) or r(*a))
+    for f in (afm_pool.PAIRS_MAX_FIELDS, afm_pool.PAIRS_MAX_FIELDS + 1):
+        e = torch.randn(2, f, D, dtype=torch.float64, requires_grad=True)
+        fused_afm_pool(e, torch.randn(A, D, dtype=torch.float64), torch.randn(A, dtype=torch.float64),
+                       torch.randn(A, dtype=torch.float64))
+    assert seen == ["_AFMPairs", "_AFMPool"]
