@@ -90,6 +90,8 @@ def test_matches_per_table_embedding_bag(pooling, single):
     torch.testing.assert_close(cat, torch.cat([d[k] for k in ebc.keys], 1))
     with pytest.raises(ValueError, match="dim 5: \\['d'\\]"):
         out.stacked()
+    with pytest.raises(ValueError, match="dim 5: \\['d'\\]"):
+        out.fields()
 
 
 def test_stacked_order_and_subset_and_extra_keys():
@@ -104,6 +106,7 @@ def test_stacked_order_and_subset_and_extra_keys():
     assert s.shape == (6, 4, 8)
     for i, k in enumerate(["e", "a", "c", "b"]):
         torch.testing.assert_close(s[:, i], reference(ebc, kj, k))
+    assert torch.equal(ebc(kj).fields(), s.transpose(0, 1))  # field-major, the same values
 
 
 def test_contiguous_slice_of_input():

@@ -70,11 +70,12 @@ class FiBiNET(CTRModel):
 
     def forward(self, batch: Batch) -> ModelOutput:
         pooled, first = field_and_linear(self.embedding, self.linear, batch)  # one lookup of both; first (B,)
-        emb = pooled.stacked()  # (B, F, D)
         # [flat p; flat q; dense]: p = Bilinear_p(E), q = Bilinear_q(SENET(E)), (B, P*D) each
         if self.bilinear_senet is None:  # one layer for both: q_ij = a_i a_j p_ij, a = SENET's weights (B, F)
+            emb = pooled.fields().transpose(0, 1)  # (B, F, D) view: the bilinear node reorders it itself
             x = bilinear_shared_concat(self.bilinear_raw, emb, self.senet.field_weights(emb), batch.dense)
         else:
+            emb = pooled.stacked()  # (B, F, D)
             x = bilinear_concat([self.bilinear_raw, self.bilinear_senet], [emb, self.senet(emb)], batch.dense)
         deep = self.deep(x)  # (B, 2*P*D + Nd) -> (B,)
         return ModelOutput(first + deep, {})  # (B,)
