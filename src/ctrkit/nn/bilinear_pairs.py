@@ -78,10 +78,11 @@ def _blocks(num_fields: int) -> list[tuple[int, int, int]]:
     return out
 
 
-def _block_weight_t(weight: Tensor, s: int, k: int) -> Tensor:
-    """``[W_s | ... | W_{s+k-1}]^T`` of ``weight`` (P, D, D) -> (k·D, D): row (j, c) is column c of W_j."""
-    d = weight.shape[1]
-    return weight[s : s + k].transpose(1, 2).reshape(k * d, d)
+def _weights_t(weight: Tensor) -> Tensor:
+    """``[W_0 | W_1 | ... | W_{P-1}]^T`` of ``weight`` (P, D, D) -> (P·D, D), one copy: row (j, c) is column c of
+    W_j, so the rows s·D .. (s+k)·D are the block ``[W_s | ... | W_{s+k-1}]^T`` (k·D, D), a view."""
+    p, d, _ = weight.shape
+    return weight.transpose(1, 2).reshape(p * d, d)
 
 
 def _feature_major(emb: Tensor) -> Tensor:
@@ -94,8 +95,9 @@ def _pairs_forward(e: Tensor, w: Tensor, out_t: Tensor) -> list[Tensor]:
     block -> the blocks' left products ``[W_i,i+1 | ...]^T v_i^T`` (k·D, B), which the backward needs."""
     f, d, b = e.shape
     lefts = []
+    wt = _weights_t(w)  # (P·D, D)
     for i, s, k in _blocks(f):
-        u = torch.mm(_block_weight_t(w, s, k), e[i])  # (k·D, B): v_i W_ij, j > i
+        u = torch.mm(wt[s * d : (s + k) * d], e[i])  # (k·D, B): v_i W_ij, j > i
         torch.mul(u, e[i + 1 :].view(k * d, b), out=out_t[s * d : (s + k) * d])  # (k·D, B): ⊙ v_j
         lefts.append(u)
     return lefts
@@ -107,12 +109,13 @@ def _pairs_backward(e: Tensor, w: Tensor, lefts: list[Tensor], grad_t: Tensor, w
     f, d, b = e.shape
     de = torch.zeros_like(e) if want_e else None  # (F, D, B)
     dw = torch.empty_like(w) if want_w else None  # (P, D, D)
+    wt = _weights_t(w) if want_e else None  # (P·D, D)
     for (i, s, k), u in zip(_blocks(f), lefts):
         g = grad_t[s * d : (s + k) * d]  # (k·D, B)
         du = torch.mul(g, e[i + 1 :].view(k * d, b))  # (k·D, B): d(v_i W_ij)
-        if de is not None:
+        if de is not None and wt is not None:
             de[i + 1 :].view(k * d, b).addcmul_(g, u)  # d v_j += dp_ij ⊙ v_i W_ij
-            de[i] += torch.mm(_block_weight_t(w, s, k).t(), du)  # d v_i += Σ_j W_ij d(v_i W_ij)
+            de[i] += torch.mm(wt[s * d : (s + k) * d].t(), du)  # d v_i += Σ_j W_ij d(v_i W_ij)
         if dw is not None:  # dW_ij = v_i^T d(v_i W_ij)
             dw[s : s + k] = torch.mm(du, e[i].t()).view(k, d, d).transpose(1, 2)
     return de, dw
