@@ -22,11 +22,16 @@ of a transposed input in the same transposed layout, so the backward here gets d
 DNN's first Linear without a copy. The backward of a block is a product, an ``addcmul_`` into the right fields'
 gradient and two matmuls (the left field's gradient and the block's weight gradient), all on contiguous rows.
 
+One layer shared by the raw and the re-weighted fields (:func:`bilinear_pairs_shared`, DeepCTR-Torch's FiBiNET):
+``q_ij = a_i a_j p_ij`` exactly, so the second half of X is the first scaled per (pair, sample), one pass, and its
+backward adds ``s ⊙ dX_q`` to dX_p and reduces ``<dX_q, p>`` for the scale.
+
 The forward values are the plain layer's bit for bit in the tests (the same length-D dot products and products);
 the input gradient sums the pairs of a field in another order (rounding only). Measured at MovieLens' shape
-(B 1,024, F 9, D 16, both layers and the dense column, one thread, CPU ms of forward + backward, medians):
-plain layers 9.7, this node batch-major 5.6-6.3, feature-major 4.0 (tests/nn/test_bilinear_pairs.py checks values
-and gradients against the plain layer and an einsum, and torch.autograd.gradcheck).
+(B 1,024, F 9, D 16, both layers and the dense column, one thread, CPU ms of forward + backward, medians, load
+7-12): plain layers 9.7, this node batch-major 6.3, feature-major 5.1-5.5 (alone; 1.2 ms less per FiBiNET training
+step with the DNN after it, steps alternated), shared 4.1-4.5 (tests/nn/test_bilinear_pairs.py checks values and
+gradients against the plain layer, the definition and an einsum, and torch.autograd.gradcheck).
 """
 
 from __future__ import annotations
