@@ -14,8 +14,9 @@ and the re-weighted embeddings, and let a DNN combine them.
 
 The two bilinear layers have their own weights (the paper's figure, FuxiCTR) unless ``bilinear_shared``
 (DeepCTR-Torch's form: one layer for both); shared, ``q_ij = a_i a_j p_ij`` exactly (a = SENET's field
-weights), which is how it is computed: no second bilinear pass. ``bilinear_type`` 'field_all' (one W), 'field_each' (W_i per left field), 'field_interaction'
-(W_ij per pair). Needs >= 2 sparse fields sharing one dim D.
+weights), which is how it is computed: no second bilinear pass. ``bilinear_type`` 'field_all' (one W),
+'field_each' (W_i per left field), 'field_interaction' (W_ij per pair). Needs >= 2 sparse fields sharing one
+dim D.
 """
 
 from __future__ import annotations
