@@ -5,13 +5,32 @@ the arms flips every step, so drift in the machine's load reaches them alike; CP
 
 from __future__ import annotations
 
+import importlib.util
+import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 BASE_OVERRIDES = ("train.seed=0", "train.epochs=1", "train.ema_decay=null", "train.progress=false")
 
+
+
+def module_at(rev: str, path: str) -> ModuleType:
+    """The source file ``path`` (relative to the repository root) as it is at git revision ``rev``, imported as a
+    module of its own (the baseline side of a step A/B)."""
+    repo = Path(__file__).resolve().parent.parent
+    text = subprocess.run(["git", "-C", str(repo), "show", f"{rev}:{path}"], check=True, capture_output=True,
+                          text=True).stdout
+    name = f"{Path(path).stem}_at_{rev.replace('/', '_')}"
+    file = Path(tempfile.mkdtemp()) / f"{name}.py"
+    file.write_text(text)
+    spec = importlib.util.spec_from_file_location(name, file)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
 
 def build_trainer(store: Path, config: Path, *, overrides: Sequence[str] = (), matched_l2: bool = False,
                   patch: Callable[[Any], None] | None = None) -> tuple[Any, Any]:

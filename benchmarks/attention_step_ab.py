@@ -19,32 +19,17 @@ Ends with one ``RESULT {json}`` line.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
-from _step_ab import alternate, build_trainer
+from _step_ab import alternate, build_trainer, module_at
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def baseline_node(rev: str) -> Any:
-    """``fused_self_attention`` of git revision ``rev``'s ``src/ctrkit/nn/field_attention.py``."""
-    text = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:src/ctrkit/nn/field_attention.py"], check=True,
-                          capture_output=True, text=True).stdout
-    path = Path(tempfile.mkdtemp()) / "field_attention_baseline.py"
-    path.write_text(text)
-    spec = importlib.util.spec_from_file_location("field_attention_baseline", path)
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module.fused_self_attention
 
 
 def build(store: Path, config: Path, plain: bool) -> tuple[Any, list[Any]]:
@@ -112,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     nodes = {"fused": attention.fused_self_attention}
     arms = {} if a.no_plain else {"plain": build(store, config, True)}
     if a.baseline:
-        nodes["baseline"] = baseline_node(a.baseline)
+        nodes["baseline"] = module_at(a.baseline, "src/ctrkit/nn/field_attention.py").fused_self_attention
         arms["baseline"] = build(store, config, False)
     arms["fused"] = build(store, config, False)
 

@@ -14,31 +14,16 @@ largest weight difference after the run (0 when the arithmetic is the same) are 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
-from _step_ab import alternate, build_trainer
+from _step_ab import alternate, build_trainer, module_at
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def baseline_rnn(rev: str) -> object:
-    """``src/ctrkit/nn/rnn.py`` at git revision ``rev``, imported as its own module."""
-    text = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:src/ctrkit/nn/rnn.py"], check=True,
-                          capture_output=True, text=True).stdout
-    path = Path(tempfile.mkdtemp()) / "rnn_baseline.py"
-    path.write_text(text)
-    spec = importlib.util.spec_from_file_location("rnn_baseline", path)
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
 
 
 def build(store: Path, config: Path) -> tuple[object, list[object]]:
@@ -60,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--store {a.store}: no 'train' store there; run benchmarks/seq_compare.py --dataset taobao "
                  "--out DIR first and pass DIR/stores")
     torch.set_num_threads(1)
-    old = baseline_rnn(a.baseline)
+    old = module_at(a.baseline, "src/ctrkit/nn/rnn.py")
     trainers = {"baseline": build(Path(a.store), Path(a.config)), "this": build(Path(a.store), Path(a.config))}
     for m in trainers["baseline"][0].model.modules():  # type: ignore[attr-defined]
         if type(m).__module__ == "ctrkit.nn.rnn":  # AttentionGRU, AuxiliaryNet: the baseline's code

@@ -77,6 +77,19 @@ def test_gradcheck() -> None:
             lambda x, w, res=residual, act=relu: fused_self_attention(x, w, 2, 3, residual=res, relu=act), (x, rows))
 
 
+def _finite_and_equal_to_einsum(layer: MultiHeadSelfAttention, e: torch.Tensor, grad_rtol: float) -> None:
+    """The layer's output and input gradient on ``e`` are finite and equal to the einsum formula's."""
+    e.requires_grad_()
+    out = layer(e)
+    ref = einsum_reference(layer, e)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-3)
+    (gx,) = torch.autograd.grad(out.sum(), e)
+    (gr,) = torch.autograd.grad(ref.sum(), e)
+    assert torch.isfinite(gx).all()
+    torch.testing.assert_close(gx, gr, rtol=grad_rtol, atol=1e-3)
+
+
 def test_overflowing_scores_fall_back_to_the_row_maximum() -> None:
     """A row whose largest score is far above its mean (the unshifted exp overflows in float32) gets the stable
     softmax: finite, and equal to the einsum formula."""
@@ -86,15 +99,7 @@ def test_overflowing_scores_fall_back_to_the_row_maximum() -> None:
     s = torch.einsum("bfd,od->bfo", e, layer.w_q.weight)[0, :, :4] @ torch.einsum(
         "bfd,od->bfo", e, layer.w_k.weight)[0, :, :4].T
     assert (s.amax(1) - s.mean(1)).max() > 100  # the mean shift alone would overflow
-    e.requires_grad_()
-    out = layer(e)
-    ref = einsum_reference(layer, e)
-    assert torch.isfinite(out).all()
-    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-3)
-    (gx,) = torch.autograd.grad(out.sum(), e)
-    (gr,) = torch.autograd.grad(ref.sum(), e)
-    assert torch.isfinite(gx).all()
-    torch.testing.assert_close(gx, gr, rtol=1e-4, atol=1e-3)
+    _finite_and_equal_to_einsum(layer, e, grad_rtol=1e-4)
 
 
 def test_eval_and_masks_keep_the_plain_path() -> None:
@@ -122,15 +127,7 @@ def test_underflowing_rows_fall_back_to_the_row_maximum() -> None:
     e = torch.randn(D).expand(B, F, D) * 40.0 + 0.01 * torch.randn(B, F, D)  # all fields ~ one vector
     s = -torch.einsum("bfd,od->bfo", e, layer.w_q.weight)[..., :4].square().sum(-1)  # head 0's diagonal scores
     assert s.max() < -104  # exp(s) is 0 in float32, so z would be 0 without the fallback
-    e.requires_grad_()
-    out = layer(e)
-    ref = einsum_reference(layer, e)
-    assert torch.isfinite(out).all()
-    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-3)
-    (gx,) = torch.autograd.grad(out.sum(), e)
-    (gr,) = torch.autograd.grad(ref.sum(), e)
-    assert torch.isfinite(gx).all()
-    torch.testing.assert_close(gx, gr, rtol=1e-3, atol=1e-3)
+    _finite_and_equal_to_einsum(layer, e, grad_rtol=1e-3)
 
 
 def test_stable_path_equals_the_checked_one() -> None:
