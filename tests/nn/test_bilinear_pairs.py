@@ -7,6 +7,7 @@ import torch
 
 from ctrkit.errors import LayerConfigError
 from ctrkit.nn.bilinear_pairs import bilinear_pairs_concat, bilinear_pairs_shared
+from ctrkit.nn.fm import pair_blocks, pair_indices
 from ctrkit.nn.senet import BilinearInteraction, bilinear_concat, bilinear_shared_concat
 
 B, D = 5, 4
@@ -140,3 +141,15 @@ def test_shared_scale_of_the_wrong_shape_is_an_error() -> None:
     layer = BilinearInteraction(3, D)
     with pytest.raises(LayerConfigError, match=r"scale must be \(B, F\) = \(5, 3\), got \(5, 4\)"):
         bilinear_shared_concat(layer, torch.randn(B, 3, D), torch.rand(B, 4))
+
+
+@pytest.mark.parametrize("num_fields", [2, 3, 9, 26])
+def test_pair_blocks_cover_the_pairs_in_pair_indices_order(num_fields: int) -> None:
+    """The left-field blocks the pair nodes (bilinear, AFM) loop over are runs of :func:`pair_indices`."""
+    rows, cols = pair_indices(num_fields)
+    covered = 0
+    for i, s, k in pair_blocks(num_fields):
+        assert s == covered and k == num_fields - 1 - i
+        assert torch.equal(rows[s:s + k], torch.full((k,), i)) and torch.equal(cols[s:s + k], torch.arange(i + 1, num_fields))
+        covered += k
+    assert covered == len(rows)

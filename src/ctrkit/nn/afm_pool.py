@@ -55,6 +55,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ctrkit.nn.fm import pair_blocks
+
 __all__ = ["fused_afm_pool"]
 
 
@@ -139,11 +141,6 @@ class _AFMPool(torch.autograd.Function):
         return demb, dw1[:, :d], dw1[:, d], dh
 
 
-def _left_blocks(num_fields: int) -> list[tuple[int, int, int]]:
-    """(left field i, first pair s, pairs k) of every left field with a pair, in upper-triangle order."""
-    return [(i, i * (2 * num_fields - i - 1) // 2, num_fields - 1 - i) for i in range(num_fields - 1)]
-
-
 class _AFMPairs(torch.autograd.Function):
     """The layer's formula over explicit pairs, batch-last: fields (F, D, B), products (P, D, B), logits (P, A, B)."""
 
@@ -153,7 +150,7 @@ class _AFMPairs(torch.autograd.Function):
         f, d, b = e.shape
         a = weight.shape[0]
         p = e.new_empty(f * (f - 1) // 2, d, b)  # (P, D, B) e_i ⊙ e_j, i < j
-        for i, s, k in _left_blocks(f):
+        for i, s, k in pair_blocks(f):
             torch.mul(e[i], e[i + 1 :], out=p[s : s + k])
         n = p.shape[0]
         r = torch.baddbmm(bias.view(1, a, 1), weight.expand(n, a, d), p).relu_()  # (P, A, B) ReLU(W p + b)
@@ -175,7 +172,7 @@ class _AFMPairs(torch.autograd.Function):
         dbias = dpre.sum((0, 2))
         dp = torch.bmm(weight.t().expand(n, d, a), dpre).addcmul_(att.unsqueeze(1), gt)  # (P, D, B)
         de = torch.zeros_like(e)  # (F, D, B)
-        for i, s, k in _left_blocks(f):
+        for i, s, k in pair_blocks(f):
             block = dp[s : s + k]  # (k, D, B) the pairs (i, j > i)
             de[i] += torch.linalg.vecdot(block, e[i + 1 :], dim=0)  # Σ_j dp_ij ⊙ e_j
             de[i + 1 :].addcmul_(block, e[i])  # dp_ij ⊙ e_i

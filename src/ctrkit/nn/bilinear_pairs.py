@@ -42,6 +42,7 @@ import torch
 from torch import Tensor
 
 from ctrkit.errors import LayerConfigError
+from ctrkit.nn.fm import pair_blocks
 
 __all__ = ["bilinear_pairs_concat", "bilinear_pairs_shared"]
 
@@ -73,16 +74,6 @@ def bilinear_pairs_shared(emb: Tensor, scale: Tensor, weight: Tensor, tail: Tens
     return _SharedBilinearPairs.apply(tail, emb, scale, weight)
 
 
-def _blocks(num_fields: int) -> list[tuple[int, int, int]]:
-    """(left field i, first pair s, pairs k) of every left field with a pair, in upper-triangle order."""
-    out, s = [], 0
-    for i in range(num_fields - 1):
-        k = num_fields - 1 - i
-        out.append((i, s, k))
-        s += k
-    return out
-
-
 def _weights_t(weight: Tensor) -> Tensor:
     """``[W_0 | W_1 | ... | W_{P-1}]^T`` of ``weight`` (P, D, D) -> (P·D, D), one copy: row (j, c) is column c of
     W_j, so the rows s·D .. (s+k)·D are the block ``[W_s | ... | W_{s+k-1}]^T`` (k·D, D), a view."""
@@ -101,7 +92,7 @@ def _pairs_forward(e: Tensor, w: Tensor, out_t: Tensor) -> list[Tensor]:
     f, d, b = e.shape
     lefts = []
     wt = _weights_t(w)  # (P·D, D)
-    for i, s, k in _blocks(f):
+    for i, s, k in pair_blocks(f):
         u = torch.mm(wt[s * d : (s + k) * d], e[i])  # (k·D, B): v_i W_ij, j > i
         torch.mul(u, e[i + 1 :].view(k * d, b), out=out_t[s * d : (s + k) * d])  # (k·D, B): ⊙ v_j
         lefts.append(u)
@@ -115,7 +106,7 @@ def _pairs_backward(e: Tensor, w: Tensor, lefts: list[Tensor], grad_t: Tensor, w
     de = torch.zeros_like(e) if want_e else None  # (F, D, B)
     dw = torch.empty_like(w) if want_w else None  # (P, D, D)
     wt = _weights_t(w) if want_e else None  # (P·D, D)
-    for (i, s, k), u in zip(_blocks(f), lefts):
+    for (i, s, k), u in zip(pair_blocks(f), lefts):
         g = grad_t[s * d : (s + k) * d]  # (k·D, B)
         du = torch.mul(g, e[i + 1 :].view(k * d, b))  # (k·D, B): d(v_i W_ij)
         if de is not None and wt is not None:

@@ -33,6 +33,12 @@ def pair_indices(num_fields: int) -> tuple[Tensor, Tensor]:
     return idx[0].contiguous(), idx[1].contiguous()
 
 
+def pair_blocks(num_fields: int) -> list[tuple[int, int, int]]:
+    """(left field i, first pair s, pairs k) of every left field with a pair, in :func:`pair_indices`' upper-triangle
+    order: pairs s .. s + k - 1 are (i, i + 1) .. (i, F - 1)."""
+    return [(i, i * (2 * num_fields - i - 1) // 2, num_fields - 1 - i) for i in range(num_fields - 1)]
+
+
 def check_embeddings(layer: str, emb: Tensor, num_fields: int | None = None, dim: int | None = None) -> None:
     """Raise :class:`LayerConfigError` unless ``emb`` is (B, F, D) with the expected F and D."""
     if emb.dim() != 3:
