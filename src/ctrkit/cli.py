@@ -276,10 +276,9 @@ def run() -> NoReturn:
     its result the exit status. A rank that torchrun started ends without the interpreter's finalization
     (:func:`ctrkit.training.distributed.end_worker_process`: gloo's threads outlive the process group)."""
     rc = main()
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        from ctrkit.training.distributed import end_worker_process
-
-        end_worker_process(rc)
+    dist = sys.modules.get("ctrkit.training.distributed")  # only a command that loaded it can have joined a group
+    if dist is not None and dist.launched():
+        dist.end_worker_process(rc)
     sys.exit(rc)
 
 
