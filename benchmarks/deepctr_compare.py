@@ -88,6 +88,7 @@ import _roof
 from bench_models import PEER_INSTALL, REPO, mean_std, prepare
 
 from ctrkit import stats
+from ctrkit.memory import freed_memory_thresholds
 
 PEER = Path(__file__).resolve().parent / "_deepctr_peer.py"
 PEER_PYTHON = Path(os.environ.get("PEERS_HOME", Path.home() / ".cache" / "ctrkit-peers")) / "venv-deepctr/bin/python"
@@ -103,7 +104,8 @@ DEEPCTR_L2 = 1e-5  # DeepCTR's default l2_reg_embedding / l2_reg_linear
 # the matched recipe's ctrkit options where DeepCTR-Torch builds only one form of the model (module docstring)
 MATCHED_PARAMS: dict[str, dict[str, Any]] = {"fibinet": {"bilinear_shared": True}}
 # glibc's thresholds as ctrkit.memory.keep_freed_memory sets them (1 GiB mmap, 2 GiB - 1 trim), as environment
-PEER_KEEP_FREED_MEMORY = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(2**31 - 1)}
+PEER_KEEP_FREED_MEMORY = dict(zip(("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"),
+                                  map(str, freed_memory_thresholds())))
 
 
 def peer_params(model: str, p: dict[str, Any]) -> dict[str, Any]:

@@ -50,6 +50,12 @@ _M_MMAP_THRESHOLD = -3
 _DONE: set[int] = set()
 
 
+def freed_memory_thresholds(threshold: int = 1 << 30) -> tuple[int, int]:
+    """(mmap threshold, trim threshold) in bytes that :func:`keep_freed_memory` gives glibc for ``threshold``:
+    the trim threshold twice the mmap one, glibc's own dynamic rule, both capped to a C int (mallopt's type)."""
+    return min(threshold, 2**31 - 1), min(2 * threshold, 2**31 - 1)
+
+
 def keep_freed_memory(threshold: int = 1 << 30) -> bool:
     """Serve allocations below ``threshold`` bytes from the heap and never trim it below that much free.
 
@@ -65,10 +71,8 @@ def keep_freed_memory(threshold: int = 1 << 30) -> bool:
         log.info("keep_freed_memory: not Linux/glibc (%s %s); allocator left as is", platform.system(), libc_name)
         return False
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    # glibc keeps a freed block mapped while the heap top holds < trim threshold of free memory; twice
-    # the mmap threshold mirrors glibc's own dynamic rule (trim = 2 * mmap threshold)
-    mmap = min(threshold, 2**31 - 1)  # mallopt takes an int
-    trim = min(2 * threshold, 2**31 - 1)
+    # glibc keeps a freed block mapped while the heap top holds < trim threshold of free memory
+    mmap, trim = freed_memory_thresholds(threshold)
     ok = bool(libc.mallopt(_M_MMAP_THRESHOLD, ctypes.c_int(mmap))) and bool(
         libc.mallopt(_M_TRIM_THRESHOLD, ctypes.c_int(trim))
     )
