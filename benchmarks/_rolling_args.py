@@ -33,6 +33,11 @@ def parser(description: str, quick: dict[str, int]) -> argparse.ArgumentParser:
                     help="incremental arm: every K-th period (t = K, 2K, ...) is a fit from scratch on every row so "
                          "far (the retrain arm's run, its seconds counted), the warm runs continue from it "
                          "(default: the data set's REFRESH_EVERY; 0: never)")
+    ap.add_argument("--refresh-from", choices=["scratch", "warm"], default="scratch",
+                    help="incremental arm, refresh periods: a fit from scratch (the retrain arm's run) or a warm "
+                         "start from the arm's model on every row so far at the config's rates")
+    ap.add_argument("--shrink-perturb", nargs=2, type=float, metavar=("SHRINK", "PERTURB"),
+                    help="incremental arm, --refresh-from warm: the refreshes' train.warm_start_shrink / warm_start_perturb")
     ap.add_argument("--warm-dense-lr", type=float, help="incremental arm, warm runs: the dense (non-embedding) lr")
     ap.add_argument("--warm-embedding-lr", type=float, help="incremental arm, warm runs: the embedding rows' lr")
     ap.add_argument("--warm-epochs", type=int, help="incremental arm, warm runs: most epochs (default: --epochs)")

@@ -198,6 +198,8 @@ class Warm:
     embedding_lr: float | None = None  # the warm runs' train.embedding_lr (None: the config's)
     epochs: int | None = None  # the warm runs' train.epochs (None: --epochs)
     refresh_every: int = 0  # every K-th period a fit from scratch (the retrain arm's run); 0: never
+    shrink_perturb: tuple[str, ...] = ()  # --refresh-from warm: train.warm_start_shrink / _perturb
+    refresh_from: str = "scratch"  # warm: a refresh continues from the arm's model (every row so far, config's rates)
 
 
 def incremental(log: Log, r: dict[str, Any], d: Path, t: int, prev: tuple[Path, str] | None, overrides: list[str],
@@ -243,14 +245,20 @@ def roll(log: Log, periods: int, work: Path, overrides: list[str], valid_fractio
         rec: dict[str, Any] = {"t": t, "new_rows": r["new"][1] - r["new"][0], "all_rows": r["all"][1],
                                "next_rows": r["next"][1] - r["next"][0]}
         refresh = refreshes(t, warm.refresh_every)
-        if t and (refresh or not warm.only):
+        scratch = refresh and warm.refresh_from == "scratch"
+        if t and (scratch or not warm.only):
             prep = preprocess(log.spec, write(log, *r["all"], d / "all.csv"), d / "re", valid=valid, test=test)
             rec["retrain"] = {**train(d / "re", work / "runs", f"re{t}", overrides), "prep_s": prep}
-        if refresh:  # the incremental arm's model of period t is the retrain arm's run (its seconds are counted)
+        if scratch:  # the incremental arm's model of period t is the retrain arm's run (its seconds are counted)
             rec["incremental"] = inc = {**rec["retrain"], "replayed_rows": 0, "refresh": True}
+        elif refresh:  # --refresh-from warm: every row so far, grown from the arm's vocabulary, from its model
+            prep = preprocess(log.spec, write(log, *r["all"], d / "all.csv"), d / "inca", valid=valid, test=test,
+                              parent=prev[0], grow=True)
+            inc = train(d / "inca", work / "runs", f"inc{t}", overrides + list(warm.shrink_perturb), warm=Path(prev[1]))
+            rec["incremental"] = inc = {**inc, "prep_s": prep, "replayed_rows": 0, "refresh": True}
         else:
             rec["incremental"] = inc = incremental(log, r, d, t, prev, overrides, warm, valid, test)
-        stores = d / ("re" if refresh else "inc")
+        stores = d / ("inca" if refresh and not scratch else "re" if refresh else "inc")
         if t == 0:
             first = (d / "inc" / "train", inc["best"])
             rec["retrain"] = rec["frozen"] = rec["incremental"]
@@ -342,8 +350,12 @@ def main(argv: list[str] | None = None) -> int:
                                                                                             a.warm_embedding_lr)
         every = REFRESH_EVERY[name] if a.refresh_every is None else a.refresh_every
         recs = roll(log, periods, Path(a.out) / name, overrides, a.valid_fraction,
-                    replace(warm, dense_lr=lrs[0], embedding_lr=lrs[1], refresh_every=every))
-        setting = {"warm_lr": {"dense": lrs[0], "embedding": lrs[1]}, "refresh_every": every}
+                    replace(warm, dense_lr=lrs[0], embedding_lr=lrs[1], refresh_every=every,
+                            refresh_from=a.refresh_from, shrink_perturb=() if not a.shrink_perturb else (
+                                f"--train.warm_start_shrink={a.shrink_perturb[0]}",
+                                f"--train.warm_start_perturb={a.shrink_perturb[1]}")))
+        setting = {"warm_lr": {"dense": lrs[0], "embedding": lrs[1]}, "refresh_every": every,
+                   "refresh_from": a.refresh_from}
         if a.tune:
             result[name] = {**tuned(recs), **setting}
             sys.stdout.write(f"{name}: incremental mean valid AUC (t>=1) {result[name]['valid_auc']:.4f}\n")

@@ -240,3 +240,49 @@ def test_posthoc_gap_reads_a_refresh_period_as_the_retrain_run(tmp_path: Path, c
     assert f"1 after a refresh (2), valid AUC {stats([(0, 3), (1, 3)], 0)}" in out[2]  # period 1 has no refresh before
     with pytest.raises(SystemExit):  # the other readings take one directory
         POST.main(["split", str(tmp_path / "s0"), str(tmp_path / "s1")])
+
+
+@pytest.mark.parametrize("only", [False, True])
+def test_a_warm_refresh_continues_from_the_arms_model_on_every_row_so_far(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, only: bool) -> None:
+    """--refresh-from warm: a refresh period's model is a warm start from the incremental arm's previous model (not the
+    retrain arm's fit), on a store of every row so far grown from that model's vocabulary (p{t}/inca), with the
+    refresh's shrink / perturb overrides; the next warm run continues from it. With --tune no retrain fit runs."""
+    import pyarrow as pa
+
+    calls: list[tuple[str, int, Any, Any]] = []
+
+    def fake_train(store: Path, runs: Path, name: str, overrides: list[str], warm: Path | None = None) -> dict:
+        calls.append((name, store.name, warm and warm.parent.name, [o for o in overrides if "shrink" in o]))
+        return {"auc": 0.5, "gauc": 0.5, "rows": 1, "train_s": 10.0, "job_s": 11.0, "valid_auc": 0.6, "best_epoch": 1,
+                "epochs": 1, "best": str(runs / name / "best.pt")}
+
+    grown: list[tuple[str, str | None]] = []
+
+    def fake_incremental(log, r, d: Path, t: int, prev, overrides, warm, valid, test) -> dict:
+        grown.append((str((d / "inc").relative_to(tmp_path)), prev and str(prev[0].relative_to(tmp_path))))
+        out = fake_train(d / "inc", d.parent / "runs", f"inc{t}", overrides, prev and Path(prev[1]))
+        return {**out, "prep_s": 0.0, "replayed_rows": 0}
+
+    def fake_preprocess(spec, csv, out, *, valid=None, test=None, parent=None, grow=False) -> float:
+        grown.append((str(out.relative_to(tmp_path)), parent and str(parent.relative_to(tmp_path))))
+        return 0.5
+
+    monkeypatch.setattr(INC, "train", fake_train)
+    monkeypatch.setattr(INC, "incremental", fake_incremental)
+    monkeypatch.setattr(INC, "preprocess", fake_preprocess)
+    monkeypatch.setattr(INC, "frozen", lambda ckpt, store: {"auc": 0.5, "gauc": 0.5, "rows": 1})
+    monkeypatch.setattr(INC, "unseen", lambda store: {"user_id": 0.0, "item_id": 0.0})
+    monkeypatch.setattr(INC, "vocab_growth", lambda stores: {"store": stores.name})
+    monkeypatch.setattr(INC, "write", lambda log, lo, hi, path: path)
+    log = DATA.Log("toy", pa.table({"x": list(range(6))}), np.arange(6), tmp_path / "spec.yaml", "day")
+    monkeypatch.setattr(DATA.Log, "bounds", lambda self, periods=None: np.arange(7))
+    sp = ("--train.warm_start_shrink=0.5", "--train.warm_start_perturb=0.1")
+    recs = INC.roll(log, 6, tmp_path, [], 0.0, INC.Warm(only=only, refresh_every=2, refresh_from="warm", shrink_perturb=sp))
+    inc = [c for c in calls if c[0].startswith("inc")]
+    assert inc == [("inc0", "inc", None, []), ("inc1", "inc", "inc0", []), ("inc2", "inca", "inc1", [sp[0]]),
+                   ("inc3", "inc", "inc2", []), ("inc4", "inca", "inc3", [sp[0]])]
+    assert ("p2/inca", "p1/inc/train") in grown and ("p4/inca", "p3/inc/train") in grown  # grown from the arm's store
+    assert ("p3/inc", "p2/inca/train") in grown  # the next warm run grows from the refresh's store
+    assert [c[0] for c in calls if c[0].startswith("re")] == ([] if only else ["re1", "re2", "re3", "re4"])
+    assert [r["t"] for r in recs if r["incremental"].get("refresh")] == [2, 4]

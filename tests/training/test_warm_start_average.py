@@ -139,6 +139,11 @@ def test_mismatches_are_refused_by_name(tmp_path) -> None:
     plain.trainer = None
     with pytest.raises(CheckpointError, match="holds none.*warm_start_average=fresh"):
         warm(DECAY, plain)
+    shrunk = replace(run, train=replace(run.train, warm_start_shrink=0.5))
+    with pytest.raises(ConfigError, match="warm_start_average=keep.*warm_start_shrink=0.5"):
+        model = create_model("deepfm", schema, **params)
+        avg = WeightAverage(model, DECAY, build_optimizers(model, CFG).embedding_params)
+        warm_trainer(SimpleNamespace(module=model, model=model, optimizer=None, average=avg), WarmStart(ckpt), shrunk)
     fresh = replace(run, train=replace(run.train, warm_start_average="fresh"))
     new = create_model("deepfm", schema, **params)
     opt = build_optimizers(new, CFG)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from ctrkit.checkpoint import SHARDED_META, Checkpoint
 from ctrkit.data.storage.agree import Vocabularies
@@ -77,8 +78,17 @@ def read_warm_start(cfg: Config, resume: str | None, store: Store) -> WarmStart 
 
 
 def warm_weights(model: CTRModel, warm: WarmStart, cfg: Config) -> None:
-    """``model`` (just built, on the CPU) <- the checkpoint's weights, its tables grown, the reset rows fresh."""
+    """``model`` (just built, on the CPU) <- the checkpoint's weights, its tables grown, the reset rows fresh; then
+    shrunk and perturbed where ``train.warm_start_shrink`` / ``warm_start_perturb`` say so."""
+    lam, sigma = cfg.train.warm_start_shrink, cfg.train.warm_start_perturb
+    fresh = {n: p.detach().clone() for n, p in model.named_parameters()} if sigma else {}
     grown = load_grown_weights(model, warm.ckpt, dict(cfg.model.params), what(cfg), warm.reset)
+    if lam != 1 or sigma:
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                p.mul_(lam).add_(fresh[n], alpha=sigma) if sigma else p.mul_(lam)
+        log.info("%s: weights shrunk by %g and perturbed by %g x their fresh initial values (train.warm_start_shrink, "
+                 "warm_start_perturb)", what(cfg), lam, sigma)
     if cfg.train.warm_start_new_rows == "rare":
         log.info("%s: %d new rows start from their table's rare row (train.warm_start_new_rows: rare)", what(cfg),
                  new_rows_from_rare(model, grown, warm.reset))
@@ -115,6 +125,11 @@ def warm_average(trainer: Any, warm: WarmStart, cfg: Config, sharded: bool) -> l
         raise ConfigError(f"train.warm_start_average=keep continues the weight average of {what(cfg)}, and this run "
                           "trains without one: set train.ema_decay (the checkpoint's value) or "
                           "train.warm_start_average=fresh")
+    if cfg.train.warm_start_shrink != 1 or cfg.train.warm_start_perturb:
+        raise ConfigError("train.warm_start_average=keep goes on from the checkpoint's trained weights, and "
+                          f"train.warm_start_shrink={cfg.train.warm_start_shrink} / warm_start_perturb="
+                          f"{cfg.train.warm_start_perturb} change them: keep one (warm_start_average=fresh, or "
+                          "shrink 1 and perturb 0)")
     if sharded:
         raise ConfigError("train.warm_start_average=keep is not supported with sharded (torchrec, several processes) "
                           "tables; set train.warm_start_average=fresh")

@@ -191,6 +191,10 @@ class TrainConfig:
     # "keep" (the checkpoint's average goes on over the new steps and training goes on from its trained weights, as
     # a resume: an average over periods; needs ema_decay set in both runs, the same value)
     warm_start_average: Literal["keep", "fresh"] = "fresh"
+    # shrink and perturb a warm start's weights (Ash & Adams 2020): every parameter w <- shrink * w + perturb * w0,
+    # w0 this run's fresh initial value; 1 and 0 keep the checkpoint's weights as they are
+    warm_start_shrink: Annotated[float, Bound(0, 1, lo_open=True)] = 1.0
+    warm_start_perturb: NonNegativeFloat = 0.0
     # id dropout {sparse key: p in [0, 1)}: each training id of the key becomes the rare id 1 with probability p,
     # which trains the row unseen values are scored with (cold start; data/pipeline/id_dropout.py)
     id_dropout: dict[str, NonNegativeFloat] = field(default_factory=dict)
