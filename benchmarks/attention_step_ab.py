@@ -2,16 +2,17 @@
 one, alternated step by step in one process; ``--profile``: where one step's time goes.
 
     python benchmarks/attention_step_ab.py --store OUT/criteo --config configs/criteo/autoint.yaml \
-        [--baseline main] [--no-plain] [--steps 300] [--profile]
+        [--baseline main] [--no-plain] [--no-node] [--steps 300] [--profile]
 
 ``--store``: a directory with the ``train`` store of a prepared dataset (``deepctr_compare.py --out OUT`` leaves
 ``OUT/criteo`` / ``OUT/movielens``). Models are built from the same seed and config (the matched recipe's
 settings: one thread, DeepCTR's L2 strength); one runs every ``MultiHeadSelfAttention`` on its plain path, one
 (``--baseline REV``) on the fused node of REV's ``src/ctrkit/nn/field_attention.py`` (loaded from git), one on this
-tree's (:mod:`ctrkit.nn.field_attention`). Their steps alternate (the order flips every step) on the same batches,
+tree's torch-op node (``node``, :mod:`ctrkit.nn.field_attention`, the native kernel kept out), one on what this tree
+trains with (``fused``: the native kernel of :mod:`ctrkit.nn.field_attention_lanes` where it builds). Their steps alternate (the order flips every step) on the same batches,
 so drift in the machine's load reaches them alike; the medians of the per-step CPU seconds, their ratios to this
-tree's and the load average are printed, then the largest weight difference between the fused arms (rounding
-only when the arithmetic is the same). ``--profile``: instead, torch.profiler over this tree's steps, per part
+tree's and the load average are printed, then the largest weight difference between the baseline and this tree
+(rounding only when the arithmetic is the same). ``--profile``: instead, torch.profiler over this tree's steps, per part
 (embedding, each interacting layer, DNN, output unit; forward and backward), loss, optimizer and overhead.
 Ends with one ``RESULT {json}`` line.
 """
@@ -67,6 +68,10 @@ def profile(trainer: Any, batches: list[Any], steps: int) -> dict[str, Any]:
     return profile_steps(step, [batches[i % len(batches)] for i in range(steps + 3)], parts)
 
 
+def _no_lanes(*args: Any, **kwargs: Any) -> None:
+    """lane_self_attention's answer where the native kernel does not apply: the arm runs the torch-op node."""
+
+
 def main(argv: list[str] | None = None) -> int:
     from ctrkit.nn import attention
 
@@ -75,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", default=str(REPO / "configs" / "criteo" / "autoint.yaml"))
     ap.add_argument("--baseline", default=None, help="git revision whose fused node is one more arm")
     ap.add_argument("--no-plain", action="store_true", help="leave out the plain layer's arm")
+    ap.add_argument("--no-node", action="store_true", help="leave out this tree's torch-op node's arm")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--profile", action="store_true", help="profile this tree's steps instead of the A/B")
@@ -95,17 +101,23 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write("RESULT " + json.dumps({"config": a.config, **res, "loadavg": load}) + "\n")
         return 0
     nodes = {"fused": attention.fused_self_attention}
+    lanes = {"fused": (attention.lane_self_attention, attention.lane_attention_stack)}  # the native kernel: this
+    # tree's arm only
     arms = {} if a.no_plain else {"plain": build(store, config, True)}
     if a.baseline:
         nodes["baseline"] = module_at(a.baseline, "src/ctrkit/nn/field_attention.py").fused_self_attention
         arms["baseline"] = build(store, config, False)
+    if not a.no_node:
+        arms["node"] = build(store, config, False)
     arms["fused"] = build(store, config, False)
 
     def swap(name: str) -> None:  # the arm's own node (the plain arm does not call it)
         attention.fused_self_attention = nodes.get(name, nodes["fused"])  # type: ignore[attr-defined]
+        attention.lane_self_attention, attention.lane_attention_stack = lanes.get(  # type: ignore[attr-defined]
+            name, (_no_lanes, _no_lanes))
 
     seconds = alternate({k: v[0] for k, v in arms.items()}, arms["fused"][1], a.steps, a.warmup, before=swap)
-    attention.fused_self_attention = nodes["fused"]  # type: ignore[attr-defined]
+    swap("fused")
     med = {k: statistics.median(v) * 1e3 for k, v in seconds.items()}
     diff = None
     if "baseline" in arms:

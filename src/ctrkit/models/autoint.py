@@ -26,7 +26,7 @@ from ctrkit.batch import Batch
 from ctrkit.models._towers import DNNOptions, TowerHead, check_min, dnn_options, layer_options
 from ctrkit.models.base import CTRModel, ModelOutput
 from ctrkit.models.registry import ConfigError, register_model
-from ctrkit.nn.attention import MultiHeadSelfAttention
+from ctrkit.nn.attention import MultiHeadSelfAttention, self_attention_stack
 from ctrkit.nn.inputs import ZOO_INIT_STD, FieldEmbedding
 from ctrkit.schema import Schema
 
@@ -88,8 +88,7 @@ class AutoInt(CTRModel):
         if self.dense_vectors is not None:
             dense_fields = batch.dense.unsqueeze(2) * self.dense_vectors  # (B, Nd, 1) * (Nd, D) -> (B, Nd, D)
             x = torch.cat([emb, dense_fields], dim=1)  # (B, M, D)
-        for layer in self.attention:
-            x = layer(x)  # (B, M, H*d')
+        x = self_attention_stack(self.attention, x)  # (B, M, H*d'): each layer in turn
         att = x.flatten(1)  # (B, M*H*d')
         if self.autoint_plus:
             return ModelOutput(self.head(torch.cat([emb.flatten(1), batch.dense], dim=1), side=att), {})  # (B,)

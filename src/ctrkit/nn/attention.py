@@ -5,7 +5,9 @@ blocks: the post-norm encoder layer (BST, DSIN) and the pre-norm causal block (S
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
@@ -13,10 +15,12 @@ from torch import Tensor, nn
 from ctrkit.errors import LayerConfigError
 from ctrkit.nn.afm_pool import fused_afm_pool
 from ctrkit.nn.field_attention import fused_self_attention
+from ctrkit.nn.field_attention_lanes import lane_attention_stack, lane_self_attention
 from ctrkit.nn.fm import check_embeddings, pair_indices
 
 __all__ = [
     "AFMAttention", "CausalTransformerBlock", "MultiHeadSelfAttention", "TransformerEncoderLayer", "positional_encoding",
+    "self_attention_stack",
 ]
 
 
@@ -245,16 +249,40 @@ class MultiHeadSelfAttention(nn.Module):
 
     def _fused_forward(self, emb: Tensor) -> Tensor:
         check_embeddings("MultiHeadSelfAttention", emb, dim=self.embedding_dim)
+        args = self._fused_args()
+        out = lane_self_attention(emb, args[0], *args[1:3], residual=args[3], relu=args[4])
+        if out is None:  # no native kernel here (or not the CPU): the torch-op node
+            out = fused_self_attention(emb, args[0], *args[1:3], residual=args[3], relu=args[4])
+        return out
+
+    def _fused_args(self) -> tuple[Tensor, int, int, bool, bool]:
+        """(W, H, d', residual, relu) of the fused paths: W = [W_Q (scaled when ``scaled``); W_K; W_V; W_res]."""
         w_q = self.w_q.weight * self.head_dim**-0.5 if self.scaled else self.w_q.weight
         rows = [w_q, self.w_k.weight, self.w_v.weight, *([self.w_res.weight] if self.w_res is not None else [])]
-        return fused_self_attention(emb, torch.cat(rows), self.num_heads, self.head_dim,
-                                    residual=self.w_res is not None, relu=self.use_relu)
+        return torch.cat(rows), self.num_heads, self.head_dim, self.w_res is not None, self.use_relu
 
     def extra_repr(self) -> str:
         return (
             f"embedding_dim={self.embedding_dim}, num_heads={self.num_heads}, head_dim={self.head_dim}, "
             f"scaled={self.scaled}"
         )
+
+
+def self_attention_stack(layers: Sequence[MultiHeadSelfAttention], emb: Tensor) -> Tensor:
+    """``emb`` (B, F, D) through ``layers`` in order -> the last one's (B, F, H·d') (AutoInt's interacting layers).
+
+    The same as calling each layer in turn. In training, where every layer takes its fused path (no LayerNorm) and the
+    native kernel applies, the stack runs in the kernel's lane layout with one layout copy at each end
+    (:func:`~ctrkit.nn.field_attention_lanes.lane_attention_stack`) instead of two per layer."""
+    if (not torch.jit.is_scripting() and len(layers) > 1 and all(m.norm is None and m._fused(emb) for m in layers)
+            and all(a.out_features == b.embedding_dim for a, b in itertools.pairwise(layers))):
+        check_embeddings("MultiHeadSelfAttention", emb, dim=layers[0].embedding_dim)
+        out = lane_attention_stack(emb, [m._fused_args() for m in layers])
+        if out is not None:
+            return out
+    for m in layers:
+        emb = m(emb)
+    return emb
 
 
 def positional_encoding(length: int, dim: int, *, base: float = 10000.0) -> Tensor:

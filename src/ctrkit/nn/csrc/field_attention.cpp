@@ -1,0 +1,294 @@
+// AutoInt's interacting layer (self-attention over fields) with the samples in SIMD lanes: the attention part of
+// ctrkit.nn.field_attention_lanes, forward and backward, on plain float / double arrays (built by
+// ctrkit.nn.kernels and called through ctypes: no torch headers, so it compiles in seconds).
+//
+// Layout ("lane layout"): L samples make one 64-byte SIMD vector (L = 16 floats, 8 doubles), and the batch is
+// padded to nb = ceil(B / L) blocks of L. Every (rows, N) array has N = nb * F * L columns, column
+// (block, field, lane) at (blk * F + f) * L + l: one block's F fields of one row are F contiguous vectors. Every
+// per-sample product of the layer (the F x F scores, the softmax, the weighted sum and their gradients) is then
+// one scalar program run on a vector of L samples: vertical multiply-adds, no transposes, no horizontal sums.
+// The vectors are GCC's vector extensions (one AVX-512 register, or two / four narrower ones on other CPUs).
+//
+//   T   (R, N)       [Q; K; V; Res] = W X^T, each block H * d' rows, head h's rows h * d' .. h * d' + d' - 1
+//   att (H*d', N)    O = softmax(Q K^T) V per head and sample (the row maximum subtracted before the exp)
+//   y   (H*d', N)    ReLU(O + Res) (ReLU and Res optional)
+//   a   (H, nb, F, F, L) the softmax weights A[m, k] (query m, key k) of each head and sample, for the backward
+//
+// Backward, per head and sample, with g = dL/dy masked by the ReLU (= dL/dRes):
+//   c_m = g_m . O_m,  dS_mk = A_mk (g_m . V_k - c_m),  dQ = dS K,  dK = dS^T Q,  dV = A^T g
+// (the softmax Jacobian through sum_k dA_mk A_mk = dO_m . O_m). Padded lanes (zero inputs, zero gradients) stay
+// finite and give zero gradients.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+constexpr int kMaxHeadDim = 64;
+constexpr int kMaxFields = 256;
+
+typedef float VecF __attribute__((vector_size(64)));
+typedef double VecD __attribute__((vector_size(64)));
+typedef int32_t VecI __attribute__((vector_size(64)));
+
+template <typename T>
+struct Lanes;
+template <>
+struct Lanes<float> {
+  using V = VecF;
+  static constexpr int kCount = 16;
+};
+template <>
+struct Lanes<double> {
+  using V = VecD;
+  static constexpr int kCount = 8;
+};
+
+// Loads, stores and constants that read the same for a vector of lanes and for one scalar lane.
+template <typename V, typename T>
+inline V load(const T* p) {
+  V v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+template <typename V, typename T>
+inline void store(T* p, V v) {
+  std::memcpy(p, &v, sizeof v);
+}
+template <typename V, typename T>
+inline V splat(T c) {
+  V v = {};
+  return v + c;
+}
+template <typename V>
+inline V vmax(V a, V b) {
+  return a > b ? a : b;
+}
+
+// exp(x) for x <= 0 (scores minus their row maximum), float: Cephes' expf reduction and polynomial as plain
+// arithmetic on the lanes; relative error ~1e-7, and 0 below exp(-87).
+template <typename V, typename I>
+inline V exp_nonpositive_f32(V x) {
+  x = vmax(x, splat<V>(-87.0f));
+  V n = x * 1.44269504088896341f;
+  n = (n + 12582912.0f) - 12582912.0f;  // round to nearest (|n| < 2^22)
+  V r = x - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  V p = splat<V>(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const I bits = (__builtin_convertvector(n, I) + 127) << 23;  // 2^n, n in [-126, 0]
+  V scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+inline VecF exp_nonpositive(VecF x) { return exp_nonpositive_f32<VecF, VecI>(x); }
+inline VecD exp_nonpositive(VecD x) {  // float64 serves the tests (gradcheck): the library's exp per lane
+  for (int l = 0; l < Lanes<double>::kCount; ++l) x[l] = std::exp(x[l]);
+  return x;
+}
+
+struct Shape {
+  int64_t n;       // columns nb * F * L
+  int64_t blocks;  // nb
+  int64_t f;
+  int heads, dh, residual, relu;
+};
+
+// One work item, head h of block blk: the forward. ``buf``: scratch of 2 * F * d' + F vectors. K and V are packed
+// into it first: in place, their d' rows lie N floats apart and share a few L1 sets.
+template <typename T, int DH>
+void forward_block(const Shape& sh, const T* __restrict t, T* __restrict att, T* __restrict y, T* __restrict a,
+                   int h, int64_t blk, typename Lanes<T>::V* __restrict buf) {
+  using V = typename Lanes<T>::V;
+  constexpr int kL = Lanes<T>::kCount;
+  const int dh = DH > 0 ? DH : sh.dh;
+  const int64_t n = sh.n, f = sh.f, inner = static_cast<int64_t>(sh.heads) * dh, c0 = blk * f * kL;
+  const T* q = t + h * dh * n + c0;  // row j: + j * n; field m: + m * kL
+  const T* k = q + inner * n;
+  const T* v = k + inner * n;
+  const T* res = sh.residual ? v + inner * n : nullptr;
+  T* ab = a + (h * sh.blocks + blk) * f * f * kL;  // (F, F, L)
+  V* kp = buf;                                       // (F, d'): kp[kk * dh + j]
+  V* vp = kp + f * dh;
+  V* s = vp + f * dh;
+  for (int64_t kk = 0; kk < f; ++kk)
+    for (int j = 0; j < dh; ++j) {
+      kp[kk * dh + j] = load<V>(k + j * n + kk * kL);
+      vp[kk * dh + j] = load<V>(v + j * n + kk * kL);
+    }
+  const int64_t out0 = h * dh * n + c0;
+  for (int64_t m = 0; m < f; ++m) {
+    V qm[DH > 0 ? DH : kMaxHeadDim];
+    for (int j = 0; j < dh; ++j) qm[j] = load<V>(q + j * n + m * kL);
+    V mx = splat<V>(-std::numeric_limits<T>::infinity());
+    for (int64_t kk = 0; kk < f; ++kk) {
+      const V* kr = kp + kk * dh;
+      V acc = qm[0] * kr[0];
+      for (int j = 1; j < dh; ++j) acc += qm[j] * kr[j];
+      s[kk] = acc;
+      mx = vmax(mx, acc);
+    }
+    V z = {};
+    for (int64_t kk = 0; kk < f; ++kk) {
+      s[kk] = exp_nonpositive(s[kk] - mx);
+      z += s[kk];
+    }
+    const V rz = T(1) / z;
+    V o[DH > 0 ? DH : kMaxHeadDim];
+    for (int j = 0; j < dh; ++j) o[j] = V{};
+    T* am = ab + m * f * kL;
+    for (int64_t kk = 0; kk < f; ++kk) {
+      const V p = s[kk] * rz;
+      store(am + kk * kL, p);
+      const V* vr = vp + kk * dh;
+      for (int j = 0; j < dh; ++j) o[j] += p * vr[j];
+    }
+    for (int j = 0; j < dh; ++j) {
+      const int64_t i = out0 + j * n + m * kL;
+      store(att + i, o[j]);
+      V val = res ? o[j] + load<V>(res + j * n + m * kL) : o[j];
+      if (sh.relu) val = vmax(val, V{});
+      store(y + i, val);
+    }
+  }
+}
+
+// One work item: the backward into dt (R, N), the gradient of T's rows. ``buf``: scratch of 4 * F * d' vectors (K,
+// V and the gradients of K and V, packed as in the forward).
+template <typename T, int DH>
+void backward_block(const Shape& sh, const T* __restrict t, const T* __restrict gy, const T* __restrict y,
+                    const T* __restrict att, const T* __restrict a, T* __restrict dt, int h, int64_t blk,
+                    typename Lanes<T>::V* __restrict buf) {
+  using V = typename Lanes<T>::V;
+  constexpr int kL = Lanes<T>::kCount;
+  const int dh = DH > 0 ? DH : sh.dh;
+  const int64_t n = sh.n, f = sh.f, inner = static_cast<int64_t>(sh.heads) * dh, c0 = blk * f * kL;
+  const T* q = t + h * dh * n + c0;
+  const T* k = q + inner * n;
+  const T* v = k + inner * n;
+  const T* ab = a + (h * sh.blocks + blk) * f * f * kL;
+  T* dq = dt + h * dh * n + c0;
+  T* dk = dq + inner * n;
+  T* dv = dk + inner * n;
+  T* dres = sh.residual ? dv + inner * n : nullptr;
+  V* kp = buf;
+  V* vp = kp + f * dh;
+  V* dkp = vp + f * dh;
+  V* dvp = dkp + f * dh;
+  for (int64_t kk = 0; kk < f; ++kk)
+    for (int j = 0; j < dh; ++j) {
+      kp[kk * dh + j] = load<V>(k + j * n + kk * kL);
+      vp[kk * dh + j] = load<V>(v + j * n + kk * kL);
+      dkp[kk * dh + j] = dvp[kk * dh + j] = V{};
+    }
+  const int64_t out0 = h * dh * n + c0;
+  for (int64_t m = 0; m < f; ++m) {
+    V g[DH > 0 ? DH : kMaxHeadDim], qm[DH > 0 ? DH : kMaxHeadDim], dqm[DH > 0 ? DH : kMaxHeadDim];
+    V c = {};
+    for (int j = 0; j < dh; ++j) {
+      const int64_t i = out0 + j * n + m * kL;
+      V gg = load<V>(gy + i);
+      if (sh.relu) gg = load<V>(y + i) > T(0) ? gg : V{};
+      g[j] = gg;
+      c += gg * load<V>(att + i);
+      if (dres) store(dres + j * n + m * kL, gg);
+      qm[j] = load<V>(q + j * n + m * kL);
+      dqm[j] = V{};
+    }
+    const T* am = ab + m * f * kL;
+    for (int64_t kk = 0; kk < f; ++kk) {
+      const V* kr = kp + kk * dh;
+      const V* vr = vp + kk * dh;
+      V* dkr = dkp + kk * dh;
+      V* dvr = dvp + kk * dh;
+      V da = g[0] * vr[0];
+      for (int j = 1; j < dh; ++j) da += g[j] * vr[j];
+      const V ak = load<V>(am + kk * kL);
+      const V ds = ak * (da - c);
+      for (int j = 0; j < dh; ++j) {
+        dqm[j] += ds * kr[j];
+        dkr[j] += ds * qm[j];
+        dvr[j] += ak * g[j];
+      }
+    }
+    for (int j = 0; j < dh; ++j) store(dq + j * n + m * kL, dqm[j]);
+  }
+  for (int64_t kk = 0; kk < f; ++kk)
+    for (int j = 0; j < dh; ++j) {
+      store(dk + j * n + kk * kL, dkp[kk * dh + j]);
+      store(dv + j * n + kk * kL, dvp[kk * dh + j]);
+    }
+}
+
+// Work items: (head, block) pairs, each writing its own columns of the outputs and its own softmax weights.
+template <typename T, int DH>
+void forward_all(const Shape& sh, const T* t, T* att, T* y, T* a, int threads) {
+  const int64_t items = sh.blocks * sh.heads;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+    std::vector<typename Lanes<T>::V> buf(static_cast<size_t>(2 * sh.f * sh.dh + sh.f));
+#pragma omp for schedule(static)
+    for (int64_t w = 0; w < items; ++w)
+      forward_block<T, DH>(sh, t, att, y, a, static_cast<int>(w / sh.blocks), w % sh.blocks, buf.data());
+  }
+}
+
+template <typename T, int DH>
+void backward_all(const Shape& sh, const T* t, const T* gy, const T* y, const T* att, const T* a, T* dt,
+                  int threads) {
+  const int64_t items = sh.blocks * sh.heads;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+    std::vector<typename Lanes<T>::V> buf(static_cast<size_t>(4 * sh.f * sh.dh));
+#pragma omp for schedule(static)
+    for (int64_t w = 0; w < items; ++w)
+      backward_block<T, DH>(sh, t, gy, y, att, a, dt, static_cast<int>(w / sh.blocks), w % sh.blocks, buf.data());
+  }
+}
+
+inline bool supported(const Shape& sh) {
+  return sh.dh >= 1 && sh.dh <= kMaxHeadDim && sh.f >= 1 && sh.f <= kMaxFields && sh.heads >= 1 && sh.blocks >= 0;
+}
+
+}  // namespace
+
+// Entry points. Every array is C-contiguous in the lane layout above, ``blocks`` = nb. Returns 0, or 1 when the
+// shape is outside the kernel's limits (1 <= d' <= 64, 1 <= F <= 256), with nothing written.
+#define CTRKIT_FIELD_ATTENTION(SUFFIX, T)                                                                        \
+  extern "C" int ctrkit_field_attention_forward_##SUFFIX(const T* t, T* att, T* y, T* a, int64_t blocks, int f, \
+                                                         int heads, int dh, int residual, int relu,            \
+                                                         int threads) {                                        \
+    const Shape sh{blocks * f * Lanes<T>::kCount, blocks, f, heads, dh, residual, relu};                       \
+    if (!supported(sh)) return 1;                                                                              \
+    switch (dh) {                                                                                              \
+      case 4: forward_all<T, 4>(sh, t, att, y, a, threads); break;                                             \
+      case 8: forward_all<T, 8>(sh, t, att, y, a, threads); break;                                             \
+      case 16: forward_all<T, 16>(sh, t, att, y, a, threads); break;                                           \
+      default: forward_all<T, 0>(sh, t, att, y, a, threads);                                                   \
+    }                                                                                                          \
+    return 0;                                                                                                  \
+  }                                                                                                            \
+  extern "C" int ctrkit_field_attention_backward_##SUFFIX(const T* t, const T* gy, const T* y, const T* att,   \
+                                                          const T* a, T* dt, int64_t blocks, int f, int heads, \
+                                                          int dh, int residual, int relu, int threads) {       \
+    const Shape sh{blocks * f * Lanes<T>::kCount, blocks, f, heads, dh, residual, relu};                       \
+    if (!supported(sh)) return 1;                                                                              \
+    switch (dh) {                                                                                              \
+      case 4: backward_all<T, 4>(sh, t, gy, y, att, a, dt, threads); break;                                    \
+      case 8: backward_all<T, 8>(sh, t, gy, y, att, a, dt, threads); break;                                    \
+      case 16: backward_all<T, 16>(sh, t, gy, y, att, a, dt, threads); break;                                  \
+      default: backward_all<T, 0>(sh, t, gy, y, att, a, dt, threads);                                          \
+    }                                                                                                          \
+    return 0;                                                                                                  \
+  }
+
+CTRKIT_FIELD_ATTENTION(f32, float)
+CTRKIT_FIELD_ATTENTION(f64, double)

@@ -1,0 +1,128 @@
+"""Native CPU kernels: C++ sources under ``nn/csrc`` built at first use with the system's C++ compiler, cached.
+
+A kernel here is plain C++ on float / double arrays with ``extern "C"`` entry points, loaded with ctypes: no torch
+headers, so a build takes seconds (a torch extension with ``torch/extension.h`` takes ~40 s on two cores). Every
+caller keeps a pure-torch path and takes it when :func:`load` returns None: no compiler, a failed or timed-out
+build, ``CTRKIT_NATIVE_KERNELS=0`` in the environment, or a platform other than Linux / macOS.
+
+The build: ``$CXX`` (default ``g++``) ``-O3 -march=native -fopenmp -shared``, bounded by ``BUILD_TIMEOUT_S``; the
+library goes to ``$CTRKIT_KERNEL_DIR`` (default ``~/.cache/ctrkit/kernels``, or under ``$XDG_CACHE_HOME``) under a
+name that hashes the source, the flags, the compiler's version and the CPU's flags, written to a temporary name and
+renamed into place, so processes building at once (test workers, torchrun ranks) never load a partial file and a
+library built for another CPU is never loaded.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+__all__ = ["BUILD_TIMEOUT_S", "load"]
+
+CSRC = Path(__file__).resolve().parent / "csrc"
+BUILD_TIMEOUT_S = 180.0
+_BASE_FLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-march=native")
+# tried in order: the first that builds is kept (OpenMP and 512-bit vectors where the compiler has them)
+_EXTRA_FLAGS = (("-fopenmp", "-mprefer-vector-width=512"), ("-fopenmp",), ())
+_lock = threading.Lock()
+
+
+def cache_dir() -> Path:
+    """Where built kernels live: ``$CTRKIT_KERNEL_DIR``, else ``$XDG_CACHE_HOME/ctrkit/kernels`` (``~/.cache``)."""
+    if os.environ.get("CTRKIT_KERNEL_DIR"):
+        return Path(os.environ["CTRKIT_KERNEL_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ctrkit" / "kernels"
+
+
+def enabled() -> bool:
+    """False where ``CTRKIT_NATIVE_KERNELS`` is 0 / false / no / off, or the platform has no kernel build here."""
+    flag = os.environ.get("CTRKIT_NATIVE_KERNELS", "1").strip().lower()
+    return flag not in ("0", "false", "no", "off") and sys.platform in ("linux", "darwin")
+
+
+def load(name: str) -> ctypes.CDLL | None:
+    """The library built from ``csrc/<name>.cpp`` (built now if needed, then cached for the process), or None
+    (logged once) where it cannot be built or kernels are disabled."""
+    if not enabled():
+        return None
+    with _lock:
+        return _load(name)
+
+
+@functools.cache
+def _load(name: str) -> ctypes.CDLL | None:
+    source = CSRC / f"{name}.cpp"
+    cxx = shutil.which(os.environ.get("CXX", "g++"))
+    if cxx is None:
+        log.warning("native kernel %s: no C++ compiler (%s) on PATH; using the pure-torch path (set CXX to one)",
+                    name, os.environ.get("CXX", "g++"))
+        return None
+    text = source.read_bytes()
+    errors = []
+    for extra in _EXTRA_FLAGS:
+        flags = (*_BASE_FLAGS, *extra)
+        lib = cache_dir() / f"{name}-{_digest(text, cxx, flags)}.so"
+        try:
+            if not lib.exists():
+                _build(cxx, flags, source, lib)
+            return ctypes.CDLL(str(lib))
+        except (OSError, subprocess.SubprocessError) as e:
+            errors.append(f"{' '.join(extra) or 'base flags'}: {_short(e)}")
+    log.warning("native kernel %s: could not build %s with %s (%s); using the pure-torch path",
+                name, source, cxx, "; ".join(errors))
+    return None
+
+
+def _build(cxx: str, flags: tuple[str, ...], source: Path, lib: Path) -> None:
+    lib.parent.mkdir(parents=True, exist_ok=True)
+    log.info("building native kernel %s (once; cached as %s)", source.name, lib)
+    fd, tmp = tempfile.mkstemp(prefix=lib.stem, suffix=".tmp", dir=lib.parent)
+    os.close(fd)
+    try:
+        subprocess.run([cxx, *flags, "-o", tmp, str(source)], check=True, capture_output=True, text=True,
+                       timeout=BUILD_TIMEOUT_S)
+        os.replace(tmp, lib)  # atomic: a concurrent loader sees no file or the whole one
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _digest(text: bytes, cxx: str, flags: tuple[str, ...]) -> str:
+    h = hashlib.sha256(text)
+    h.update(" ".join((cxx, *flags)).encode())
+    try:
+        h.update(subprocess.run([cxx, "--version"], check=False, capture_output=True, timeout=30).stdout)
+    except (OSError, subprocess.SubprocessError):
+        pass
+    h.update(_cpu_flags().encode())  # -march=native: a library is only valid on the CPU kind that built it
+    return h.hexdigest()[:16]
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        import platform
+
+        return platform.processor() + platform.machine()
+
+
+def _short(e: BaseException) -> str:
+    if isinstance(e, subprocess.CalledProcessError):
+        tail = (e.stderr or "").strip().splitlines()[-3:]
+        return f"exit {e.returncode}: {' | '.join(tail)}"
+    if isinstance(e, subprocess.TimeoutExpired):
+        return f"no result within {BUILD_TIMEOUT_S:.0f} s"
+    return str(e)
