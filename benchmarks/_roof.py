@@ -13,7 +13,9 @@ numbers to print beside the ratio against its peer:
   (and backward, for training) pass of the real model on a real batch, divided by the batch size. It counts
   the matmul-like ops (mm, addmm, bmm, convolutions, attention) and nothing else: embedding gathers, element-wise
   ops and the optimizer are free by this count, so ``achieved / roof`` is the share of the matmul roof the whole
-  step reaches, overheads included.
+  step reaches, overheads included. The count runs with ctrkit's native kernels off (``CTRKIT_NATIVE_KERNELS=0``,
+  :mod:`ctrkit.nn.kernels`): the counter cannot see inside them, so a model keeps one count whichever path it
+  trains on (the torch-op path's products).
 
 ``achieved / roof = samples_per_s * flops_per_sample / (roof GFLOP/s * 1e9)``, against the fp32 roof for an
 fp32 run and the bf16 roof for a bf16 run.
@@ -128,13 +130,21 @@ def training_flops(model: torch.nn.Module, batch: Any, loss_fn: Callable[[torch.
     """FLOPs per sample of one training step's forward (+ backward) of ``model`` on ``batch``.
 
     ``loss_fn(model, batch)`` returns the scalar loss. The gradients it leaves are cleared, so the model is as
-    it was (no optimizer step is taken)."""
-    with FlopCounterMode(display=False) as counter:
-        if backward:
-            loss_fn(model, batch).backward()
+    it was (no optimizer step is taken). Native kernels are off while it counts (the module docstring)."""
+    before = os.environ.get("CTRKIT_NATIVE_KERNELS")
+    os.environ["CTRKIT_NATIVE_KERNELS"] = "0"
+    try:
+        with FlopCounterMode(display=False) as counter:
+            if backward:
+                loss_fn(model, batch).backward()
+            else:
+                with torch.no_grad():
+                    loss_fn(model, batch)
+    finally:
+        if before is None:
+            del os.environ["CTRKIT_NATIVE_KERNELS"]
         else:
-            with torch.no_grad():
-                loss_fn(model, batch)
+            os.environ["CTRKIT_NATIVE_KERNELS"] = before
     if backward:
         model.zero_grad(set_to_none=True)
     return counter.get_total_flops() / batch_size

@@ -13,7 +13,7 @@ trains with (``fused``: the native kernel of :mod:`ctrkit.nn.field_attention_lan
 so drift in the machine's load reaches them alike; the medians of the per-step CPU seconds, their ratios to this
 tree's and the load average are printed, then the largest weight difference between the baseline and this tree
 (rounding only when the arithmetic is the same). ``--profile``: instead, torch.profiler over this tree's steps, per part
-(embedding, each interacting layer, DNN, output unit; forward and backward), loss, optimizer and overhead.
+(embedding, the interacting layers, DNN, output unit; forward and backward), loss, optimizer and overhead.
 Ends with one ``RESULT {json}`` line.
 """
 
@@ -52,8 +52,7 @@ def profile(trainer: Any, batches: list[Any], steps: int) -> dict[str, Any]:
     from _step_profile import profile_steps
 
     m = trainer.model
-    parts = {"embedding": m.embedding, **{f"attention {i}": layer for i, layer in enumerate(m.attention)},
-             "DNN": m.head.tower, "output unit": m.head.out}
+    parts = {"embedding": m.embedding, "attention": m.attention, "DNN": m.head.tower, "output unit": m.head.out}
 
     def step(b: Any, scope: Any) -> None:
         with scope("loss"):

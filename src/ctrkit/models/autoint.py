@@ -26,7 +26,7 @@ from ctrkit.batch import Batch
 from ctrkit.models._towers import DNNOptions, TowerHead, check_min, dnn_options, layer_options
 from ctrkit.models.base import CTRModel, ModelOutput
 from ctrkit.models.registry import ConfigError, register_model
-from ctrkit.nn.attention import MultiHeadSelfAttention, self_attention_stack
+from ctrkit.nn.attention import MultiHeadSelfAttention, SelfAttentionStack
 from ctrkit.nn.inputs import ZOO_INIT_STD, FieldEmbedding
 from ctrkit.schema import Schema
 
@@ -64,7 +64,7 @@ class AutoInt(CTRModel):
         # like the sparse fields; otherwise (DeepCTR's AutoInt) dense values feed the DNN / the head only.
         na = nd if dense_as_fields else 0
         self.dense_vectors = nn.Parameter(torch.randn(na, d) * d**-0.5) if na else None
-        self.attention = nn.ModuleList()
+        self.attention = SelfAttentionStack()
         width = d
         with layer_options("autoint", "num_heads / head_dim"):
             for _ in range(num_layers):
@@ -88,7 +88,7 @@ class AutoInt(CTRModel):
         if self.dense_vectors is not None:
             dense_fields = batch.dense.unsqueeze(2) * self.dense_vectors  # (B, Nd, 1) * (Nd, D) -> (B, Nd, D)
             x = torch.cat([emb, dense_fields], dim=1)  # (B, M, D)
-        x = self_attention_stack(self.attention, x)  # (B, M, H*d'): each layer in turn
+        x = self.attention(x)  # (B, M, H*d'): the layers in turn
         att = x.flatten(1)  # (B, M*H*d')
         if self.autoint_plus:
             return ModelOutput(self.head(torch.cat([emb.flatten(1), batch.dense], dim=1), side=att), {})  # (B,)

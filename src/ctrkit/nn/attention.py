@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
@@ -19,8 +18,8 @@ from ctrkit.nn.field_attention_lanes import lane_attention_stack, lane_self_atte
 from ctrkit.nn.fm import check_embeddings, pair_indices
 
 __all__ = [
-    "AFMAttention", "CausalTransformerBlock", "MultiHeadSelfAttention", "TransformerEncoderLayer", "positional_encoding",
-    "self_attention_stack",
+    "AFMAttention", "CausalTransformerBlock", "MultiHeadSelfAttention", "SelfAttentionStack", "TransformerEncoderLayer",
+    "positional_encoding",
 ]
 
 
@@ -268,21 +267,29 @@ class MultiHeadSelfAttention(nn.Module):
         )
 
 
-def self_attention_stack(layers: Sequence[MultiHeadSelfAttention], emb: Tensor) -> Tensor:
-    """``emb`` (B, F, D) through ``layers`` in order -> the last one's (B, F, H·d') (AutoInt's interacting layers).
+class SelfAttentionStack(nn.ModuleList):
+    """:class:`MultiHeadSelfAttention` layers applied in turn (AutoInt's interacting layers): (B, F, D) -> the last
+    layer's (B, F, H·d'), ``out_features`` the last layer's.
 
     The same as calling each layer in turn. In training, where every layer takes its fused path (no LayerNorm) and the
     native kernel applies, the stack runs in the kernel's lane layout with one layout copy at each end
     (:func:`~ctrkit.nn.field_attention_lanes.lane_attention_stack`) instead of two per layer."""
-    if (not torch.jit.is_scripting() and len(layers) > 1 and all(m.norm is None and m._fused(emb) for m in layers)
-            and all(a.out_features == b.embedding_dim for a, b in itertools.pairwise(layers))):
-        check_embeddings("MultiHeadSelfAttention", emb, dim=layers[0].embedding_dim)
-        out = lane_attention_stack(emb, [m._fused_args() for m in layers])
-        if out is not None:
-            return out
-    for m in layers:
-        emb = m(emb)
-    return emb
+
+    @property
+    def out_features(self) -> int:
+        return self[-1].out_features
+
+    def forward(self, emb: Tensor) -> Tensor:
+        layers: list[MultiHeadSelfAttention] = list(self)  # type: ignore[arg-type]
+        if (len(layers) > 1 and all(m.norm is None and m._fused(emb) for m in layers)
+                and all(a.out_features == b.embedding_dim for a, b in itertools.pairwise(layers))):
+            check_embeddings("MultiHeadSelfAttention", emb, dim=layers[0].embedding_dim)
+            out = lane_attention_stack(emb, [m._fused_args() for m in layers])
+            if out is not None:
+                return out
+        for m in layers:
+            emb = m(emb)
+        return emb
 
 
 def positional_encoding(length: int, dim: int, *, base: float = 10000.0) -> Tensor:

@@ -88,7 +88,8 @@ def lane_attention_stack(x: Tensor, layers: Sequence[LayerArgs]) -> Tensor | Non
     xt = xp.reshape(nb, lanes, f, -1).permute(3, 0, 2, 1).contiguous()  # (D, nb, F, L)
     for weight, num_heads, head_dim, residual, relu in layers:
         xt = _LaneSelfAttention.apply(xt, weight.contiguous(), num_heads, head_dim, residual, relu)
-    return xt.permute(1, 3, 2, 0).reshape(nb * lanes, f, -1)[:b]  # (B, F, H·d')
+    out = xt.permute(1, 3, 2, 0).reshape(nb * lanes, f, -1)  # (B + padding, F, H·d')
+    return out if nb * lanes == b else out[:b]  # a slice's backward would copy into zeros
 
 
 def _ptr(t: Tensor) -> int:
