@@ -19,6 +19,9 @@
 // (the softmax Jacobian through sum_k dA_mk A_mk = dO_m . O_m). Padded lanes (zero inputs, zero gradients) stay
 // finite and give zero gradients.
 #include <cmath>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -67,29 +70,37 @@ inline V vmax(V a, V b) {
   return a > b ? a : b;
 }
 
-// exp(x) for x <= 0 (scores minus their row maximum), float: Cephes' expf reduction and polynomial as plain
-// arithmetic on the lanes; relative error ~1e-7, and 0 below exp(-87).
-template <typename V, typename I>
-inline V exp_nonpositive_f32(V x) {
-  x = vmax(x, splat<V>(-87.0f));
-  V n = x * 1.44269504088896341f;
-  n = (n + 12582912.0f) - 12582912.0f;  // round to nearest (|n| < 2^22)
-  V r = x - n * 0.693359375f;
-  r = r + n * 2.12194440e-4f;
-  V p = splat<V>(1.9875691500e-4f);
+// exp(x) for x <= 0 (scores minus their row maximum), float: Cephes' expf reduction (x = n ln2 + r,
+// |r| <= ln2 / 2) and polynomial as plain arithmetic on the lanes; relative error ~1e-7. x is clamped to -87 first,
+// so no result is subnormal (an FMA on subnormals takes a microcode assist). With AVX-512, vscalefps applies the
+// 2^n in one instruction (measured: the forward 8.5 -> 7.8 us per 16 samples and head, F 26, d' 8).
+inline VecF exp_nonpositive(VecF x) {
+  x = vmax(x, splat<VecF>(-87.0f));
+#if defined(__AVX512F__)
+  const __m512 n = _mm512_roundscale_ps(x * 1.44269504088896341f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const VecF nv = n;
+#else
+  VecF nv = x * 1.44269504088896341f;
+  nv = (nv + 12582912.0f) - 12582912.0f;  // round to nearest (|n| < 2^22)
+#endif
+  const VecF r = (x - nv * 0.693359375f) + nv * 2.12194440e-4f;
+  VecF p = splat<VecF>(1.9875691500e-4f);
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const I bits = (__builtin_convertvector(n, I) + 127) << 23;  // 2^n, n in [-126, 0]
-  V scale;
+  p = p * (r * r) + r + 1.0f;
+#if defined(__AVX512F__)
+  return _mm512_scalef_ps(p, n);
+#else
+  const VecI bits = (__builtin_convertvector(nv, VecI) + 127) << 23;  // 2^n, n in [-126, 0]
+  VecF scale;
   std::memcpy(&scale, &bits, sizeof scale);
   return p * scale;
+#endif
 }
 
-inline VecF exp_nonpositive(VecF x) { return exp_nonpositive_f32<VecF, VecI>(x); }
 inline VecD exp_nonpositive(VecD x) {  // float64 serves the tests (gradcheck): the library's exp per lane
   for (int l = 0; l < Lanes<double>::kCount; ++l) x[l] = std::exp(x[l]);
   return x;
