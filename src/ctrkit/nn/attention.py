@@ -229,7 +229,7 @@ class MultiHeadSelfAttention(nn.Module):
 
     def forward(self, emb: Tensor, mask: Tensor | None = None) -> Tensor:
         if not torch.jit.is_scripting():  # noqa: SIM102 - alone, so that TorchScript skips the block
-            if mask is None and self._fused(emb):  # training: one autograd node, nn/field_attention.py
+            if mask is None and self._fused(emb):  # training: nn/field_attention_lanes.py, or nn/field_attention.py
                 out = self._fused_forward(emb)  # (B, F, H*d')
                 return out if self.norm is None else self.norm(out)
         out, _ = self._attend(emb, mask)  # (B, F, H*d')

@@ -1,7 +1,8 @@
 """AutoInt's interacting layer for training: one autograd node per layer, with the backward written out.
 
 :class:`~ctrkit.nn.attention.MultiHeadSelfAttention` calls :func:`fused_self_attention` when it trains without a
-mask or attention dropout. The formula is the layer's (H heads of size d', E (B, F, D), no mask):
+mask or attention dropout and the native CPU kernel (:mod:`ctrkit.nn.field_attention_lanes`) does not apply: on
+other devices, or where no kernel could be built (no C++ compiler, ``CTRKIT_NATIVE_KERNELS=0``). The formula is the layer's (H heads of size d', E (B, F, D), no mask):
 
     [Q | K | V | R] = E W^T                    one matmul, W = [W_Q; W_K; W_V; W_res]  (B, F, (3 or 4)·H·d')
     A^h = softmax_k(Q^h K^h^T)                                                           (B, F, F) per head
