@@ -31,6 +31,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from ctrkit.errors import LayerConfigError
 from ctrkit.nn import kernels
 
 __all__ = ["kernel_available", "lane_attention_stack", "lane_self_attention"]
@@ -133,6 +134,7 @@ class _LaneSelfAttention(torch.autograd.Function):
 
 
 def _check(rc: int, f: int, head_dim: int) -> None:
-    if rc != 0:  # the wrapper checks the limits first, so this is a bug, not a user's input
-        raise RuntimeError(f"field attention kernel refused F {f}, d' {head_dim} (limits: F <= {_MAX_FIELDS}, "
-                           f"d' <= {_MAX_HEAD_DIM})")
+    if rc != 0:  # lane_attention_stack checks the limits before calling, so only a mismatched build gets here
+        raise LayerConfigError(
+            f"MultiHeadSelfAttention: the native kernel refused F={f}, head_dim={head_dim} (its limits: F <= "
+            f"{_MAX_FIELDS}, head_dim <= {_MAX_HEAD_DIM}); set CTRKIT_NATIVE_KERNELS=0 to train on torch ops")
