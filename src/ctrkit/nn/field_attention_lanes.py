@@ -9,7 +9,7 @@ The formula is the layer's (:class:`~ctrkit.nn.attention.MultiHeadSelfAttention`
 Why: at AutoInt's sizes (Criteo: B 256, F 26, 2 heads of 8) every per-sample product is a 26 x 8 x 26 matrix, and
 ATen's batched matmul spends ~200 ns on each, ~3x its arithmetic, plus a pass over memory per elementwise step
 (:mod:`ctrkit.nn.field_attention`, the torch-op node, measured that as its floor). Here the layout puts L samples
-of one field side by side (L = 16 floats: one 64-byte vector): X^T is (D, nb, F, L) for nb = ceil(B / L) blocks
+of one field side by side (one SIMD vector: L = 16 floats with AVX-512, 8 with AVX2): X^T is (D, nb, F, L) for nb = ceil(B / L) blocks
 (the batch padded with zero samples), T = W X^T is (R, nb·F·L), and ``csrc/field_attention.cpp`` runs each
 sample's whole attention (scores, softmax, weighted sum, residual, ReLU, and the backward) as one scalar program
 over L samples at once: vertical multiply-adds from L1, no transposes, no kernel launches, a block's fields
@@ -37,23 +37,25 @@ from ctrkit.nn import kernels
 __all__ = ["kernel_available", "lane_attention_stack", "lane_self_attention"]
 
 _MAX_HEAD_DIM, _MAX_FIELDS = 64, 256
-_LANES = {torch.float32: 16, torch.float64: 8}  # one 64-byte vector of samples
 _SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
 
 
 @functools.lru_cache(maxsize=1)
-def _entry_points() -> dict[str, ctypes._CFuncPtr] | None:
+def _entry_points() -> dict[str, ctypes._CFuncPtr | int] | None:
+    """The kernel's functions by name, and ``lanes_f32`` / ``lanes_f64``: L, the samples per vector of its build."""
     lib = kernels.load("field_attention")
     if lib is None:
         return None
     p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
-    fns = {}
-    for sfx in _SUFFIX.values():
+    fns: dict[str, ctypes._CFuncPtr | int] = {}
+    lanes = lib.ctrkit_field_attention_lanes
+    lanes.argtypes, lanes.restype = [i], i
+    for double, sfx in enumerate(_SUFFIX.values()):
         fwd = getattr(lib, f"ctrkit_field_attention_forward_{sfx}")
         fwd.argtypes, fwd.restype = [p, p, p, p, i64, i, i, i, i, i, i], i
         bwd = getattr(lib, f"ctrkit_field_attention_backward_{sfx}")
         bwd.argtypes, bwd.restype = [p, p, p, p, p, p, i64, i, i, i, i, i, i], i
-        fns[f"forward_{sfx}"], fns[f"backward_{sfx}"] = fwd, bwd
+        fns[f"forward_{sfx}"], fns[f"backward_{sfx}"], fns[f"lanes_{sfx}"] = fwd, bwd, int(lanes(double))
     return fns
 
 
@@ -79,11 +81,11 @@ def lane_attention_stack(x: Tensor, layers: Sequence[LayerArgs]) -> Tensor | Non
     """``x`` (B, F, D) through the layers in order (each as :func:`lane_self_attention`'s arguments) -> the last
     one's (B, F, H·d'), or None where the kernel does not apply to every layer."""
     b, f, _ = x.shape
-    if (x.device.type != "cpu" or x.dtype not in _LANES or b == 0 or not 1 <= f <= _MAX_FIELDS
+    if (x.device.type != "cpu" or x.dtype not in _SUFFIX or b == 0 or not 1 <= f <= _MAX_FIELDS
             or any(w.dtype != x.dtype or not 1 <= dh <= _MAX_HEAD_DIM for w, _, dh, _, _ in layers)
             or not kernel_available()):
         return None
-    lanes = _LANES[x.dtype]
+    lanes = _entry_points()[f"lanes_{_SUFFIX[x.dtype]}"]  # type: ignore[index]
     nb = -(-b // lanes)
     xp = x if nb * lanes == b else torch.nn.functional.pad(x, (0, 0, 0, 0, 0, nb * lanes - b))  # zero samples
     xt = xp.reshape(nb, lanes, f, -1).permute(3, 0, 2, 1).contiguous()  # (D, nb, F, L)

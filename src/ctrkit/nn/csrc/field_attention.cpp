@@ -2,12 +2,12 @@
 // ctrkit.nn.field_attention_lanes, forward and backward, on plain float / double arrays (built by
 // ctrkit.nn.kernels and called through ctypes: no torch headers, so it compiles in seconds).
 //
-// Layout ("lane layout"): L samples make one 64-byte SIMD vector (L = 16 floats, 8 doubles), and the batch is
+// Layout ("lane layout"): L samples make one SIMD vector (L = 16 floats, 8 doubles with AVX-512), and the batch is
 // padded to nb = ceil(B / L) blocks of L. Every (rows, N) array has N = nb * F * L columns, column
 // (block, field, lane) at (blk * F + f) * L + l: one block's F fields of one row are F contiguous vectors. Every
 // per-sample product of the layer (the F x F scores, the softmax, the weighted sum and their gradients) is then
 // one scalar program run on a vector of L samples: vertical multiply-adds, no transposes, no horizontal sums.
-// The vectors are GCC's vector extensions (one AVX-512 register, or two / four narrower ones on other CPUs).
+// The vectors are GCC's vector extensions, as wide as the CPU's registers.
 //
 //   T   (R, N)       [Q; K; V; Res] = W X^T, each block H * d' rows, head h's rows h * d' .. h * d' + d' - 1
 //   att (H*d', N)    O = softmax(Q K^T) V per head and sample (the row maximum subtracted before the exp)
@@ -32,21 +32,29 @@ namespace {
 constexpr int kMaxHeadDim = 64;
 constexpr int kMaxFields = 256;
 
-typedef float VecF __attribute__((vector_size(64)));
-typedef double VecD __attribute__((vector_size(64)));
-typedef int32_t VecI __attribute__((vector_size(64)));
+// The vector: the CPU's widest (a 64-byte vector on a CPU without AVX-512 runs through memory: measured 8x slower).
+#if defined(__AVX512F__)
+#define CTRKIT_VECTOR_BYTES 64
+#elif defined(__AVX__)
+#define CTRKIT_VECTOR_BYTES 32
+#else
+#define CTRKIT_VECTOR_BYTES 16
+#endif
+typedef float VecF __attribute__((vector_size(CTRKIT_VECTOR_BYTES)));
+typedef double VecD __attribute__((vector_size(CTRKIT_VECTOR_BYTES)));
+typedef int32_t VecI __attribute__((vector_size(CTRKIT_VECTOR_BYTES)));
 
 template <typename T>
 struct Lanes;
 template <>
 struct Lanes<float> {
   using V = VecF;
-  static constexpr int kCount = 16;
+  static constexpr int kCount = CTRKIT_VECTOR_BYTES / 4;
 };
 template <>
 struct Lanes<double> {
   using V = VecD;
-  static constexpr int kCount = 8;
+  static constexpr int kCount = CTRKIT_VECTOR_BYTES / 8;
 };
 
 // Loads, stores and constants that read the same for a vector of lanes and for one scalar lane.
@@ -303,3 +311,8 @@ inline bool supported(const Shape& sh) {
 
 CTRKIT_FIELD_ATTENTION(f32, float)
 CTRKIT_FIELD_ATTENTION(f64, double)
+
+// L, the samples per vector (and per block) of the layout: 16 / 8 floats / doubles with AVX-512, 8 / 4 with AVX.
+extern "C" int ctrkit_field_attention_lanes(int double_precision) {
+  return double_precision ? Lanes<double>::kCount : Lanes<float>::kCount;
+}
