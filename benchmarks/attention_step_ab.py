@@ -8,12 +8,13 @@ one, alternated step by step in one process; ``--profile``: where one step's tim
 ``OUT/criteo`` / ``OUT/movielens``). Models are built from the same seed and config (the matched recipe's
 settings: one thread, DeepCTR's L2 strength); one runs every ``MultiHeadSelfAttention`` on its plain path, one
 (``--baseline REV``) on the fused node of REV's ``src/ctrkit/nn/field_attention.py`` (loaded from git), one on this
-tree's torch-op node (``node``, :mod:`ctrkit.nn.field_attention`, the native kernel kept out), one on what this tree
-trains with (``fused``: the native kernel of :mod:`ctrkit.nn.field_attention_lanes` where it builds). Their steps alternate (the order flips every step) on the same batches,
-so drift in the machine's load reaches them alike; the medians of the per-step CPU seconds, their ratios to this
-tree's and the load average are printed, then the largest weight difference between the baseline and this tree
-(rounding only when the arithmetic is the same). ``--profile``: instead, torch.profiler over this tree's steps, per part
-(embedding, the interacting layers, DNN, output unit; forward and backward), loss, optimizer and overhead.
+tree's torch-op node (``node``: :mod:`ctrkit.nn.field_attention`, the native kernel kept out), one on what this
+tree trains with (``fused``: the native kernel of :mod:`ctrkit.nn.field_attention_lanes` where it builds). Their
+steps alternate (the order flips every step) on the same batches, so drift in the machine's load reaches them
+alike; the medians of the per-step CPU seconds, their ratios to this tree's and the load average are printed, then
+the largest weight difference between the baseline and this tree (rounding only when the arithmetic is the same).
+``--profile``: instead, torch.profiler over this tree's steps, per part (embedding, the interacting layers, DNN,
+output unit; forward and backward), loss, optimizer and overhead.
 Ends with one ``RESULT {json}`` line.
 """
 
@@ -100,8 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write("RESULT " + json.dumps({"config": a.config, **res, "loadavg": load}) + "\n")
         return 0
     nodes = {"fused": attention.fused_self_attention}
-    lanes = {"fused": (attention.lane_self_attention, attention.lane_attention_stack)}  # the native kernel: this
-    # tree's arm only
+    lanes = {"fused": (attention.lane_self_attention, attention.lane_attention_stack)}  # only this arm's kernel
     arms = {} if a.no_plain else {"plain": build(store, config, True)}
     if a.baseline:
         nodes["baseline"] = module_at(a.baseline, "src/ctrkit/nn/field_attention.py").fused_self_attention

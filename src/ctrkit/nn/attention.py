@@ -248,10 +248,10 @@ class MultiHeadSelfAttention(nn.Module):
 
     def _fused_forward(self, emb: Tensor) -> Tensor:
         check_embeddings("MultiHeadSelfAttention", emb, dim=self.embedding_dim)
-        args = self._fused_args()
-        out = lane_self_attention(emb, args[0], *args[1:3], residual=args[3], relu=args[4])
+        w, heads, dh, residual, relu = self._fused_args()
+        out = lane_self_attention(emb, w, heads, dh, residual=residual, relu=relu)
         if out is None:  # no native kernel here (or not the CPU): the torch-op node
-            out = fused_self_attention(emb, args[0], *args[1:3], residual=args[3], relu=args[4])
+            out = fused_self_attention(emb, w, heads, dh, residual=residual, relu=relu)
         return out
 
     def _fused_args(self) -> tuple[Tensor, int, int, bool, bool]:
