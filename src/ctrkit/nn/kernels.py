@@ -5,7 +5,8 @@ headers, so a build takes seconds (a torch extension with ``torch/extension.h`` 
 caller keeps a pure-torch path and takes it when :func:`load` returns None: no compiler, a failed or timed-out
 build, ``CTRKIT_NATIVE_KERNELS=0`` in the environment, or a platform other than Linux / macOS.
 
-The build: ``$CXX`` (default ``g++``) ``-O3 -march=native -fopenmp -shared``, bounded by ``BUILD_TIMEOUT_S``; the
+The build: ``$CXX`` (default ``g++``) ``-O3 -march=native -fopenmp -shared`` (again without OpenMP where the compiler
+refuses it), each compile bounded by ``BUILD_TIMEOUT_S`` and a timeout ending the attempts; the
 library goes to ``$CTRKIT_KERNEL_DIR`` (default ``~/.cache/ctrkit/kernels``, or under ``$XDG_CACHE_HOME``) under a
 name that hashes the source, the flags, the compiler's version and the CPU's flags, written to a temporary name and
 renamed into place, so processes building at once (test workers, torchrun ranks) never load a partial file and a
@@ -33,8 +34,8 @@ __all__ = ["BUILD_TIMEOUT_S", "load"]
 CSRC = Path(__file__).resolve().parent / "csrc"
 BUILD_TIMEOUT_S = 180.0
 _BASE_FLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-march=native")
-# tried in order: the first that builds is kept (OpenMP and 512-bit vectors where the compiler has them)
-_EXTRA_FLAGS = (("-fopenmp", "-mprefer-vector-width=512"), ("-fopenmp",), ())
+# tried in order: the first that builds is kept (OpenMP where the compiler has it)
+_EXTRA_FLAGS = (("-fopenmp",), ())
 _lock = threading.Lock()
 
 
@@ -79,6 +80,8 @@ def _load(name: str) -> ctypes.CDLL | None:
             return ctypes.CDLL(str(lib))
         except (OSError, subprocess.SubprocessError) as e:
             errors.append(f"{' '.join(extra) or 'base flags'}: {_short(e)}")
+            if isinstance(e, subprocess.TimeoutExpired):
+                break  # one bounded wait in all, not one per set of flags
     log.warning("native kernel %s: could not build %s with %s (%s); using the pure-torch path",
                 name, source, cxx, "; ".join(errors))
     return None
