@@ -1,4 +1,6 @@
-"""AutoInt's fused training path (nn/field_attention.py) against the layer's formula written with einsum."""
+"""AutoInt's torch-op training node (nn/field_attention.py) against the layer's formula written with einsum, with the
+native kernel off (the path on other devices and without a compiler; tests/nn/test_field_attention_lanes.py covers
+the kernel)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,11 @@ B, F, D = 4, 6, 8
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _torch_op_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CTRKIT_NATIVE_KERNELS", "0")
 
 
 def einsum_reference(layer: MultiHeadSelfAttention, e: torch.Tensor) -> torch.Tensor:
