@@ -1,6 +1,6 @@
 """Multi-layer perceptron: the DenseArch / OverArch of DLRM (seed 000 §3.4) and every "deep" part.
 
-Each hidden layer is ``Linear -> [BatchNorm1d] -> activation -> [Dropout]``. With
+Each hidden layer is ``Linear -> [BatchNorm1d] -> activation -> [Dropout]`` (:class:`ctrkit.nn.dropout.Dropout`). With
 ``final_activation=False`` the last layer is a plain Linear (an OverArch ending in a logit).
 Init: PyTorch's default ``nn.Linear`` init (kaiming-uniform weights, U(-1/sqrt(fan_in), 1/sqrt(fan_in))
 bias), which is what torchrec's ``MLP``/``Perceptron`` used by DenseArch and OverArch relies on.
@@ -15,6 +15,7 @@ from torch import nn
 
 from ctrkit.errors import LayerConfigError
 from ctrkit.nn.activation import ActivationSpec, make_activation
+from ctrkit.nn.dropout import Dropout
 
 
 class MLP(nn.Module):
@@ -59,7 +60,7 @@ class MLP(nn.Module):
                     layers.append(nn.BatchNorm1d(h))
                 layers.append(make_activation(activation, layer="MLP", num_features=h))
                 if dropout > 0:
-                    layers.append(nn.Dropout(dropout))
+                    layers.append(Dropout(dropout))  # torch's layer with a cheaper mask (nn/dropout.py)
             prev = h
         self.layers = nn.Sequential(*layers)
 
