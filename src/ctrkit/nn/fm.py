@@ -8,6 +8,8 @@ row-major upper-triangle order (``torch.triu_indices(F, F, 1)``): (0,1), (0,2), 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
@@ -81,9 +83,44 @@ class FMInteraction(nn.Module):
 
     def forward(self, emb: Tensor) -> Tensor:
         check_embeddings("FMInteraction", emb)
-        square_of_sum = emb.sum(dim=1).pow(2)  # (B, D)
-        sum_of_square = emb.pow(2).sum(dim=1)  # (B, D)
-        return 0.5 * (square_of_sum - sum_of_square).sum(dim=1, keepdim=True)  # (B, 1)
+        if not torch.jit.is_scripting():
+            return self._with_gradient(emb)
+        return _fm_second_order(emb)
+
+    @torch.jit.unused
+    def _with_gradient(self, emb: Tensor) -> Tensor:
+        """Training (a gradient to compute, not under torch.export): one autograd node (:class:`_FMNode`)."""
+        if torch.is_grad_enabled() and emb.requires_grad and not torch.compiler.is_exporting():
+            return _FMNode.apply(emb)
+        return _fm_second_order(emb)
+
+
+def _fm_second_order(emb: Tensor) -> Tensor:
+    """½ Σ_d [(Σ_f v_fd)² − Σ_f v_fd²]: (B, F, D) -> (B, 1)."""
+    square_of_sum = emb.sum(dim=1).pow(2)  # (B, D)
+    sum_of_square = emb.pow(2).sum(dim=1)  # (B, D)
+    return 0.5 * (square_of_sum - sum_of_square).sum(dim=1, keepdim=True)  # (B, 1)
+
+
+class _FMNode(torch.autograd.Function):
+    """:func:`_fm_second_order` as one autograd node, for training. Forward ``½ (<s, s> − <vec E, vec E>)`` per
+    sample (s = Σ_f v_f: one pass over (B, F, D) for s, one dot product over the flattened fields, no (B, F, D)
+    squares); backward the closed form ``dE[b, f] = g_b (s_b − v_bf)`` in one ``addcmul``, instead of autograd's
+    seven nodes (two pow backwards, the sums expanded over F, their accumulation). The same sums in another
+    order (rounding: ~1e-7 relative; tests/nn/test_fm_node.py). Forward + backward at (1,024, 9, 16), one
+    thread: 0.52-0.60 -> 0.33-0.35 ms."""
+
+    @staticmethod
+    def forward(ctx: Any, emb: Tensor) -> Tensor:  # type: ignore[override]
+        s = emb.sum(dim=1)  # (B, D)
+        flat = emb.reshape(emb.shape[0], -1)  # (B, F*D)
+        ctx.save_for_backward(emb, s)
+        return torch.linalg.vecdot(s, s).sub_(torch.linalg.vecdot(flat, flat)).mul_(0.5).unsqueeze(1)  # (B, 1)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tensor:  # type: ignore[override]
+        emb, s = ctx.saved_tensors
+        return torch.addcmul((s * grad).unsqueeze(1), emb, grad.unsqueeze(2), value=-1)  # (B, F, D): g (s − v)
 
 
 class BiInteractionPooling(nn.Module):
