@@ -62,3 +62,19 @@ def test_a_factory_gives_each_layer_its_own_module_an_instance_is_shared():
     assert len(list(own.parameters())) == 4 + 2  # two Linear (weight, bias) + two PReLU slopes
     assert [m for m in shared.layers if isinstance(m, nn.PReLU)] == [shared_act, shared_act]
     assert len(list(shared.parameters())) == 4 + 1
+
+
+def test_relu_in_place_keeps_values_and_gradients():
+    torch.manual_seed(5)
+    mlp = MLP(6, [8, 4], batch_norm=True)
+    assert all(m.inplace for m in mlp.layers if isinstance(m, nn.ReLU))
+    x = torch.randn(10, 6, requires_grad=True)
+    out = mlp(x)
+    h = x
+    for m in mlp.layers:  # the same layers, out of place
+        h = torch.relu(h) if isinstance(m, nn.ReLU) else m(h)
+    torch.testing.assert_close(out, h)
+    g = torch.randn_like(out)
+    (gx,) = torch.autograd.grad(out, x, g)
+    (hx,) = torch.autograd.grad(h, x, g)
+    torch.testing.assert_close(gx, hx)

@@ -58,7 +58,10 @@ class MLP(nn.Module):
             if final_activation or i < len(hidden) - 1:
                 if batch_norm:
                     layers.append(nn.BatchNorm1d(h))
-                layers.append(make_activation(activation, layer="MLP", num_features=h))
+                act = make_activation(activation, layer="MLP", num_features=h)
+                if type(act) is nn.ReLU:  # in place on the Linear / BatchNorm output, which no backward reads:
+                    act.inplace = True  # the same values, one (B, h) buffer less per layer and step
+                layers.append(act)
                 if dropout > 0:
                     layers.append(Dropout(dropout))  # torch's layer with a cheaper mask (nn/dropout.py)
             prev = h
