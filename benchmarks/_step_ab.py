@@ -6,6 +6,7 @@ the arms flips every step, so drift in the machine's load reaches them alike; CP
 from __future__ import annotations
 
 import importlib.util
+import statistics
 import subprocess
 import tempfile
 import time
@@ -82,3 +83,13 @@ def alternate(trainers: Mapping[str, Any], batches: Sequence[Any], steps: int, w
             if i >= warmup:
                 seconds[name].append(time.process_time() - c0)
     return seconds
+
+
+def cpu_ms(fn: Callable[[], None], reps: int = 20) -> float:
+    """The median CPU milliseconds (``time.process_time``) of ``reps`` calls of ``fn``."""
+    out = []
+    for _ in range(reps):
+        c = time.process_time()
+        fn()
+        out.append((time.process_time() - c) * 1e3)
+    return statistics.median(out)

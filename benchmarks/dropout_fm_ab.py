@@ -18,13 +18,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
 import types
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from _step_ab import alternate, build_trainer
+from _step_ab import alternate, build_trainer, cpu_ms
 from torch import nn
 
 from ctrkit.nn import fm
@@ -44,23 +42,15 @@ def as_torch(model: nn.Module) -> None:
                     m[i] = nn.Dropout(layer.p)
 
 
-def cpu_ms(fn: Callable[[], None], reps: int = 200) -> float:
-    out = []
-    for _ in range(reps):
-        c = time.process_time()
-        fn()
-        out.append((time.process_time() - c) * 1e3)
-    return statistics.median(out)
-
 
 def layers_ab() -> None:
     x, g = torch.randn(1024, 256, requires_grad=True), torch.randn(1024, 256)
     mine, theirs = Dropout(0.1).train(), nn.Dropout(0.1).train()
-    a, b = cpu_ms(lambda: theirs(x).backward(g)), cpu_ms(lambda: mine(x).backward(g))
+    a, b = cpu_ms(lambda: theirs(x).backward(g), 200), cpu_ms(lambda: mine(x).backward(g), 200)
     print(f"dropout p 0.1 (1024, 256) fwd+bwd: torch {a:.3f} ms, ctrkit {b:.3f} ms ({a / b:.2f}x)", flush=True)
     e, g1 = torch.randn(1024, 9, 16, requires_grad=True), torch.randn(1024, 1)
     term = fm.FMInteraction()
-    a, b = cpu_ms(lambda: fm._fm_second_order(e).backward(g1)), cpu_ms(lambda: term(e).backward(g1))
+    a, b = cpu_ms(lambda: fm._fm_second_order(e).backward(g1), 200), cpu_ms(lambda: term(e).backward(g1), 200)
     print(f"FM (1024, 9, 16) fwd+bwd: formula {a:.3f} ms, one node {b:.3f} ms ({a / b:.2f}x)", flush=True)
 
 

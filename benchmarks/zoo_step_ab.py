@@ -18,12 +18,10 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from _step_ab import alternate, build_trainer
+from _step_ab import alternate, build_trainer, cpu_ms
 
 from ctrkit.data.storage.loader import BatchLoader
 from ctrkit.nn import inputs
@@ -58,14 +56,6 @@ def joint_ab(name: str, store: Path, steps: int) -> None:
     print(f"{name}: separate {sep:.2f} ms, joint {j:.2f} ms per step ({sep / j:.3f}x); weights identical after "
           f"{steps} steps: {same}", flush=True)
 
-
-def cpu_ms(fn: Callable[[], None], reps: int = 20) -> float:
-    out = []
-    for _ in range(reps):
-        c = time.process_time()
-        fn()
-        out.append((time.process_time() - c) * 1e3)
-    return statistics.median(out)
 
 
 def bilinear_case(b: int, f: int, nd: int) -> tuple[float, float]:
