@@ -121,6 +121,20 @@ struct Shape {
   int heads, dh, residual, relu;
 };
 
+// K and V of one head and block packed field by field, (F, d') vectors each: kp[kk * dh + j], vp[kk * dh + j]
+// (the forward and both backward passes read every key and value row F times).
+template <typename T>
+inline void pack_keys_values(const T* __restrict k, const T* __restrict v, int64_t n, int64_t f, int dh,
+                             typename Lanes<T>::V* __restrict kp, typename Lanes<T>::V* __restrict vp) {
+  using V = typename Lanes<T>::V;
+  constexpr int kL = Lanes<T>::kCount;
+  for (int64_t kk = 0; kk < f; ++kk)
+    for (int j = 0; j < dh; ++j) {
+      kp[kk * dh + j] = load<V>(k + j * n + kk * kL);
+      vp[kk * dh + j] = load<V>(v + j * n + kk * kL);
+    }
+}
+
 // One work item, head h of block blk: the forward. ``buf``: scratch of 2 * F * d' + F vectors. K and V are packed
 // into it first: in place, their d' rows lie N floats apart and share a few L1 sets.
 template <typename T, int DH>
@@ -138,11 +152,7 @@ void forward_block(const Shape& sh, const T* __restrict t, T* __restrict att, T*
   V* kp = buf;                                       // (F, d'): kp[kk * dh + j]
   V* vp = kp + f * dh;
   V* s = vp + f * dh;
-  for (int64_t kk = 0; kk < f; ++kk)
-    for (int j = 0; j < dh; ++j) {
-      kp[kk * dh + j] = load<V>(k + j * n + kk * kL);
-      vp[kk * dh + j] = load<V>(v + j * n + kk * kL);
-    }
+  pack_keys_values<T>(k, v, n, f, dh, kp, vp);
   const int64_t out0 = h * dh * n + c0;
   for (int64_t m = 0; m < f; ++m) {
     V qm[DH > 0 ? DH : kMaxHeadDim];
@@ -205,11 +215,7 @@ void backward_block(const Shape& sh, const T* __restrict t, const T* __restrict 
   V* qp = vp + f * dh;
   V* gp = qp + f * dh;
   V* dsp = gp + f * dh;
-  for (int64_t kk = 0; kk < f; ++kk)
-    for (int j = 0; j < dh; ++j) {
-      kp[kk * dh + j] = load<V>(k + j * n + kk * kL);
-      vp[kk * dh + j] = load<V>(v + j * n + kk * kL);
-    }
+  pack_keys_values<T>(k, v, n, f, dh, kp, vp);
   const int64_t out0 = h * dh * n + c0;
   for (int64_t m = 0; m < f; ++m) {
     V g[DH > 0 ? DH : kMaxHeadDim], dqm[DH > 0 ? DH : kMaxHeadDim];
