@@ -16,6 +16,7 @@ OUT from ``benchmarks/deepctr_compare.py --dataset movielens --out OUT``.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import types
@@ -43,18 +44,19 @@ def as_torch(model: nn.Module) -> None:
 
 
 
-def layers_ab() -> None:
+def layers_ab() -> dict[str, float]:
     x, g = torch.randn(1024, 256, requires_grad=True), torch.randn(1024, 256)
     mine, theirs = Dropout(0.1).train(), nn.Dropout(0.1).train()
-    a, b = cpu_ms(lambda: theirs(x).backward(g), 200), cpu_ms(lambda: mine(x).backward(g), 200)
+    d = a, b = cpu_ms(lambda: theirs(x).backward(g), 200), cpu_ms(lambda: mine(x).backward(g), 200)
     print(f"dropout p 0.1 (1024, 256) fwd+bwd: torch {a:.3f} ms, ctrkit {b:.3f} ms ({a / b:.2f}x)", flush=True)
     e, g1 = torch.randn(1024, 9, 16, requires_grad=True), torch.randn(1024, 1)
     term = fm.FMInteraction()
     a, b = cpu_ms(lambda: fm._fm_second_order(e).backward(g1), 200), cpu_ms(lambda: term(e).backward(g1), 200)
     print(f"FM (1024, 9, 16) fwd+bwd: formula {a:.3f} ms, one node {b:.3f} ms ({a / b:.2f}x)", flush=True)
+    return {"dropout_torch_ms": d[0], "dropout_ctrkit_ms": d[1], "fm_formula_ms": a, "fm_node_ms": b}
 
 
-def model_ab(name: str, store: Path, steps: int) -> None:
+def model_ab(name: str, store: Path, steps: int) -> dict[str, float]:
     config = REPO / "configs" / "movielens" / f"{name}.yaml"
     over = ["train.early_stopping.patience=0"]
     old, loader = build_trainer(store, config, overrides=over, matched_l2=True, patch=as_torch)
@@ -67,6 +69,7 @@ def model_ab(name: str, store: Path, steps: int) -> None:
     drift = max((p - q).abs().max().item() for p, q in zip(old.model.parameters(), new.model.parameters()))
     print(f"{name}: torch layers {a:.2f} ms, ctrkit layers {b:.2f} ms per step ({a / b:.3f}x); largest weight "
           f"difference after {steps + 10} steps {drift:.2e}", flush=True)
+    return {"torch_ms": a, "ctrkit_ms": b, "ratio": a / b, "max_weight_difference": drift}
 
 
 def main() -> None:
@@ -77,11 +80,13 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    print(f"load average {os.getloadavg()[0]:.1f}", flush=True)
-    layers_ab()
-    for m in a.models:
-        model_ab(m, a.store, a.steps)
-    print(f"load average {os.getloadavg()[0]:.1f}")
+    load0 = os.getloadavg()[0]
+    print(f"load average {load0:.1f}", flush=True)
+    out = {"benchmark": "dropout_fm_ab", "cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads": 1,
+           "precision": "fp32", "steps": a.steps, "layers": layers_ab()}
+    out["models"] = {m: model_ab(m, a.store, a.steps) for m in a.models}
+    out["load_average"] = [load0, os.getloadavg()[0]]
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":
