@@ -16,9 +16,11 @@ OUT from ``benchmarks/deepctr_compare.py --dataset movielens --out OUT``.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 from pathlib import Path
+from typing import Any
 
 import torch
 from _step_ab import alternate, build_trainer, cpu_ms
@@ -39,7 +41,7 @@ def trainer(name: str, store: Path) -> tuple[Trainer, BatchLoader]:
     return t, loader
 
 
-def joint_ab(name: str, store: Path, steps: int) -> None:
+def joint_ab(name: str, store: Path, steps: int) -> dict[str, Any]:
     joint_fn = inputs.pooled_pair
     (a, loader), (b, _) = trainer(name, store), trainer(name, store)
     batches = [x for _, x in zip(range(len(loader)), loader)]
@@ -55,6 +57,7 @@ def joint_ab(name: str, store: Path, steps: int) -> None:
     j, sep = (statistics.median(ms[k]) * 1e3 for k in ("joint", "separate"))
     print(f"{name}: separate {sep:.2f} ms, joint {j:.2f} ms per step ({sep / j:.3f}x); weights identical after "
           f"{steps} steps: {same}", flush=True)
+    return {"separate_ms": sep, "joint_ms": j, "ratio": sep / j, "weights_identical": same}
 
 
 
@@ -74,11 +77,14 @@ def bilinear_case(b: int, f: int, nd: int) -> tuple[float, float]:
     return cpu_ms(plain), cpu_ms(fused)
 
 
-def bilinear_ab() -> None:
+def bilinear_ab() -> dict[str, dict[str, float]]:
+    out = {}
     for b, f, nd in ((1024, 9, 1), (256, 26, 13)):
         plain, fused = bilinear_case(b, f, nd)
         print(f"bilinear B {b}, F {f}: plain {plain:.2f} ms, one node {fused:.2f} ms ({plain / fused:.2f}x)",
               flush=True)
+        out[f"B{b}_F{f}"] = {"plain_ms": plain, "one_node_ms": fused}
+    return out
 
 
 def main() -> None:
@@ -88,11 +94,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     a = ap.parse_args()
     torch.set_num_threads(1)
-    print(f"load average {os.getloadavg()[0]:.1f}", flush=True)
-    for m in a.models:
-        joint_ab(m, a.store, a.steps)
-    bilinear_ab()
-    print(f"load average {os.getloadavg()[0]:.1f}")
+    load0 = os.getloadavg()[0]
+    print(f"load average {load0:.1f}", flush=True)
+    out: dict[str, Any] = {"benchmark": "zoo_step_ab", "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                           "threads": 1, "precision": "fp32", "steps": a.steps}
+    out["joint_lookup"] = {m: joint_ab(m, a.store, a.steps) for m in a.models}
+    out["bilinear"] = bilinear_ab()
+    out["load_average"] = [load0, os.getloadavg()[0]]
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":
