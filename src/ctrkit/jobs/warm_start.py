@@ -86,7 +86,9 @@ def warm_weights(model: CTRModel, warm: WarmStart, cfg: Config) -> None:
     if lam != 1 or sigma:
         with torch.no_grad():
             for n, p in model.named_parameters():
-                p.mul_(lam).add_(fresh[n], alpha=sigma) if sigma else p.mul_(lam)
+                p.mul_(lam)
+                if sigma:
+                    p.add_(fresh[n], alpha=sigma)
         log.info("%s: weights shrunk by %g and perturbed by %g x their fresh initial values (train.warm_start_shrink, "
                  "warm_start_perturb)", what(cfg), lam, sigma)
     if cfg.train.warm_start_new_rows == "rare":
