@@ -66,6 +66,8 @@ def parse(argv: list[str] | None, description: str, quick: dict[str, int]) -> tu
                  f"{a.warm_dense_lr} and {a.warm_embedding_lr}")
     if a.refresh_every is not None and a.refresh_every < 0:
         ap.error(f"--refresh-every must be >= 0 (0: never refresh), got {a.refresh_every}")
+    if a.shrink_perturb and a.refresh_from != "warm":
+        ap.error("--shrink-perturb applies to the refreshes of --refresh-from warm; add --refresh-from warm or drop it")
     if a.warm_average and a.ema_decay is None:
         ap.error(f"--warm-average {a.warm_average} needs --ema-decay (a warm start's average is that of train.ema_decay)")
     if a.ema_decay is not None and not 0 < a.ema_decay < 1:

@@ -6,7 +6,8 @@ first model, on real logs with time: next-period AUC / GAUC and training seconds
                                      [--warm-embedding-lr LR] [--warm-epochs N]
                                      [--id-dropout KEY=P ...] [--warm-new-rows fresh|rare]
                                      [--warm-optimizer keep|fresh] [--ema-decay D [--warm-average keep|fresh]]
-                                     [--refresh-every K] [--tune]
+                                     [--refresh-every K [--refresh-from scratch|warm [--shrink-perturb S P]]]
+                                     [--tune]
 
 Data (benchmarks/_rolling_data.py): MovieLens-100K cut by week (31 weeks; label rating >= 4, the user's 20
 previous items as a history) and the Taobao UserBehavior head cut by day (9 days; label: the behaviour went past
@@ -30,7 +31,9 @@ Periods t = 0 .. T-2 (each evaluated on period t + 1, which no choice ever sees)
   never) makes every K-th period (t = K, 2K, ...) a refresh: the incremental arm's model of that period is a fit
   from scratch on every row so far (the retrain arm's run, store p{t}/re; its preprocess and training seconds count
   in the incremental arm's totals), and the next warm run grows its vocabulary from p{t}/re/train and starts from
-  that fit. ``--tune`` runs the incremental arm alone (with the retrain arm's fits of the refresh periods) and
+  that fit; with ``--refresh-from warm`` the refresh is a warm start from the arm's own model instead, on every row
+  so far (store p{t}/inca, grown from the arm's vocabulary, the config's rates; ``--shrink-perturb S P`` sets its
+  train.warm_start_shrink / warm_start_perturb), and no retrain fit runs for it. ``--tune`` runs the incremental arm alone (with the retrain arm's fits of the refresh periods) and
   reports its mean validation AUC, the only figure these settings are chosen on;
 * retrain: ``ctrkit preprocess table`` fitted from scratch and ``ctrkit train`` on every row up to period t's
   validation split (all periods so far);
@@ -246,19 +249,21 @@ def roll(log: Log, periods: int, work: Path, overrides: list[str], valid_fractio
                                "next_rows": r["next"][1] - r["next"][0]}
         refresh = refreshes(t, warm.refresh_every)
         scratch = refresh and warm.refresh_from == "scratch"
+        all_rows = write(log, *r["all"], d / "all.csv") if t and (refresh or not warm.only) else None
         if t and (scratch or not warm.only):
-            prep = preprocess(log.spec, write(log, *r["all"], d / "all.csv"), d / "re", valid=valid, test=test)
+            prep = preprocess(log.spec, all_rows, d / "re", valid=valid, test=test)
             rec["retrain"] = {**train(d / "re", work / "runs", f"re{t}", overrides), "prep_s": prep}
         if scratch:  # the incremental arm's model of period t is the retrain arm's run (its seconds are counted)
             rec["incremental"] = inc = {**rec["retrain"], "replayed_rows": 0, "refresh": True}
+            stores = d / "re"
         elif refresh:  # --refresh-from warm: every row so far, grown from the arm's vocabulary, from its model
-            prep = preprocess(log.spec, write(log, *r["all"], d / "all.csv"), d / "inca", valid=valid, test=test,
-                              parent=prev[0], grow=True)
-            inc = train(d / "inca", work / "runs", f"inc{t}", overrides + list(warm.shrink_perturb), warm=Path(prev[1]))
+            stores = d / "inca"
+            prep = preprocess(log.spec, all_rows, stores, valid=valid, test=test, parent=prev[0], grow=True)
+            inc = train(stores, work / "runs", f"inc{t}", overrides + list(warm.shrink_perturb), warm=Path(prev[1]))
             rec["incremental"] = inc = {**inc, "prep_s": prep, "replayed_rows": 0, "refresh": True}
         else:
             rec["incremental"] = inc = incremental(log, r, d, t, prev, overrides, warm, valid, test)
-        stores = d / ("inca" if refresh and not scratch else "re" if refresh else "inc")
+            stores = d / "inc"
         if t == 0:
             first = (d / "inc" / "train", inc["best"])
             rec["retrain"] = rec["frozen"] = rec["incremental"]

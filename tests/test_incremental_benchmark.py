@@ -152,6 +152,34 @@ def test_refresh_every_must_not_be_negative(capsys) -> None:
     assert e.value.code == 2 and "--refresh-every must be >= 0" in capsys.readouterr().err
 
 
+def test_shrink_perturb_needs_a_warm_refresh(capsys) -> None:
+    with pytest.raises(SystemExit) as e:
+        INC.main(["--refresh-every", "2", "--shrink-perturb", "0.5", "0.1"])
+    assert e.value.code == 2 and "--shrink-perturb applies to the refreshes of --refresh-from warm" in capsys.readouterr().err
+
+
+def fake_fit(runs: Path, name: str) -> dict[str, Any]:
+    """What a faked ``train`` returns: every fit 10 s, its checkpoint at runs/name/best.pt."""
+    return {"auc": 0.5, "gauc": 0.5, "rows": 1, "train_s": 10.0, "job_s": 11.0, "valid_auc": 0.6, "best_epoch": 1,
+            "epochs": 1, "best": str(runs / name / "best.pt")}
+
+
+def toy_log(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, periods: int, **fakes: Any) -> Any:
+    """A log of one row per period with every step of :func:`INC.roll` faked (``fakes`` by name: train,
+    incremental, preprocess; the rest scores nothing and writes nothing) -> the log."""
+    import pyarrow as pa
+
+    for name, fn in {"preprocess": lambda *a, **k: 0.5, **fakes}.items():
+        monkeypatch.setattr(INC, name, fn)
+    monkeypatch.setattr(INC, "frozen", lambda ckpt, store: {"auc": 0.5, "gauc": 0.5, "rows": 1})
+    monkeypatch.setattr(INC, "unseen", lambda store: {"user_id": 0.0, "item_id": 0.0})
+    monkeypatch.setattr(INC, "vocab_growth", lambda stores: {"store": stores.name})
+    monkeypatch.setattr(INC, "write", lambda log, lo, hi, path: path)
+    rows = periods  # one row per period, whatever roll asks for
+    monkeypatch.setattr(DATA.Log, "bounds", lambda self, periods=None: np.arange(rows + 1))
+    return DATA.Log("toy", pa.table({"x": list(range(rows))}), np.arange(rows), tmp_path / "spec.yaml", "day")
+
+
 @pytest.mark.parametrize("only", [False, True])
 def test_a_refresh_period_is_the_retrain_run_and_the_next_warm_start_continues_from_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, only: bool) -> None:
@@ -159,28 +187,17 @@ def test_a_refresh_period_is_the_retrain_run_and_the_next_warm_start_continues_f
     counted, also with --tune, where the retrain arm does not run otherwise), and the warm starts of periods 3 and 5
     grow their vocabulary from that fit's store and start from its checkpoint; other periods warm-start from the
     incremental arm's own previous run."""
-    import pyarrow as pa
-
     calls: list[tuple[str, int, Any]] = []
 
     def fake_train(store: Path, runs: Path, name: str, overrides: list[str], warm: Path | None = None) -> dict:
         calls.append(("train", int(name[2:]), store.name))
-        return {"auc": 0.5, "gauc": 0.5, "rows": 1, "train_s": 10.0, "job_s": 11.0, "valid_auc": 0.6, "best_epoch": 1,
-                "epochs": 1, "best": str(runs / name / "best.pt")}
+        return fake_fit(runs, name)
 
     def fake_incremental(log, r, d: Path, t: int, prev, overrides, warm, valid, test) -> dict:
         calls.append(("incremental", t, prev and (str(prev[0].relative_to(tmp_path)), Path(prev[1]).parent.name)))
         return {**fake_train(d / "inc", d.parent / "runs", f"in{t}", []), "prep_s": 0.0, "replayed_rows": 0}
 
-    monkeypatch.setattr(INC, "train", fake_train)
-    monkeypatch.setattr(INC, "incremental", fake_incremental)
-    monkeypatch.setattr(INC, "preprocess", lambda *a, **k: 0.5)
-    monkeypatch.setattr(INC, "frozen", lambda ckpt, store: {"auc": 0.5, "gauc": 0.5, "rows": 1})
-    monkeypatch.setattr(INC, "unseen", lambda store: {"user_id": 0.0, "item_id": 0.0})
-    monkeypatch.setattr(INC, "vocab_growth", lambda stores: {"store": stores.name})
-    monkeypatch.setattr(INC, "write", lambda log, lo, hi, path: path)
-    log = DATA.Log("toy", pa.table({"x": list(range(7))}), np.arange(7), tmp_path / "spec.yaml", "day")
-    monkeypatch.setattr(DATA.Log, "bounds", lambda self, periods=None: np.arange(8))  # one row per period
+    log = toy_log(monkeypatch, tmp_path, 7, train=fake_train, incremental=fake_incremental)
     recs = INC.roll(log, 7, tmp_path, [], 0.0, INC.Warm(only=only, refresh_every=2))
     assert [r["t"] for r in recs] == list(range(6))
     warm_starts = [c for c in calls if c[0] == "incremental"]
@@ -248,14 +265,11 @@ def test_a_warm_refresh_continues_from_the_arms_model_on_every_row_so_far(
     """--refresh-from warm: a refresh period's model is a warm start from the incremental arm's previous model (not the
     retrain arm's fit), on a store of every row so far grown from that model's vocabulary (p{t}/inca), with the
     refresh's shrink / perturb overrides; the next warm run continues from it. With --tune no retrain fit runs."""
-    import pyarrow as pa
-
     calls: list[tuple[str, int, Any, Any]] = []
 
     def fake_train(store: Path, runs: Path, name: str, overrides: list[str], warm: Path | None = None) -> dict:
         calls.append((name, store.name, warm and warm.parent.name, [o for o in overrides if "shrink" in o]))
-        return {"auc": 0.5, "gauc": 0.5, "rows": 1, "train_s": 10.0, "job_s": 11.0, "valid_auc": 0.6, "best_epoch": 1,
-                "epochs": 1, "best": str(runs / name / "best.pt")}
+        return fake_fit(runs, name)
 
     grown: list[tuple[str, str | None]] = []
 
@@ -268,15 +282,7 @@ def test_a_warm_refresh_continues_from_the_arms_model_on_every_row_so_far(
         grown.append((str(out.relative_to(tmp_path)), parent and str(parent.relative_to(tmp_path))))
         return 0.5
 
-    monkeypatch.setattr(INC, "train", fake_train)
-    monkeypatch.setattr(INC, "incremental", fake_incremental)
-    monkeypatch.setattr(INC, "preprocess", fake_preprocess)
-    monkeypatch.setattr(INC, "frozen", lambda ckpt, store: {"auc": 0.5, "gauc": 0.5, "rows": 1})
-    monkeypatch.setattr(INC, "unseen", lambda store: {"user_id": 0.0, "item_id": 0.0})
-    monkeypatch.setattr(INC, "vocab_growth", lambda stores: {"store": stores.name})
-    monkeypatch.setattr(INC, "write", lambda log, lo, hi, path: path)
-    log = DATA.Log("toy", pa.table({"x": list(range(6))}), np.arange(6), tmp_path / "spec.yaml", "day")
-    monkeypatch.setattr(DATA.Log, "bounds", lambda self, periods=None: np.arange(7))
+    log = toy_log(monkeypatch, tmp_path, 6, train=fake_train, incremental=fake_incremental, preprocess=fake_preprocess)
     sp = ("--train.warm_start_shrink=0.5", "--train.warm_start_perturb=0.1")
     recs = INC.roll(log, 6, tmp_path, [], 0.0, INC.Warm(only=only, refresh_every=2, refresh_from="warm", shrink_perturb=sp))
     inc = [c for c in calls if c[0].startswith("inc")]
