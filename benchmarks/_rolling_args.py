@@ -41,6 +41,9 @@ def parser(description: str, quick: dict[str, int]) -> argparse.ArgumentParser:
     ap.add_argument("--warm-dense-lr", type=float, help="incremental arm, warm runs: the dense (non-embedding) lr")
     ap.add_argument("--warm-embedding-lr", type=float, help="incremental arm, warm runs: the embedding rows' lr")
     ap.add_argument("--warm-epochs", type=int, help="incremental arm, warm runs: most epochs (default: --epochs)")
+    ap.add_argument("--first-warm-epochs", type=int, metavar="N",
+                    help="incremental arm: most epochs of the first warm run after a fit on every row so far (period 0 "
+                         "or a refresh; default: --warm-epochs)")
     ap.add_argument("--warm-new-rows", choices=["fresh", "rare"], default="fresh",
                     help="incremental arm, warm runs: train.warm_start_new_rows (rare: new rows copy the rare row 1)")
     ap.add_argument("--warm-optimizer", choices=["keep", "fresh"], default="keep",
@@ -64,6 +67,8 @@ def parse(argv: list[str] | None, description: str, quick: dict[str, int]) -> tu
     if a.replay < 0 or any(x is not None and x <= 0 for x in (a.warm_dense_lr, a.warm_embedding_lr)):
         ap.error(f"--replay must be >= 0 and --warm-dense-lr, --warm-embedding-lr > 0, got {a.replay}, "
                  f"{a.warm_dense_lr} and {a.warm_embedding_lr}")
+    if any(x is not None and x < 1 for x in (a.warm_epochs, a.first_warm_epochs)):
+        ap.error(f"--warm-epochs and --first-warm-epochs must be >= 1, got {a.warm_epochs} and {a.first_warm_epochs}")
     if a.refresh_every is not None and a.refresh_every < 0:
         ap.error(f"--refresh-every must be >= 0 (0: never refresh), got {a.refresh_every}")
     if a.shrink_perturb and a.refresh_from != "warm":

@@ -3,7 +3,7 @@ first model, on real logs with time: next-period AUC / GAUC and training seconds
 
     python benchmarks/incremental.py [--datasets movielens taobao] [--quick] [--periods N] [--epochs 5]
                                      [--threads 1] [--seed 0] [--out DIR] [--replay F] [--warm-dense-lr LR]
-                                     [--warm-embedding-lr LR] [--warm-epochs N]
+                                     [--warm-embedding-lr LR] [--warm-epochs N] [--first-warm-epochs N]
                                      [--id-dropout KEY=P ...] [--warm-new-rows fresh|rare]
                                      [--warm-optimizer keep|fresh] [--ema-decay D [--warm-average keep|fresh]]
                                      [--refresh-every K [--refresh-from scratch|warm [--shrink-perturb S P]]]
@@ -27,7 +27,8 @@ Periods t = 0 .. T-2 (each evaluated on period t + 1, which no choice ever sees)
   given: for every data set, the other one the config's; neither: ``WARM_LR``, chosen per data set on its
   validation AUC: MovieLens a quarter of the config's, Taobao the config's), ``--warm-new-rows rare`` starts their
   new rows from the rare row, ``--warm-optimizer fresh`` their optimizers with fresh states, ``--warm-epochs``
-  caps their epochs (default ``--epochs``). ``--refresh-every K`` (default ``REFRESH_EVERY``, per data set; 0:
+  caps their epochs (default ``--epochs``), ``--first-warm-epochs`` those of the first warm run after a fit on every
+  row so far (period 0 or a refresh: t = 1, K + 1, 2K + 1, ...; default ``--warm-epochs``). ``--refresh-every K`` (default ``REFRESH_EVERY``, per data set; 0:
   never) makes every K-th period (t = K, 2K, ...) a refresh: the incremental arm's model of that period is a fit
   from scratch on every row so far (the retrain arm's run, store p{t}/re; its preprocess and training seconds count
   in the incremental arm's totals), and the next warm run grows its vocabulary from p{t}/re/train and starts from
@@ -203,6 +204,13 @@ class Warm:
     refresh_every: int = 0  # every K-th period a fit from scratch (the retrain arm's run); 0: never
     shrink_perturb: tuple[str, ...] = ()  # --refresh-from warm: train.warm_start_shrink / _perturb
     refresh_from: str = "scratch"  # warm: a refresh continues from the arm's model (every row so far, config's rates)
+    first_epochs: int | None = None  # the first warm run after a fit on every row so far (t = 1, K + 1, ...): epochs
+
+
+def epochs_of(t: int, warm: Warm) -> int | None:
+    """The warm run of period t >= 1: its most epochs (None: ``--epochs``): ``--first-warm-epochs`` right after a fit
+    on every row so far (period 0 or a refresh), else ``--warm-epochs``."""
+    return warm.first_epochs or warm.epochs if t == 1 or refreshes(t - 1, warm.refresh_every) else warm.epochs
 
 
 def incremental(log: Log, r: dict[str, Any], d: Path, t: int, prev: tuple[Path, str] | None, overrides: list[str],
@@ -224,7 +232,7 @@ def incremental(log: Log, r: dict[str, Any], d: Path, t: int, prev: tuple[Path, 
                 raise SystemExit(f"{log.name} period {t}: replayed rows hold user / item ids unknown to {d / 'inc'}")
         extra = [f"--train.lr={warm.dense_lr}"] if warm.dense_lr else []
         extra += [f"--train.embedding_lr={warm.embedding_lr}"] if warm.embedding_lr else []
-        extra += [f"--train.epochs={warm.epochs}"] if warm.epochs else []
+        extra += [f"--train.epochs={epochs_of(t, warm)}"] if epochs_of(t, warm) else []
         extra += [f"--train.warm_start_new_rows={warm.new_rows}", f"--train.warm_start_optimizer={warm.optimizer}"]
         extra += [f"--train.warm_start_average={warm.average}"] if warm.average else []
     inc = train(store, d.parent / "runs", f"inc{t}", overrides + extra, warm=prev and Path(prev[1]))
@@ -333,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     a, drop = parse(argv, __doc__.splitlines()[0], QUICK)
     average = (a.warm_average or "keep") if a.ema_decay is not None else None
     warm = Warm(a.replay, a.warm_dense_lr, a.seed, a.tune, a.warm_new_rows, a.warm_optimizer, average,
-                a.warm_embedding_lr, a.warm_epochs)
+                a.warm_embedding_lr, a.warm_epochs, first_epochs=a.first_warm_epochs)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(a.threads)
     epochs = 2 if a.quick else a.epochs
@@ -376,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.write("RESULT " + json.dumps({
         "benchmark": "incremental", "quick": a.quick, "epochs": epochs, "threads": a.threads, "seed": a.seed,
         "valid_fraction": a.valid_fraction, "replay": a.replay, "refresh_every": a.refresh_every, "warm_dense_lr": a.warm_dense_lr,
-        "warm_embedding_lr": a.warm_embedding_lr, "warm_epochs": a.warm_epochs, "id_dropout": drop, "warm_new_rows": a.warm_new_rows, "warm_optimizer": a.warm_optimizer,
+        "warm_embedding_lr": a.warm_embedding_lr, "warm_epochs": a.warm_epochs, "first_warm_epochs": a.first_warm_epochs, "id_dropout": drop, "warm_new_rows": a.warm_new_rows, "warm_optimizer": a.warm_optimizer,
         "ema_decay": a.ema_decay, "warm_average": average, "tune": a.tune,
         "config": str(CONFIG.relative_to(REPO)), "overrides": overrides,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(), "precision": "fp32", "torch": torch.__version__,
