@@ -5,6 +5,7 @@
     python benchmarks/incremental_posthoc.py average OUT [--dataset movielens] [--betas 0.3 0.5 0.7]
     python benchmarks/incremental_posthoc.py window  OUT [--dataset movielens] [--last-tuning-period 9]
     python benchmarks/incremental_posthoc.py gap     OUT [OUT ...] [--dataset movielens]
+    python benchmarks/incremental_posthoc.py rolling OUT_C0 OUT_C1 [...] --retrain OUT [--dataset movielens]
 
 * ``split``: per period t >= 1 and arm (incremental, retrain), the share of next-period rows whose user the arm's
   vocabulary does not hold (id 1, rare), how many training rows carry user id 1, and the next-period AUC within
@@ -16,6 +17,12 @@
 * ``gap``: incremental minus retrain per period t >= 1, validation AUC and next-period AUC, means and standard
   errors over all periods and over the warm ones (a ``--refresh-every`` refresh period has no ``inc{t}`` run: its
   model is ``re{t}``, so read a run's own fresh ``--out`` directory).
+* ``rolling``: a rolling-origin choice among candidate runs of one seed (docs/benchmarks.md, "seventh round"), each
+  with the same refresh periods (their fits are the same run in every candidate): within each block of warm periods
+  (after period 0 or a refresh, up to the next refresh), the candidate whose mean next-period AUC over the earlier
+  blocks' warm periods is highest (no record or a tie: the first candidate); that arm's next-period AUC / GAUC per
+  period against the retrain arm of ``--retrain`` (a full run), and its training seconds: every candidate's warm
+  runs (each keeps its record) plus the refreshes.
 * ``average``: weights averaged over periods from the incremental arm's own checkpoints, a_0 = w_0 and
   a_t = beta a_{t-1} + (1 - beta) w_t (rows of ids new at t: w_t's), scored on period t's validation split (the
   figure a choice may read) and on period t + 1. The warm starts are the run's (each continues from w_t): the
@@ -159,18 +166,76 @@ def gap(works: list[Path]) -> None:
         sys.stdout.write("incremental - retrain, " + ", ".join(out) + "\n")
 
 
+def choose(records: list[dict[int, float]], blocks: list[list[int]]) -> list[int]:
+    """Rolling origin: ``records[c][t]`` candidate c's next-period AUC of warm period t, ``blocks`` the warm periods in
+    time order, cut at each refresh -> per block the index of the candidate with the highest mean over the warm
+    periods of the blocks before it (their next periods are known when the block's first run is trained); no record,
+    or a tie, keeps the earliest candidate (0: the default)."""
+    chosen, seen = [], []
+    for block in blocks:
+        means = [statistics.fmean(r[t] for t in seen) if seen else 0.0 for r in records]
+        chosen.append(max(range(len(records)), key=lambda c: (means[c], -c)))
+        seen += block
+    return chosen
+
+
+def rolling(works: list[Path], retrain: Path) -> dict[str, object]:
+    """``rolling``: the rolling-origin arm over the candidate runs ``works`` against ``retrain``'s retrain arm."""
+    import json
+
+    from ctrkit.metrics import gauc
+
+    def read(run: Path) -> dict[str, float]:
+        p = np.load(run / "predictions.npz")
+        return {"auc": float(roc_auc_score(p["label"], p["score"])), "gauc": float(gauc(p["score"], p["label"], p["group"])[0]),
+                "train_s": float(json.loads((run / "summary.json").read_text())["train_seconds"])}
+
+    periods = _periods(retrain, "re")
+    warm = [set(_periods(w, "inc")) & set(periods) for w in works]
+    if any(w != warm[0] for w in warm):
+        raise SystemExit(f"the candidates' refresh periods differ ({[sorted(set(periods) - w) for w in warm]}): "
+                         "give runs with the same --refresh-every")
+    re = {t: read(retrain / "runs" / f"re{t}") for t in periods}
+    cand = [{t: read(w / "runs" / (f"inc{t}" if t in warm[0] else f"re{t}")) for t in periods} for w in works]
+    drift = max(abs(c[t]["auc"] - re[t]["auc"]) for c in cand for t in periods if t not in warm[0])
+    blocks: list[list[int]] = []
+    for t in periods:
+        if t in warm[0]:
+            if not blocks or t - 1 not in warm[0]:
+                blocks.append([])
+            blocks[-1].append(t)
+    chosen = choose([{t: c[t]["auc"] for t in warm[0]} for c in cand], blocks)
+    pick = {t: c for block, c in zip(blocks, chosen) for t in block}
+    arm = {t: cand[pick.get(t, 0)][t] for t in periods}
+    mean = {k: statistics.fmean(arm[t][k] for t in periods) for k in ("auc", "gauc")}
+    out = {"blocks": [[b[0], b[-1], c] for b, c in zip(blocks, chosen)], "rolling": mean,
+           "retrain": {k: statistics.fmean(re[t][k] for t in periods) for k in ("auc", "gauc")},
+           "candidates": [statistics.fmean(c[t]["auc"] for t in periods) for c in cand],
+           "refresh_auc_max_difference": drift, "periods": len(periods),
+           "train_s": {"rolling_all_candidates": sum(c[t]["train_s"] for c in cand for t in warm[0])
+                       + sum(re[t]["train_s"] for t in periods if t not in warm[0]),
+                       "rolling_chosen_only": sum(arm[t]["train_s"] for t in periods),
+                       "retrain": sum(re[t]["train_s"] for t in periods)}}
+    out["rolling_minus_retrain_auc"] = mean["auc"] - out["retrain"]["auc"]
+    out["candidates_minus_retrain_auc"] = [a - out["retrain"]["auc"] for a in out["candidates"]]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=["split", "average", "window", "gap"])
+    ap.add_argument("what", choices=["split", "average", "window", "gap", "rolling"])
     ap.add_argument("out", type=Path, nargs="+", help="benchmarks/incremental.py's --out directory (gap: one or more, "
                                                       "e.g. one per seed, pooled)")
     ap.add_argument("--dataset", default="movielens", choices=["movielens", "taobao"])
     ap.add_argument("--betas", type=float, nargs="+", default=[0.3, 0.5, 0.7])
+    ap.add_argument("--retrain", type=Path, help="rolling: the --out directory of a full run (its retrain arm)")
     ap.add_argument("--last-tuning-period", type=int, default=9, metavar="K", help="window: periods 1 .. K tune")
     a = ap.parse_args(argv)
-    if len(a.out) > 1 and a.what != "gap":
+    if (a.what == "rolling") != (a.retrain is not None):
+        ap.error("--retrain goes with rolling, and rolling needs it (the --out directory of a full run)")
+    if len(a.out) > 1 and a.what not in ("gap", "rolling"):
         ap.error(f"{a.what} reads one --out directory, got {len(a.out)}: {' '.join(map(str, a.out))}")
-    works = [o / a.dataset for o in a.out]
+    works = [o / a.dataset for o in [*a.out, *([a.retrain] if a.retrain else [])]]
     for w in works:
         if not (w / "runs").is_dir():
             ap.error(f"{w / 'runs'} does not exist: give the --out directory of a benchmarks/incremental.py run")
@@ -178,7 +243,11 @@ def main(argv: list[str] | None = None) -> int:
     if any(not 0 < b < 1 for b in a.betas):
         ap.error(f"--betas must lie strictly between 0 and 1, got {a.betas}")
     torch.set_num_threads(1)
-    if a.what == "window":
+    if a.what == "rolling":
+        import json
+
+        sys.stdout.write(json.dumps(rolling(works[:-1], works[-1])) + "\n")
+    elif a.what == "window":
         window(work, a.last_tuning_period)
     elif a.what == "gap":
         gap(works)

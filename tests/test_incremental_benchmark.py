@@ -292,3 +292,73 @@ def test_a_warm_refresh_continues_from_the_arms_model_on_every_row_so_far(
     assert ("p3/inc", "p2/inca/train") in grown  # the next warm run grows from the refresh's store
     assert [c[0] for c in calls if c[0].startswith("re")] == ([] if only else ["re1", "re2", "re3", "re4"])
     assert [r["t"] for r in recs if r["incremental"].get("refresh")] == [2, 4]
+
+
+def test_first_warm_epochs_cap_only_the_run_right_after_a_fit_on_every_row() -> None:
+    """--first-warm-epochs: periods 1, K + 1, 2K + 1 ... (after period 0's fit or a refresh) get it, the other warm
+    runs --warm-epochs (None: --epochs)."""
+    warm = INC.Warm(refresh_every=4, first_epochs=1)
+    assert [INC.epochs_of(t, warm) for t in range(1, 11)] == [1, None, None, None, 1, None, None, None, 1, None]
+    both = INC.Warm(refresh_every=0, first_epochs=2, epochs=3)
+    assert [INC.epochs_of(t, both) for t in range(1, 5)] == [2, 3, 3, 3]
+    with pytest.raises(SystemExit):
+        ARGS.parse(["--first-warm-epochs", "0"], "x", INC.QUICK)
+
+
+def test_rolling_origin_choice_never_reads_its_own_block() -> None:
+    """posthoc ``choose``: block 0 takes the default; each later block the candidate best on the earlier blocks' warm
+    periods (a tie: the earlier candidate), and changing a block's own or later records never changes its choice."""
+    blocks = [[1, 2, 3], [5, 6, 7], [9, 10, 11], [13]]
+    rec = [{t: 0.70 for b in blocks for t in b}, {t: 0.70 for b in blocks for t in b}, {t: 0.70 for b in blocks for t in b}]
+    assert POST.choose(rec, blocks) == [0, 0, 0, 0]  # ties keep the default
+    rec[2].update({1: 0.80})  # candidate 2 wins block 0 by far ...
+    rec[1].update({5: 0.90, 6: 0.90})  # ... candidate 1 block 1
+    assert POST.choose(rec, blocks) == [0, 2, 1, 1]  # means over 1-3: c2; over 1-7: c1 (.7000 / .7667 / .7167)
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        rec = [{t: float(rng.random()) for b in blocks for t in b} for _ in range(3)]
+        got = POST.choose(rec, blocks)
+        for k, block in enumerate(blocks):
+            later = [{t: (v if any(t in b for b in blocks[:k]) else float(rng.random())) for t, v in r.items()} for r in rec]
+            assert POST.choose(later, blocks)[: k + 1] == got[: k + 1]
+            seen = [t for b in blocks[:k] for t in b]
+            if seen:  # a naive reading: the argmax of the means over the earlier blocks
+                assert got[k] == int(np.argmax([np.mean([r[t] for t in seen]) for r in rec]))
+
+
+def test_posthoc_rolling_scores_the_chosen_candidate_per_block(tmp_path: Path, capsys) -> None:
+    """``incremental_posthoc.py rolling C0 C1 --retrain FULL``: refresh period 2 (no inc2 run) is the retrain fit in
+    every candidate; blocks [1] and [3]; block [3] takes the candidate with the better next-period AUC at period 1;
+    the arm's AUC is the chosen runs' (sklearn) against the retrain arm's, its seconds every candidate's warm runs
+    plus the refresh."""
+    import json
+
+    from sklearn.metrics import roc_auc_score
+
+    rng = np.random.default_rng(0)
+    label = rng.integers(0, 2, 300)
+    auc: dict[tuple[str, int], float] = {}
+
+    def run(out: str, name: str, signal: float, seconds: float) -> None:
+        d = tmp_path / out / "movielens" / "runs" / name
+        d.mkdir(parents=True)
+        score = label * signal + np.random.default_rng(len(name) + int(signal * 100)).random(300)
+        np.savez(d / "predictions.npz", label=label, score=score, group=np.arange(300) % 7)
+        (d / "summary.json").write_text(json.dumps({"best": {"value": 0.6, "epoch": 0}, "train_seconds": seconds}))
+        auc[out, int(name[2:]) if name.startswith("re") else int(name[3:])] = roc_auc_score(label, score)
+
+    for t in (1, 2, 3):
+        run("full", f"re{t}", 0.5, 10.0)
+    for out, signal in (("c0", 0.2), ("c1", 0.4)):
+        run(out, "re2", 0.5, 10.0)
+        for t in (1, 3):
+            run(out, f"inc{t}", signal + 0.01 * t, 1.0)
+    POST.main(["rolling", str(tmp_path / "c0"), str(tmp_path / "c1"), "--retrain", str(tmp_path / "full")])
+    got = json.loads(capsys.readouterr().out)
+    assert got["blocks"] == [[1, 1, 0], [3, 3, 1 if auc["c1", 1] > auc["c0", 1] else 0]]
+    want = np.mean([auc["c0", 1], auc["full", 2], auc["c1" if got["blocks"][1][2] else "c0", 3]])
+    assert got["rolling"]["auc"] == pytest.approx(want) and got["refresh_auc_max_difference"] == pytest.approx(0.0)
+    assert got["rolling_minus_retrain_auc"] == pytest.approx(want - np.mean([auc["full", t] for t in (1, 2, 3)]))
+    assert got["train_s"] == {"rolling_all_candidates": 14.0, "rolling_chosen_only": 12.0, "retrain": 30.0}
+    with pytest.raises(SystemExit):  # rolling needs the full run's retrain arm
+        POST.main(["rolling", str(tmp_path / "c0"), str(tmp_path / "c1")])
