@@ -22,7 +22,8 @@
   (after period 0 or a refresh, up to the next refresh), the candidate whose mean next-period AUC over the earlier
   blocks' warm periods is highest (no record or a tie: the first candidate); that arm's next-period AUC / GAUC per
   period against the retrain arm of ``--retrain`` (a full run), and its training seconds: every candidate's warm
-  runs (each keeps its record) plus the refreshes.
+  runs (each keeps its record) plus the refreshes (the first candidate's); also each candidate's gap to retrain by
+  the position of a warm period in its block (1: the first warm run after a fit on every row so far).
 * ``average``: weights averaged over periods from the incremental arm's own checkpoints, a_0 = w_0 and
   a_t = beta a_{t-1} + (1 - beta) w_t (rows of ids new at t: w_t's), scored on period t's validation split (the
   figure a choice may read) and on period t + 1. The warm starts are the run's (each continues from w_t): the
@@ -179,6 +180,13 @@ def choose(records: list[dict[int, float]], blocks: list[list[int]]) -> list[int
     return chosen
 
 
+def by_position(records: list[dict[int, float]], retrain: dict[int, float], blocks: list[list[int]]) -> list[list[float]]:
+    """Per candidate, the mean next-period AUC minus retrain's over the k-th warm periods of the blocks (k = 1, 2, ...:
+    periods since the last fit on every row so far)."""
+    deep = max(len(b) for b in blocks)
+    return [[statistics.fmean(r[b[k]] - retrain[b[k]] for b in blocks if len(b) > k) for k in range(deep)] for r in records]
+
+
 def rolling(works: list[Path], retrain: Path) -> dict[str, object]:
     """``rolling``: the rolling-origin arm over the candidate runs ``works`` against ``retrain``'s retrain arm."""
     import json
@@ -209,11 +217,13 @@ def rolling(works: list[Path], retrain: Path) -> dict[str, object]:
     arm = {t: cand[pick.get(t, 0)][t] for t in periods}
     mean = {k: statistics.fmean(arm[t][k] for t in periods) for k in ("auc", "gauc")}
     out = {"blocks": [[b[0], b[-1], c] for b, c in zip(blocks, chosen)], "rolling": mean,
+           "candidates_minus_retrain_by_position": by_position([{t: c[t]["auc"] for t in warm[0]} for c in cand],
+                                                               {t: re[t]["auc"] for t in periods}, blocks),
            "retrain": {k: statistics.fmean(re[t][k] for t in periods) for k in ("auc", "gauc")},
            "candidates": [statistics.fmean(c[t]["auc"] for t in periods) for c in cand],
            "refresh_auc_max_difference": drift, "periods": len(periods),
            "train_s": {"rolling_all_candidates": sum(c[t]["train_s"] for c in cand for t in warm[0])
-                       + sum(re[t]["train_s"] for t in periods if t not in warm[0]),
+                       + sum(cand[0][t]["train_s"] for t in periods if t not in warm[0]),
                        "rolling_chosen_only": sum(arm[t]["train_s"] for t in periods),
                        "retrain": sum(re[t]["train_s"] for t in periods)}}
     out["rolling_minus_retrain_auc"] = mean["auc"] - out["retrain"]["auc"]

@@ -360,5 +360,7 @@ def test_posthoc_rolling_scores_the_chosen_candidate_per_block(tmp_path: Path, c
     assert got["rolling"]["auc"] == pytest.approx(want) and got["refresh_auc_max_difference"] == pytest.approx(0.0)
     assert got["rolling_minus_retrain_auc"] == pytest.approx(want - np.mean([auc["full", t] for t in (1, 2, 3)]))
     assert got["train_s"] == {"rolling_all_candidates": 14.0, "rolling_chosen_only": 12.0, "retrain": 30.0}
+    for c, row in zip(("c0", "c1"), got["candidates_minus_retrain_by_position"]):  # both blocks hold one warm period
+        assert row == pytest.approx([np.mean([auc[c, t] - auc["full", t] for t in (1, 3)])])
     with pytest.raises(SystemExit):  # rolling needs the full run's retrain arm
         POST.main(["rolling", str(tmp_path / "c0"), str(tmp_path / "c1")])
