@@ -44,6 +44,9 @@ def parser(description: str, quick: dict[str, int]) -> argparse.ArgumentParser:
     ap.add_argument("--first-warm-epochs", type=int, metavar="N",
                     help="incremental arm: most epochs of the first warm run after a fit on every row so far (period 0 "
                          "or a refresh; default: --warm-epochs)")
+    ap.add_argument("--first-warm-lr-scale", type=float, default=1.0, metavar="X",
+                    help="incremental arm: the first warm run after a fit on every row so far at X times the warm "
+                         "runs' dense and embedding learning rates")
     ap.add_argument("--warm-new-rows", choices=["fresh", "rare"], default="fresh",
                     help="incremental arm, warm runs: train.warm_start_new_rows (rare: new rows copy the rare row 1)")
     ap.add_argument("--warm-optimizer", choices=["keep", "fresh"], default="keep",
@@ -69,6 +72,8 @@ def parse(argv: list[str] | None, description: str, quick: dict[str, int]) -> tu
                  f"{a.warm_dense_lr} and {a.warm_embedding_lr}")
     if any(x is not None and x < 1 for x in (a.warm_epochs, a.first_warm_epochs)):
         ap.error(f"--warm-epochs and --first-warm-epochs must be >= 1, got {a.warm_epochs} and {a.first_warm_epochs}")
+    if a.first_warm_lr_scale <= 0:
+        ap.error(f"--first-warm-lr-scale must be > 0, got {a.first_warm_lr_scale}")
     if a.refresh_every is not None and a.refresh_every < 0:
         ap.error(f"--refresh-every must be >= 0 (0: never refresh), got {a.refresh_every}")
     if a.shrink_perturb and a.refresh_from != "warm":

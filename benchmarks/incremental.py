@@ -4,6 +4,7 @@ first model, on real logs with time: next-period AUC / GAUC and training seconds
     python benchmarks/incremental.py [--datasets movielens taobao] [--quick] [--periods N] [--epochs 5]
                                      [--threads 1] [--seed 0] [--out DIR] [--replay F] [--warm-dense-lr LR]
                                      [--warm-embedding-lr LR] [--warm-epochs N] [--first-warm-epochs N]
+                                     [--first-warm-lr-scale X]
                                      [--id-dropout KEY=P ...] [--warm-new-rows fresh|rare]
                                      [--warm-optimizer keep|fresh] [--ema-decay D [--warm-average keep|fresh]]
                                      [--refresh-every K [--refresh-from scratch|warm [--shrink-perturb S P]]]
@@ -28,7 +29,8 @@ Periods t = 0 .. T-2 (each evaluated on period t + 1, which no choice ever sees)
   validation AUC: MovieLens a quarter of the config's, Taobao the config's), ``--warm-new-rows rare`` starts their
   new rows from the rare row, ``--warm-optimizer fresh`` their optimizers with fresh states, ``--warm-epochs``
   caps their epochs (default ``--epochs``), ``--first-warm-epochs`` those of the first warm run after a fit on every
-  row so far (period 0 or a refresh: t = 1, K + 1, 2K + 1, ...; default ``--warm-epochs``). ``--refresh-every K`` (default ``REFRESH_EVERY``, per data set; 0:
+  row so far (period 0 or a refresh: t = 1, K + 1, 2K + 1, ...; default ``--warm-epochs``), and
+  ``--first-warm-lr-scale X`` multiplies that run's dense and embedding rates by X. ``--refresh-every K`` (default ``REFRESH_EVERY``, per data set; 0:
   never) makes every K-th period (t = K, 2K, ...) a refresh: the incremental arm's model of that period is a fit
   from scratch on every row so far (the retrain arm's run, store p{t}/re; its preprocess and training seconds count
   in the incremental arm's totals), and the next warm run grows its vocabulary from p{t}/re/train and starts from
@@ -205,6 +207,7 @@ class Warm:
     shrink_perturb: tuple[str, ...] = ()  # --refresh-from warm: train.warm_start_shrink / _perturb
     refresh_from: str = "scratch"  # warm: a refresh continues from the arm's model (every row so far, config's rates)
     first_epochs: int | None = None  # the first warm run after a fit on every row so far (t = 1, K + 1, ...): epochs
+    first_lr_scale: float = 1.0  # that run's dense and embedding learning rates: this times the warm runs'
 
 
 def epochs_of(t: int, warm: Warm) -> int | None:
@@ -230,8 +233,9 @@ def incremental(log: Log, r: dict[str, Any], d: Path, t: int, prev: tuple[Path, 
             prep += preprocess(log.spec, d / "new_replay.csv", store, valid=valid, test=test, parent=d / "inc" / "train")
             if any(unseen(store / "train").values()):  # replayed rows come from rows the vocabulary already holds
                 raise SystemExit(f"{log.name} period {t}: replayed rows hold user / item ids unknown to {d / 'inc'}")
-        extra = [f"--train.lr={warm.dense_lr}"] if warm.dense_lr else []
-        extra += [f"--train.embedding_lr={warm.embedding_lr}"] if warm.embedding_lr else []
+        scale = warm.first_lr_scale if t == 1 or refreshes(t - 1, warm.refresh_every) else 1.0
+        extra = [f"--train.lr={scale * warm.dense_lr}"] if warm.dense_lr else []
+        extra += [f"--train.embedding_lr={scale * warm.embedding_lr}"] if warm.embedding_lr else []
         extra += [f"--train.epochs={epochs_of(t, warm)}"] if epochs_of(t, warm) else []
         extra += [f"--train.warm_start_new_rows={warm.new_rows}", f"--train.warm_start_optimizer={warm.optimizer}"]
         extra += [f"--train.warm_start_average={warm.average}"] if warm.average else []
@@ -341,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     a, drop = parse(argv, __doc__.splitlines()[0], QUICK)
     average = (a.warm_average or "keep") if a.ema_decay is not None else None
     warm = Warm(a.replay, a.warm_dense_lr, a.seed, a.tune, a.warm_new_rows, a.warm_optimizer, average,
-                a.warm_embedding_lr, a.warm_epochs, first_epochs=a.first_warm_epochs)
+                a.warm_embedding_lr, a.warm_epochs, first_epochs=a.first_warm_epochs, first_lr_scale=a.first_warm_lr_scale)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(a.threads)
     epochs = 2 if a.quick else a.epochs
@@ -362,6 +366,9 @@ def main(argv: list[str] | None = None) -> int:
         lrs = WARM_LR[name] if a.warm_dense_lr is None and a.warm_embedding_lr is None else (a.warm_dense_lr,
                                                                                             a.warm_embedding_lr)
         every = REFRESH_EVERY[name] if a.refresh_every is None else a.refresh_every
+        if a.first_warm_lr_scale != 1.0 and None in lrs:
+            raise SystemExit(f"--first-warm-lr-scale scales the warm runs' rates, and {name}'s are the config's (WARM_LR): "
+                             "give --warm-dense-lr and --warm-embedding-lr with it")
         recs = roll(log, periods, Path(a.out) / name, overrides, a.valid_fraction,
                     replace(warm, dense_lr=lrs[0], embedding_lr=lrs[1], refresh_every=every,
                             refresh_from=a.refresh_from, shrink_perturb=() if not a.shrink_perturb else (
@@ -384,7 +391,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.write("RESULT " + json.dumps({
         "benchmark": "incremental", "quick": a.quick, "epochs": epochs, "threads": a.threads, "seed": a.seed,
         "valid_fraction": a.valid_fraction, "replay": a.replay, "refresh_every": a.refresh_every, "warm_dense_lr": a.warm_dense_lr,
-        "warm_embedding_lr": a.warm_embedding_lr, "warm_epochs": a.warm_epochs, "first_warm_epochs": a.first_warm_epochs, "id_dropout": drop, "warm_new_rows": a.warm_new_rows, "warm_optimizer": a.warm_optimizer,
+        "warm_embedding_lr": a.warm_embedding_lr, "warm_epochs": a.warm_epochs, "first_warm_epochs": a.first_warm_epochs,
+        "first_warm_lr_scale": a.first_warm_lr_scale, "id_dropout": drop, "warm_new_rows": a.warm_new_rows, "warm_optimizer": a.warm_optimizer,
         "ema_decay": a.ema_decay, "warm_average": average, "tune": a.tune,
         "config": str(CONFIG.relative_to(REPO)), "overrides": overrides,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(), "precision": "fp32", "torch": torch.__version__,
