@@ -1,14 +1,8 @@
 """Rolling benchmark (issue 28, item 4): day-by-day incremental training vs retraining from scratch vs a frozen
 first model, on real logs with time: next-period AUC / GAUC and training seconds.
 
-    python benchmarks/incremental.py [--datasets movielens taobao] [--quick] [--periods N] [--epochs 5]
-                                     [--threads 1] [--seed 0] [--out DIR] [--replay F] [--warm-dense-lr LR]
-                                     [--warm-embedding-lr LR] [--warm-epochs N] [--first-warm-epochs N]
-                                     [--first-warm-lr-scale X]
-                                     [--id-dropout KEY=P ...] [--warm-new-rows fresh|rare]
-                                     [--warm-optimizer keep|fresh] [--ema-decay D [--warm-average keep|fresh]]
-                                     [--refresh-every K [--refresh-from scratch|warm [--shrink-perturb S P]]]
-                                     [--tune]
+    python benchmarks/incremental.py [--datasets movielens taobao] [--quick] [--seed 0] [--out DIR] [--tune] ...
+                                     (every option: --help; those of the incremental arm are described below)
 
 Data (benchmarks/_rolling_data.py): MovieLens-100K cut by week (31 weeks; label rating >= 4, the user's 20
 previous items as a history) and the Taobao UserBehavior head cut by day (9 days; label: the behaviour went past

@@ -364,3 +364,24 @@ def test_posthoc_rolling_scores_the_chosen_candidate_per_block(tmp_path: Path, c
         assert row == pytest.approx([np.mean([auc[c, t] - auc["full", t] for t in (1, 3)])])
     with pytest.raises(SystemExit):  # rolling needs the full run's retrain arm
         POST.main(["rolling", str(tmp_path / "c0"), str(tmp_path / "c1")])
+
+
+def test_first_warm_run_after_a_fit_gets_its_own_rates_and_epochs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--first-warm-lr-scale / --first-warm-epochs reach ``ctrkit train`` for the warm runs of periods 1 and 5 only
+    (after period 0 and the refresh of period 4); the other warm runs keep the warm rates and --epochs."""
+    seen: dict[str, list[str]] = {}
+
+    def fake_train(store: Path, runs: Path, name: str, overrides: list[str], warm: Path | None = None) -> dict:
+        seen[name] = [o for o in overrides if o.startswith(("--train.lr=", "--train.embedding_lr=", "--train.epochs="))]
+        return fake_fit(runs, name)
+
+    log = toy_log(monkeypatch, tmp_path, 8, train=fake_train)
+    INC.roll(log, 8, tmp_path, [], 0.0, INC.Warm(only=True, refresh_every=4, dense_lr=5e-4, embedding_lr=6.25e-4,
+                                                 first_lr_scale=4.0, first_epochs=2))
+    first = ["--train.lr=0.002", "--train.embedding_lr=0.0025", "--train.epochs=2"]
+    later = ["--train.lr=0.0005", "--train.embedding_lr=0.000625"]
+    assert {k: v for k, v in seen.items() if k.startswith("inc")} == {
+        "inc0": [], "inc1": first, "inc2": later, "inc3": later, "inc5": first, "inc6": later}
+    assert seen["re4"] == []  # the refresh: the config's rates and epochs
+    with pytest.raises(SystemExit):
+        ARGS.parse(["--first-warm-lr-scale", "0"], "x", INC.QUICK)
