@@ -13,6 +13,9 @@ costs more than the sparse path; the functions here skip the sort:
   ``dW = zeros(R, D).index_add_(0, ids, s_i * dY[bag(i)])`` with ``s_i`` the id's per-sample weight (sum) or
   ``1 / |bag|`` (mean): seed 000 §5's ``P^T dY`` without materialising P.
 
+Both backward passes run as one native loop over the ids where it applies (:mod:`ctrkit.nn.embedding_update`:
+CPU, float32 / float64, a kernel built), the same floats as the ``index_add_`` path, which stays for the rest.
+
 Which tables take this path: :data:`DENSE_GRAD_MAX_ROWS` (EmbeddingBagCollection's ``dense_grad_max_rows``).
 """
 
@@ -22,6 +25,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from ctrkit.nn import embedding_update
 
 __all__ = ["DENSE_GRAD_MAX_ROWS", "bag_rows", "gather_rows"]
 
@@ -36,7 +41,32 @@ DENSE_GRAD_MAX_ROWS = 1 << 13
 
 def gather_rows(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """Rows of ``weight`` [R, D] for ``ids`` (any shape) -> ``(*ids.shape, D)``; dense gradient, no sort."""
-    return weight.index_select(0, ids.reshape(-1)).view(*ids.shape, weight.shape[1])
+    flat = ids.reshape(-1)
+    if (weight.requires_grad and torch.is_grad_enabled() and not torch.compiler.is_exporting()
+            and embedding_update.kernel_available()):
+        out = _GatherRows.apply(weight, flat)  # the native scatter in backward (index_select's is an index_add_)
+    else:
+        out = weight.index_select(0, flat)
+    return out.view(*ids.shape, weight.shape[1])
+
+
+class _GatherRows(torch.autograd.Function):
+    """``weight.index_select(0, ids)`` whose backward is :func:`~ctrkit.nn.embedding_update.scatter_rows` (the
+    same floats as index_select's ``zeros(R, D).index_add_(0, ids, dY)``, which it falls back to)."""
+
+    @staticmethod
+    def forward(ctx: Any, weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        ctx.rows = weight.shape[0]
+        ctx.save_for_backward(ids)
+        return weight.index_select(0, ids)  # (n, D)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        (ids,) = ctx.saved_tensors
+        dw = embedding_update.scatter_rows(ctx.rows, grad, ids)
+        if dw is None:
+            dw = grad.new_zeros(ctx.rows, grad.shape[1]).index_add_(0, ids, grad)  # (R, D)
+        return dw, None
 
 
 class _BagRows(torch.autograd.Function):
@@ -53,6 +83,9 @@ class _BagRows(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         ids, offsets, psw = ctx.saved_tensors
+        dw = embedding_update.scatter_bags(ctx.rows, grad, ids, offsets, ctx.mode, psw)
+        if dw is not None:
+            return dw, None, None, None, None
         lengths = offsets.diff()  # (n_bags,)
         if ctx.mode == "mean":
             grad = grad / lengths.clamp(min=1).unsqueeze(1).to(grad.dtype)

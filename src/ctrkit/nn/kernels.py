@@ -52,17 +52,18 @@ def enabled() -> bool:
     return flag not in ("0", "false", "no", "off") and sys.platform in ("linux", "darwin")
 
 
-def load(name: str) -> ctypes.CDLL | None:
+def load(name: str, flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     """The library built from ``csrc/<name>.cpp`` (built now if needed, then cached for the process), or None
-    (logged once) where it cannot be built or kernels are disabled."""
+    (logged once) where it cannot be built or kernels are disabled. ``flags``: compiler flags of this kernel after
+    the common ones (e.g. ``-ffp-contract=off`` where results must round as torch's separate operations do)."""
     if not enabled():
         return None
     with _lock:
-        return _load(name)
+        return _load(name, tuple(flags))
 
 
 @functools.cache
-def _load(name: str) -> ctypes.CDLL | None:
+def _load(name: str, own_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     source = CSRC / f"{name}.cpp"
     cxx = shutil.which(os.environ.get("CXX", "g++"))
     if cxx is None:
@@ -72,7 +73,7 @@ def _load(name: str) -> ctypes.CDLL | None:
     text = source.read_bytes()
     errors = []
     for extra in _EXTRA_FLAGS:
-        flags = (*_BASE_FLAGS, *extra)
+        flags = (*_BASE_FLAGS, *own_flags, *extra)
         lib = cache_dir() / f"{name}-{_digest(text, cxx, flags)}.so"
         try:
             if not lib.exists():

@@ -37,6 +37,7 @@ from torch import nn
 
 from ctrkit.errors import ConfigError
 from ctrkit.models.base import CTRModel
+from ctrkit.nn import embedding_update
 
 DENSE_OPTIMIZERS = ("adam", "adamw", "sgd", "adagrad")
 SPARSE_OPTIMIZERS = ("adagrad", "rowwise_adagrad", "sparse_adam", "sgd")
@@ -146,11 +147,8 @@ class RowWiseAdagrad(torch.optim.Optimizer):
 
 
 def add_touched_row_l2_(p: torch.Tensor, l2: float) -> None:
-    """``grad_r += l2 * W_r`` for the rows r of ``p.grad`` that the batch touched (in place).
-
-    A sparse gradient is replaced by its coalesced version; a dense one is updated on its non-zero
-    rows only.
-    """
+    """``grad_r += l2 * W_r`` for the rows r of ``p.grad`` that the batch touched (in place): a sparse gradient
+    is replaced by its coalesced version; a dense one is updated on its non-zero rows only."""
     if p.grad is None or l2 == 0:
         return
     with torch.no_grad():
@@ -179,12 +177,15 @@ class LazyAdam(torch.optim.SparseAdam):
 
     so the weights are bit-identical to torch's (tests/training/test_optim.py). Accepts sparse COO or dense
     gradients (a dense gradient's all-zero rows are not touched). Untouched rows and their moments keep
-    their values: the step counter is per table, as in torch.
+    their values: the step counter is per table, as in torch. A dense gradient first gets ``dense_grad_l2``'s
+    touched-row L2 (:func:`add_touched_row_l2_`; OptimizerSet's ``embedding_l2``), both in one native pass on the CPU
+    (:mod:`ctrkit.nn.embedding_update`: the same floats but a correctly rounded sqrt, where ATen's is 1 ulp off).
     """
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, maximize: bool = False) -> None:
         super().__init__(params, lr=lr, betas=betas, eps=eps, maximize=maximize)
+        self.dense_grad_l2 = 0.0
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
@@ -206,8 +207,12 @@ class LazyAdam(torch.optim.SparseAdam):
                 step = state["step"]
                 step_size = group["lr"] * math.sqrt(1 - beta2**step) / (1 - beta1**step)
                 moments = (state["exp_avg"], state["exp_avg_sq"])
-                update = _lazy_adam_rows if p.grad.is_sparse else _lazy_adam_masked
-                update(p, p.grad, *moments, beta1, beta2, group["eps"], step_size, group.get("maximize", False))
+                args = (beta1, beta2, group["eps"], step_size, group.get("maximize", False))
+                if p.grad.is_sparse:
+                    _lazy_adam_rows(p, p.grad, *moments, *args)
+                elif not embedding_update.lazy_adam_rows_(p, p.grad, *moments, self.dense_grad_l2, *args):
+                    add_touched_row_l2_(p, self.dense_grad_l2)
+                    _lazy_adam_masked(p, p.grad, *moments, *args)
         return loss
 
 
@@ -266,8 +271,10 @@ class OptimizerSet:
         self.sparse = sparse
         self.wide = wide  # e.g. FTRL over the parameter groups declared with optimizer="ftrl"
         self.embedding_l2 = float(embedding_l2)
-        # torch's SparseAdam refuses dense gradients; LazyAdam (a SparseAdam) takes either
+        # torch's SparseAdam refuses dense gradients; LazyAdam (a SparseAdam) takes either, adding their L2 itself
         self._needs_sparse_grad = isinstance(sparse, torch.optim.SparseAdam) and not isinstance(sparse, LazyAdam)
+        if isinstance(sparse, LazyAdam):
+            sparse.dense_grad_l2 = self.embedding_l2
 
     @property
     def optimizers(self) -> list[torch.optim.Optimizer]:
@@ -298,7 +305,8 @@ class OptimizerSet:
                     continue
                 if p.grad.is_sparse:  # once, here: the optimizers' own coalesce() is then a no-op
                     p.grad = coalesce_rows(p.grad)
-                add_touched_row_l2_(p, self.embedding_l2)
+                if p.grad.is_sparse or not isinstance(self.sparse, LazyAdam):
+                    add_touched_row_l2_(p, self.embedding_l2)
                 if self._needs_sparse_grad and not p.grad.is_sparse:
                     p.grad = _row_sparse(p.grad)
         for o in self.optimizers:
