@@ -30,7 +30,7 @@ from ctrkit.models._towers import DNNOptions, TowerHead, check_choice, layer_opt
 from ctrkit.models.base import CTRModel, ModelOutput
 from ctrkit.models.registry import ConfigError, register_model
 from ctrkit.nn.inputs import ZOO_INIT_STD, FieldEmbedding, LinearTerm, field_and_linear
-from ctrkit.nn.senet import SENET, BilinearInteraction, bilinear_concat, bilinear_shared_concat
+from ctrkit.nn.senet import SENET, BilinearInteraction, bilinear_concat, senet_bilinear_shared_concat
 from ctrkit.schema import Schema
 
 BILINEAR_TYPES = ("field_all", "field_each", "field_interaction")
@@ -74,7 +74,7 @@ class FiBiNET(CTRModel):
         # [flat p; flat q; dense]: p = Bilinear_p(E), q = Bilinear_q(SENET(E)), (B, P*D) each
         if self.bilinear_senet is None:  # one layer for both: q_ij = a_i a_j p_ij, a = SENET's weights (B, F)
             emb = pooled.fields().transpose(0, 1)  # (B, F, D) view: the bilinear node reorders it itself
-            x = bilinear_shared_concat(self.bilinear_raw, emb, self.senet.field_weights(emb), batch.dense)
+            x = senet_bilinear_shared_concat(self.senet, self.bilinear_raw, emb, batch.dense)  # SENET in the node
         else:
             emb = pooled.stacked()  # (B, F, D)
             x = bilinear_concat([self.bilinear_raw, self.bilinear_senet], [emb, self.senet(emb)], batch.dense)

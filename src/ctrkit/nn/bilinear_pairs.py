@@ -42,6 +42,7 @@ import torch
 from torch import Tensor
 
 from ctrkit.errors import LayerConfigError
+from ctrkit.nn.bilinear_pairs_native import native_shared_pairs
 from ctrkit.nn.fm import pair_blocks
 
 __all__ = ["bilinear_pairs_concat", "bilinear_pairs_shared"]
@@ -61,7 +62,8 @@ def bilinear_pairs_concat(embs: list[Tensor], weights: list[Tensor], tail: Tenso
     return _BilinearPairs.apply(tail, *args)
 
 
-def bilinear_pairs_shared(emb: Tensor, scale: Tensor, weight: Tensor, tail: Tensor | None = None) -> Tensor:
+def bilinear_pairs_shared(emb: Tensor, scale: Tensor, weight: Tensor, tail: Tensor | None = None, *,
+                          native: bool = True) -> Tensor:
     """``[flat p | flat q | tail]`` -> (B, 2·P·D + Nt) for ONE bilinear weight applied to ``emb`` and to the
     re-weighted fields ``scale ⊙ emb``: with ``v'_i = a_i v_i`` (``scale`` a (B, F)),
 
@@ -70,8 +72,12 @@ def bilinear_pairs_shared(emb: Tensor, scale: Tensor, weight: Tensor, tail: Tens
     so the second layer is the first one's output scaled per (sample, pair): one pass instead of a second
     bilinear layer, and no (B, F, D) re-weighted tensor. ``emb`` (B, F, D), ``scale`` (B, F), ``weight``
     (P, D, D) as :func:`bilinear_pairs_concat`'s. The same transposed-view layout as that function's result.
+
+    On the CPU in float32 / float64 the native kernel runs it (:mod:`ctrkit.nn.bilinear_pairs_native`: one pass each
+    way); elsewhere, with ``native=False`` or where no kernel is built, the torch-op node below.
     """
-    return _SharedBilinearPairs.apply(tail, emb, scale, weight)
+    out = native_shared_pairs(emb, scale, weight, tail) if native else None
+    return _SharedBilinearPairs.apply(tail, emb, scale, weight) if out is None else out
 
 
 def _weights_t(weight: Tensor) -> Tensor:

@@ -9,9 +9,10 @@ from torch import Tensor, nn
 
 from ctrkit.errors import LayerConfigError
 from ctrkit.nn.bilinear_pairs import bilinear_pairs_concat, bilinear_pairs_shared
+from ctrkit.nn.bilinear_pairs_native import native_senet_shared_pairs
 from ctrkit.nn.fm import check_embeddings, pair_indices
 
-__all__ = ["SENET", "BilinearInteraction", "bilinear_concat", "bilinear_shared_concat"]
+__all__ = ["SENET", "BilinearInteraction", "bilinear_concat", "bilinear_shared_concat", "senet_bilinear_shared_concat"]
 
 _POOLINGS = ("mean", "max")
 
@@ -171,3 +172,18 @@ def bilinear_shared_concat(layer: BilinearInteraction, emb: Tensor, scale: Tenso
     q = p * (scale.index_select(1, layer.rows) * scale.index_select(1, layer.cols)).unsqueeze(2)  # (B, P, D)
     parts = [p.flatten(1), q.flatten(1)]
     return torch.cat(parts if tail is None else [*parts, tail], dim=1)
+
+
+def senet_bilinear_shared_concat(senet: SENET, layer: BilinearInteraction, emb: Tensor,
+                                 tail: Tensor | None = None) -> Tensor:
+    """``bilinear_shared_concat(layer, emb, senet.field_weights(emb), tail)``: the same function, with SENET's field
+    weights computed inside the bilinear node's native kernels where they apply (mean pooling, ``field_interaction``,
+    the CPU in float32 / float64, outside ``torch.export``; :func:`ctrkit.nn.bilinear_pairs_native.
+    native_senet_shared_pairs`), else with the modules as written."""
+    fits = (emb.dim() == 3 and emb.shape[1] == layer.num_fields == senet.num_fields
+            and emb.shape[2] == layer.embedding_dim)
+    if fits and senet.pooling == "mean" and layer.bilinear_type == "field_interaction" and not torch.compiler.is_exporting():
+        out = native_senet_shared_pairs(emb, senet.excite[0].weight, senet.excite[2].weight, layer.weight, tail)
+        if out is not None:
+            return out
+    return bilinear_shared_concat(layer, emb, senet.field_weights(emb), tail)

@@ -1,0 +1,181 @@
+"""FiBiNET's shared bilinear node as a native kernel, the samples in SIMD lanes (``csrc/bilinear_pairs.cpp``).
+
+The formula is :func:`ctrkit.nn.bilinear_pairs.bilinear_pairs_shared`'s (one ``field_interaction`` weight applied
+to the raw fields and to SENET's re-weighted ones, DeepCTR-Torch's FiBiNET):
+
+    p_ij = (v_i W_ij) ⊙ v_j,   q_ij = a_i a_j p_ij                 (B, D) per pair i < j, upper-triangle order
+    X    = [flat p | flat q | dense]                               (B, 2·P·D + Nt), the first Linear's input
+
+Why: the torch-op node runs ~8 passes over (P·D, B) tensors of 2.4 MB each way (a matmul and a product per block
+of pairs, the q scaling, and in the backward the dX_p + s ⊙ dX_q sum, the products, the ``addcmul_``, the
+reduction for the scale) and keeps the left products v_i W_ij for the backward. Here the layout is the node's
+feature-major one, (F, D, B) fields and X^T (N, B), so L consecutive samples of one row are one vector (L = 16
+floats with AVX-512) and each sample's formula is one scalar program over L samples: the forward reads the fields
+and writes X^T once, the backward reads dX^T once and writes the fields' gradient, recomputing v_i W_ij (D·D
+multiply-adds per pair and sample) instead of storing it. The weight gradient is summed over samples in per-lane
+partial sums, per pair and thread.
+
+:func:`native_shared_pairs` returns None where the kernel does not apply (no kernel built: no compiler or
+``CTRKIT_NATIVE_KERNELS=0``; not the CPU; not float32 / float64; D > 64): the caller takes the torch-op node then.
+Tested against that node, the definition and ``torch.autograd.gradcheck`` (tests/nn/test_bilinear_pairs_native.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+from torch import Tensor
+
+from ctrkit.errors import LayerConfigError
+from ctrkit.nn import kernels
+
+__all__ = ["kernel_available", "native_senet_shared_pairs", "native_shared_pairs"]
+
+_MAX_DIM = 64
+_SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
+
+
+@functools.lru_cache(maxsize=1)
+def _entry_points() -> dict[str, ctypes._CFuncPtr] | None:
+    lib = kernels.load("bilinear_pairs")
+    if lib is None:
+        return None
+    p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+    fns: dict[str, ctypes._CFuncPtr] = {}
+    for sfx in _SUFFIX.values():
+        fwd = getattr(lib, f"ctrkit_bilinear_shared_forward_{sfx}")
+        fwd.argtypes, fwd.restype = [p, p, p, p, i64, i, i, i], i
+        bwd = getattr(lib, f"ctrkit_bilinear_shared_backward_{sfx}")
+        bwd.argtypes, bwd.restype = [p, p, p, p, p, p, p, i64, i, i, i], i
+        fns[f"forward_{sfx}"], fns[f"backward_{sfx}"] = fwd, bwd
+    senet = kernels.load("senet_excite")
+    if senet is None:
+        return fns
+    for sfx in _SUFFIX.values():
+        fwd = getattr(senet, f"ctrkit_senet_forward_{sfx}")
+        fwd.argtypes, fwd.restype = [p, p, p, p, p, i64, i, i, i, i], i
+        bwd = getattr(senet, f"ctrkit_senet_backward_{sfx}")
+        bwd.argtypes, bwd.restype = [p, p, p, p, p, p, p, p, p, i64, i, i, i, i], i
+        fns[f"senet_forward_{sfx}"], fns[f"senet_backward_{sfx}"] = fwd, bwd
+    return fns
+
+
+def kernel_available() -> bool:
+    """Whether the native kernel is built and loaded (building it at the first call)."""
+    return kernels.enabled() and _entry_points() is not None
+
+
+def applies(emb: Tensor, scale: Tensor, weight: Tensor) -> bool:
+    """Whether :func:`native_shared_pairs` runs the kernel for these inputs (else it returns None)."""
+    return (emb.device.type == "cpu" and emb.dtype in _SUFFIX and scale.dtype == weight.dtype == emb.dtype
+            and scale.device.type == weight.device.type == "cpu" and 1 <= emb.shape[2] <= _MAX_DIM
+            and emb.shape[1] >= 2 and kernel_available())
+
+
+def native_shared_pairs(emb: Tensor, scale: Tensor, weight: Tensor, tail: Tensor | None = None) -> Tensor | None:
+    """``[flat p | flat q | tail]`` (B, 2·P·D + Nt) as a transposed view of a contiguous X^T, or None where the
+    kernel does not apply. ``emb`` (B, F, D), ``scale`` (B, F), ``weight`` (P, D, D), ``tail`` (B, Nt) or None."""
+    if not applies(emb, scale, weight):
+        return None
+    return _NativeSharedPairs.apply(tail, emb, scale, weight)
+
+
+def native_senet_shared_pairs(emb: Tensor, w1: Tensor, w2: Tensor, weight: Tensor,
+                              tail: Tensor | None = None) -> Tensor | None:
+    """:func:`native_shared_pairs` with SENET's field weights computed inside the node (mean squeeze, bias-free
+    ``W1`` (H, F) and ``W2`` (F, H), each followed by a ReLU: :class:`~ctrkit.nn.senet.SENET`'s ``excite``), or None
+    where the kernels do not apply. One node and two kernel calls each way instead of SENET's ~10 small autograd
+    nodes and its (B, F, D) squeeze gradient."""
+    h, f = w1.shape
+    if (not applies(emb, emb.new_empty(0, f), weight) or w1.dtype != emb.dtype or w2.dtype != emb.dtype
+            or w2.shape != (f, h) or not 1 <= h <= _MAX_DIM or f > _MAX_DIM):
+        return None
+    if f"senet_forward_{_SUFFIX[emb.dtype]}" not in _entry_points():  # type: ignore[operator]
+        return None
+    return _NativeSenetSharedPairs.apply(tail, emb, w1, w2, weight)
+
+
+class _NativeSharedPairs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tail: Tensor | None, emb: Tensor, scale: Tensor,  # type: ignore[override]
+                weight: Tensor) -> Tensor:
+        b, f, d = emb.shape
+        e = emb.permute(1, 2, 0).contiguous()  # (F, D, B)
+        a = scale.t().contiguous()  # (F, B)
+        w = weight.contiguous()  # (P, D, D)
+        pd = f * (f - 1) // 2 * d
+        nt = 0 if tail is None else tail.shape[1]
+        out_t = e.new_empty(2 * pd + nt, b)  # X^T (N, B)
+        rc = _entry_points()[f"forward_{_SUFFIX[e.dtype]}"](  # type: ignore[index]
+            e.data_ptr(), a.data_ptr(), w.data_ptr(), out_t.data_ptr(), b, f, d, torch.get_num_threads())
+        _check(rc, f, d)
+        if tail is not None:
+            out_t[2 * pd :] = tail.t()
+        ctx.has_tail = tail is not None
+        ctx.save_for_backward(e, a, w)
+        return out_t.t()  # (B, N) view
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        e, a, w = ctx.saved_tensors
+        f, d, b = e.shape
+        pd = f * (f - 1) // 2 * d
+        grad_t = grad.t().contiguous()  # (N, B): no copy when it comes from a matmul's backward
+        de, da, dw = torch.empty_like(e), torch.empty_like(a), torch.empty_like(w)  # the kernel zeroes them
+        rc = _entry_points()[f"backward_{_SUFFIX[e.dtype]}"](  # type: ignore[index]
+            e.data_ptr(), a.data_ptr(), w.data_ptr(), grad_t.data_ptr(), de.data_ptr(), da.data_ptr(),
+            dw.data_ptr(), b, f, d, torch.get_num_threads())
+        _check(rc, f, d)
+        tail_grad = grad_t[2 * pd :].t() if ctx.has_tail and ctx.needs_input_grad[0] else None
+        return tail_grad, de.permute(2, 0, 1), da.t(), dw
+
+
+class _NativeSenetSharedPairs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tail: Tensor | None, emb: Tensor, w1: Tensor, w2: Tensor,  # type: ignore[override]
+                weight: Tensor) -> Tensor:
+        b, f, d = emb.shape
+        hidden = w1.shape[0]
+        fns, sfx, threads = _entry_points(), _SUFFIX[emb.dtype], torch.get_num_threads()
+        e = emb.permute(1, 2, 0).contiguous()  # (F, D, B)
+        w1, w2, w = w1.contiguous(), w2.contiguous(), weight.contiguous()
+        h, a = e.new_empty(hidden, b), e.new_empty(f, b)  # SENET's hidden units and field weights, (H, B), (F, B)
+        _check(fns[f"senet_forward_{sfx}"](  # type: ignore[index]
+            e.data_ptr(), w1.data_ptr(), w2.data_ptr(), h.data_ptr(), a.data_ptr(), b, f, d, hidden, threads), f, d)
+        pd = f * (f - 1) // 2 * d
+        nt = 0 if tail is None else tail.shape[1]
+        out_t = e.new_empty(2 * pd + nt, b)  # X^T (N, B)
+        _check(fns[f"forward_{sfx}"](  # type: ignore[index]
+            e.data_ptr(), a.data_ptr(), w.data_ptr(), out_t.data_ptr(), b, f, d, threads), f, d)
+        if tail is not None:
+            out_t[2 * pd :] = tail.t()
+        ctx.has_tail = tail is not None
+        ctx.save_for_backward(e, a, w, h, w1, w2)
+        return out_t.t()  # (B, N) view
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        e, a, w, h, w1, w2 = ctx.saved_tensors
+        f, d, b = e.shape
+        fns, sfx, threads = _entry_points(), _SUFFIX[e.dtype], torch.get_num_threads()
+        pd = f * (f - 1) // 2 * d
+        grad_t = grad.t().contiguous()  # (N, B): no copy when it comes from a matmul's backward
+        de, da, dw = torch.empty_like(e), torch.empty_like(a), torch.empty_like(w)  # the kernel zeroes them
+        _check(fns[f"backward_{sfx}"](  # type: ignore[index]
+            e.data_ptr(), a.data_ptr(), w.data_ptr(), grad_t.data_ptr(), de.data_ptr(), da.data_ptr(),
+            dw.data_ptr(), b, f, d, threads), f, d)
+        dw1, dw2 = torch.empty_like(w1), torch.empty_like(w2)
+        _check(fns[f"senet_backward_{sfx}"](  # type: ignore[index]
+            e.data_ptr(), w1.data_ptr(), w2.data_ptr(), h.data_ptr(), a.data_ptr(), da.data_ptr(), de.data_ptr(),
+            dw1.data_ptr(), dw2.data_ptr(), b, f, d, w1.shape[0], threads), f, d)  # de += the squeeze's gradient
+        tail_grad = grad_t[2 * pd :].t() if ctx.has_tail and ctx.needs_input_grad[0] else None
+        return tail_grad, de.permute(2, 0, 1), dw1, dw2, dw
+
+
+def _check(rc: int, f: int, d: int) -> None:
+    if rc != 0:  # applies() checks the limits before calling, so only a mismatched build gets here
+        raise LayerConfigError(
+            f"bilinear_shared_concat: the native kernel refused F={f}, D={d} (its limits: F >= 2, D <= {_MAX_DIM}); "
+            "set CTRKIT_NATIVE_KERNELS=0 to train on torch ops")
