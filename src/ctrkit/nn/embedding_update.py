@@ -27,6 +27,7 @@ import functools
 import torch
 from torch import Tensor
 
+from ctrkit.errors import LayerConfigError
 from ctrkit.nn import kernels
 
 __all__ = ["kernel_available", "lazy_adam_rows_", "scatter_bags", "scatter_rows"]
@@ -70,7 +71,7 @@ def _ids(ids: Tensor) -> Tensor:
 
 def _check(rc: int, what: str, rows: int) -> None:
     if rc != 0:  # the lookup's forward already checked the ids, so only a caller's bug gets here
-        raise IndexError(f"{what}: an id outside the table's {rows} rows; the forward lookup should have refused it")
+        raise LayerConfigError(f"{what}: an id outside the table's {rows} rows; the forward lookup should have refused it")
 
 
 def scatter_rows(rows: int, src: Tensor, ids: Tensor) -> Tensor | None:
