@@ -164,16 +164,18 @@ class TrainProgress:
 @dataclass
 class TrainerState:
     """What resuming needs besides weights and optimizer: the progress, the loader's mid-epoch position, the
-    python / numpy / torch RNG states and the weight average (``train.ema_decay``), each as plain data."""
+    python / numpy / torch RNG states, the weight average and the learning-rate schedule, each as plain data."""
 
     progress: TrainProgress = field(default_factory=TrainProgress)
     loader: dict[str, Any] | None = None
     rng: dict[str, Any] | None = None
     weight_average: dict[str, Any] | None = None
+    lr_schedule: dict[str, Any] | None = None  # train.lr_schedule's state (training/lr_schedule.py)
 
     def to_plain(self) -> dict[str, Any]:
         progress = {f.name: getattr(self.progress, f.name) for f in fields(TrainProgress)}
-        return {**progress, "loader": self.loader, "rng": self.rng, "weight_average": self.weight_average}
+        plain = {**progress, "loader": self.loader, "rng": self.rng, "weight_average": self.weight_average}
+        return plain if self.lr_schedule is None else {**plain, "lr_schedule": self.lr_schedule}  # none: no key
 
     @classmethod
     def from_plain(cls, state: dict[str, Any]) -> TrainerState:
@@ -181,7 +183,7 @@ class TrainerState:
         plain = from_plain({k: v for k, v in state.items() if k != "rng"})  # RNG tensors stay tensors
         progress = TrainProgress(**{f.name: plain[f.name] for f in fields(TrainProgress) if f.name in plain})
         progress.last_eval, progress.best_eval = dict(progress.last_eval or {}), dict(progress.best_eval or {})
-        return cls(progress, plain.get("loader"), state.get("rng"), plain.get("weight_average"))
+        return cls(progress, plain.get("loader"), state.get("rng"), plain.get("weight_average"), plain.get("lr_schedule"))
 
 
 @dataclass

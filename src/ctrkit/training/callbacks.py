@@ -95,9 +95,11 @@ def non_finite_error(model: nn.Module, loss: torch.Tensor, step: int, epoch: int
     )
 
 
-def track_evaluation(p: TrainProgress, es: EarlyStoppingConfig, maximise: bool, metrics: dict[str, float]) -> bool:
+def track_evaluation(p: TrainProgress, es: EarlyStoppingConfig, maximise: bool, metrics: dict[str, float],
+                     counts: bool = True) -> bool:
     """Record an evaluation in the progress ``p`` (best metric, early stopping by ``es``); True when it improved.
-    Under several processes every rank holds the same gathered metrics and so decides alike."""
+    ``counts`` False: an evaluation without improvement does not count towards early stopping (the count stays 0;
+    a plateau schedule that can still lower the rates). Under several processes every rank decides alike."""
     p.last_eval = {"step": p.step, **metrics}
     value = metrics.get(es.metric)
     improved = value is not None and not math.isnan(value) and (
@@ -107,7 +109,7 @@ def track_evaluation(p: TrainProgress, es: EarlyStoppingConfig, maximise: bool, 
         p.best_metric, p.best_step, p.bad_evals = float(value), p.step, 0
         p.best_eval = {"step": p.step, "epoch": p.epoch, **metrics}
     else:
-        p.bad_evals += 1
+        p.bad_evals = p.bad_evals + 1 if counts else 0
     if es.patience > 0 and p.bad_evals >= es.patience:
         p.stopped_early = True
         log.info("early stopping at step %d: %s did not improve for %d evaluations (best %.6g at %s)",

@@ -97,6 +97,26 @@ class EarlyStoppingConfig:
 
 
 @dataclass
+class LRScheduleConfig:
+    """How the learning rates of every optimizer (dense, embedding) move during a run (training/lr_schedule.py).
+
+    ``none``: constant rates. ``plateau`` (FuxiCTR's reduce_lr_on_plateau, torch's ReduceLROnPlateau): after
+    ``patience + 1`` evaluations in a row without improvement of the early-stopping metric (its mode and min_delta),
+    every rate is multiplied by ``factor``, never below ``min_lr``; early stopping counts only evaluations made
+    with every rate at its floor (``min_lr``, or the configured rate where that is lower). ``linear``: ``warmup_steps``
+    rising linearly to the configured rates, then a linear decay to ``end_factor`` x the rates at the run's planned
+    last step (min(max_steps, epochs x batches per epoch)).
+    """
+
+    type: Literal["none", "plateau", "linear"] = "none"
+    factor: Annotated[float, Bound(0, 1, lo_open=True, hi_open=True)] = 0.1  # plateau
+    patience: NonNegativeInt = 0  # plateau: evaluations without improvement tolerated before a reduction
+    min_lr: NonNegativeFloat = 0.0  # plateau: the floor of every rate
+    end_factor: Annotated[float, Bound(0, 1)] = 0.0  # linear: the rates at the last planned step, x configured
+    warmup_steps: NonNegativeInt = 0  # linear: steps rising from rate / warmup_steps to the configured rate
+
+
+@dataclass
 class RetrievalConfig:
     """How a retrieval model (two_tower, youtube_dnn, sasrec) is trained: see ``ctrkit.training.tasks.RetrievalTask``.
 
@@ -163,6 +183,7 @@ class TrainConfig:
     evals_per_epoch: PositiveInt | None = None
     checkpoint_every: PositiveInt | None = None  # steps between last.pt saves (besides every evaluation)
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
+    lr_schedule: LRScheduleConfig = field(default_factory=LRScheduleConfig)  # every optimizer's rates over the run
     # ranking models: auc, logloss, gauc, accuracy, calibration; retrieval models: hr@K, ndcg@K, mrr (full ranking;
     # a retrieval run that keeps the ranking defaults here and in early_stopping gets RETRIEVAL_METRICS / ndcg@10)
     metrics: list[str] = field(default_factory=lambda: ["auc", "logloss"])

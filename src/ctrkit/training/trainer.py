@@ -3,43 +3,35 @@
 One optimizer step reads top to bottom::
 
     loss, logs = task.loss(module, batch)      # CTRTask: BCE + the model's aux losses + penalties
-    zero_grad(set_to_none) -> backward -> NaN/Inf guard -> clip dense grads -> optimizer step
+    zero_grad(set_to_none) -> backward -> NaN/Inf guard -> clip dense grads -> scheduled rates -> optimizer step
     -> fold the weights into their moving average (train.ema_decay only)
-
 Decisions worth knowing:
 
-- Model and module: ``self.model`` is the unwrapped :class:`~ctrkit.models.base.CTRModel` (checkpoints,
-  parameter groups, embedding tables, evaluation); ``self.module`` is what the loop calls and steps: the task's
-  loss of the model as a module (:class:`~ctrkit.training.distributed.TaskStep`), which a multi-process run
-  (``dist``, a :class:`~ctrkit.training.distributed.DistContext`) wraps in DDP or shards with torchrec. The
+- Model and module: ``self.model`` is the unwrapped :class:`~ctrkit.models.base.CTRModel` (checkpoints, tables,
+  evaluation); ``self.module`` is what the loop calls and steps: the task's loss of the model as a module
+  (:class:`~ctrkit.training.distributed.TaskStep`), wrapped in DDP or sharded by torchrec under ``dist``. The
   model trains on the device it is on: the job picks the device, seeds and checks the parameters.
 - Several processes (``dist``): each rank trains on its share of every global batch, gradients are averaged,
   the logged loss is the ranks' mean, evaluations gather all scores (exact metrics, one early-stopping decision)
   and only rank 0 writes the run directory, unless the writer is collective (sharded checkpoints).
-- Progress lives in one :class:`~ctrkit.checkpoint.TrainProgress` (``self.progress``), which checkpoints store
-  and resume restores; checkpoints go through one :class:`~ctrkit.training.writer.CheckpointWriter`, which a
-  distributed trainer replaces.
-- The :class:`~ctrkit.training.tasks.Task` owns loss and evaluation (default: a :class:`~ctrkit.training.tasks.CTRTask`
-  with the config's metrics and precision). Every named part of the loss it returns (aux losses,
-  ``penalty/<group>``, ``bce``) is averaged over ``log_every`` steps like ``loss`` and written to the train
-  records; the sums stay on the device (no extra host synchronisation per step).
-- NaN/Inf guard: the loss is checked every step *before* the optimizer step. A non-finite loss raises
-  :class:`TrainingError` naming the step, the epoch and the first parameter whose gradient is non-finite; the
-  weights and ``last.pt`` are left as they were after the previous step.
-- Gradient clipping (``grad_clip``): the global L2 norm over *dense* parameters only (sparse embedding gradients
-  are per-row; the adaptive sparse optimizers already normalise each row's step).
-- Exact resume: a checkpoint stores weights, optimizer states, the progress, the loader's mid-epoch position
-  and the python / numpy / torch RNG states; resuming gives bit-identical weights to a run that never stopped
-  (dropout and shuffling included), provided the loader's order depends only on (seed, epoch).
+- Progress lives in one :class:`~ctrkit.checkpoint.TrainProgress` (``self.progress``); checkpoints go through one
+  :class:`~ctrkit.training.writer.CheckpointWriter`, which a distributed trainer replaces.
+- The :class:`~ctrkit.training.tasks.Task` owns loss and evaluation (default: :class:`~ctrkit.training.tasks.CTRTask`).
+  Every named part of its loss (aux losses, ``penalty/<group>``, ``bce``) is averaged over ``log_every`` steps
+  like ``loss`` and written to the train records (the sums stay on the device).
+- NaN/Inf guard: a non-finite loss raises :class:`TrainingError` (step, epoch, first non-finite gradient) before
+  the optimizer step. ``grad_clip``: the global L2 norm over *dense* parameters only (embedding rows: per row).
+- ``lr_schedule`` (:mod:`ctrkit.training.lr_schedule`): the rates set before each step (linear) or after each
+  evaluation (plateau, which early stopping then waits for); its state is checkpointed and resumed.
+- Exact resume: weights, optimizer states, progress, the loader's position and the RNG states are checkpointed; a
+  resumed run's weights equal an unbroken run's bit for bit (the loader's order a function of (seed, epoch)).
 - Weight averaging (``ema_decay``, :mod:`ctrkit.training.averaging`): evaluation and every checkpoint use the weights'
-  debiased moving average (the trained weights ride in the trainer state) and ``fit`` leaves it in the model.
-  bf16 (``precision="bf16"``) runs the forward pass under autocast; loss, parameters and optimizer states float32.
-- Run directory (locked while training, :mod:`ctrkit.training.rundir`): ``config.yaml``, ``metrics.jsonl`` (per log
-  step ``{"kind": "train", "loss": ..., <each logged part>: ...}``, per evaluation ``{"kind": "eval", ...}``),
-  ``last.pt`` (every evaluation, every ``checkpoint_every`` steps, at the end) and ``best.pt`` (best evaluation);
+  debiased moving average and ``fit`` leaves it in the model. bf16 (``precision="bf16"``): autocast forward.
+- Run directory (locked while training, :mod:`ctrkit.training.rundir`): ``config.yaml``, ``metrics.jsonl`` (train
+  and eval records), ``last.pt`` (every evaluation, every ``checkpoint_every`` steps, at the end) and ``best.pt``;
   a failed write (disk full) puts it back as it was after the last whole checkpoint (``RunRecords``).
-- Stops: ``epochs``, ``max_steps``, early stopping, ``max_seconds`` (a time budget) or :meth:`Trainer.stop`;
-  all but the first end with an evaluation and the checkpoints, and the summary says which (``stopped_by``).
+- Stops: ``epochs``, ``max_steps``, early stopping, ``max_seconds`` or :meth:`Trainer.stop`: all but the first
+  end with an evaluation and the checkpoints; the summary says which (``stopped_by``).
 """
 
 from __future__ import annotations
@@ -72,9 +64,10 @@ from ctrkit.training.callbacks import (
 )
 from ctrkit.training.config import TrainConfig, config_to_dict
 from ctrkit.training.distributed import DistContext, model_device, wrap_for_training
+from ctrkit.training.lr_schedule import lr_schedule, restore_schedule
 from ctrkit.training.optim import OptimizerSet, build_optimizers
 from ctrkit.training.rundir import RunLock, RunRecords, open_run_dir
-from ctrkit.training.sharding import even_forwards, sharded_optimizers, sharded_writer
+from ctrkit.training.sharding import even_forwards, sharded_of, sharded_optimizers, sharded_writer
 from ctrkit.training.tasks import Task, ranking_task
 from ctrkit.training.writer import CheckpointWriter, restore_training, rng_state
 
@@ -125,6 +118,7 @@ class Trainer:
         es = config.early_stopping
         self._maximise = higher_is_better(es.metric) if es.mode == "auto" else es.mode == "max"
         self.optimizer: OptimizerSet = sharded_optimizers(self.module, config) or build_optimizers(self.model, config)
+        self.schedule = lr_schedule(config, self.optimizer, sharded_of(self.module) is not None)
         # train.ema_decay: evaluation, checkpoints and the model fit() leaves hold the weights' moving average
         self.average = (WeightAverage(self.model, config.ema_decay, self.optimizer.embedding_params)
                         if config.ema_decay is not None else None)
@@ -187,6 +181,7 @@ class Trainer:
         total = cfg.epochs * n_batches if cfg.max_steps is None else min(cfg.max_steps, cfg.epochs * n_batches)
         self._pbar = progress_bar(total, initial=min(p.step, total), enabled=cfg.progress and self.writes, desc="train",
                                   dynamic_ncols=True, leave=False)
+        self.schedule.start(total)
         running = RunningLoss(self.device)  # losses since the last train record
         try:
             for epoch in range(p.epoch + 1 if p.epoch_complete else p.epoch, cfg.epochs):
@@ -315,6 +310,7 @@ class Trainer:
             torch.nn.utils.clip_grad_norm_(self.optimizer.dense_params, self.config.grad_clip)
         if self.average is not None:
             self.average.before_step()
+        self.schedule.before_step(self.progress.step)
         self.optimizer.step()
         if self.average is not None:
             self.average.after_step()
@@ -330,7 +326,9 @@ class Trainer:
             self._save("last.pt")
             return
         metrics = self.evaluate(self.valid_loader)
-        improved = track_evaluation(self.progress, self.config.early_stopping, self._maximise, metrics)
+        counts = self.schedule.counts_for_early_stopping  # plateau: only evaluations with the rates at their floor
+        improved = track_evaluation(self.progress, self.config.early_stopping, self._maximise, metrics, counts)
+        self.schedule.on_eval(improved)
         p = self.progress
         self._log({"kind": "eval", "step": p.step, "epoch": p.epoch, **metrics,
                    "best": p.best_metric, "stopped_early": p.stopped_early,
@@ -359,7 +357,8 @@ class Trainer:
     def trainer_state(self) -> TrainerState:
         """What a checkpoint needs to resume this run exactly (a snapshot of the progress)."""
         return TrainerState(replace(self.progress), loader=self.train_loader.state_dict(), rng=rng_state(),
-                            weight_average=self.average.state_dict() if self.average is not None else None)
+                            weight_average=self.average.state_dict() if self.average is not None else None,
+                            lr_schedule=self.schedule.state_dict())
 
     def save_checkpoint(self, path: str | Path) -> Path:
         """Model weights (the moving average with train.ema_decay; the trained weights then go in the
@@ -383,6 +382,7 @@ class Trainer:
 
     def _resume(self, path: Path) -> None:
         state = restore_training(self.writer, path, self.model, self.optimizer, self.average, self.device)
+        restore_schedule(self.schedule, state.lr_schedule, path)
         self.progress = state.progress
         self._loader_state = None if self.progress.epoch_complete else state.loader
         log.info("resumed from %s at epoch %d, step %d", path, self.progress.epoch, self.progress.step)
