@@ -17,6 +17,23 @@ def id_dropout(items: list[str], ap: argparse.ArgumentParser) -> dict[str, float
     return out
 
 
+def lr_schedule(items: list[str], ap: argparse.ArgumentParser) -> tuple[str, ...]:
+    """``--warm-lr-schedule type=plateau factor=0.5 ...`` -> ``--train.lr_schedule.KEY=VALUE`` overrides, checked here
+    against the config's train.lr_schedule block (a bad key or value: exit 2 before any run)."""
+    from ctrkit.errors import ConfigError
+    from ctrkit.training.config import load_config
+
+    out = tuple(f"--train.lr_schedule.{item}" for item in items)
+    if any("=" not in item for item in items):
+        ap.error(f"--warm-lr-schedule takes KEY=VALUE items of train.lr_schedule (e.g. type=linear end_factor=0.1), "
+                 f"got {items}")
+    try:
+        load_config(None, out)
+    except ConfigError as e:
+        ap.error(f"--warm-lr-schedule: {e}")
+    return out
+
+
 def parser(description: str, quick: dict[str, int]) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--datasets", nargs="*", default=["movielens", "taobao"], choices=["movielens", "taobao"])
@@ -47,6 +64,9 @@ def parser(description: str, quick: dict[str, int]) -> argparse.ArgumentParser:
     ap.add_argument("--first-warm-lr-scale", type=float, default=1.0, metavar="X",
                     help="incremental arm: the first warm run after a fit on every row so far at X times the warm "
                          "runs' dense and embedding learning rates")
+    ap.add_argument("--warm-lr-schedule", nargs="+", default=[], metavar="KEY=VALUE",
+                    help="incremental arm, warm runs only (refresh fits unchanged): train.lr_schedule, e.g. type=plateau "
+                         "factor=0.5 patience=0 min_lr=1.25e-4, or type=linear end_factor=0.1")
     ap.add_argument("--warm-new-rows", choices=["fresh", "rare"], default="fresh",
                     help="incremental arm, warm runs: train.warm_start_new_rows (rare: new rows copy the rare row 1)")
     ap.add_argument("--warm-optimizer", choices=["keep", "fresh"], default="keep",
@@ -82,4 +102,5 @@ def parse(argv: list[str] | None, description: str, quick: dict[str, int]) -> tu
         ap.error(f"--warm-average {a.warm_average} needs --ema-decay (a warm start's average is that of train.ema_decay)")
     if a.ema_decay is not None and not 0 < a.ema_decay < 1:
         ap.error(f"--ema-decay must lie strictly between 0 and 1, got {a.ema_decay}")
+    a.warm_lr_schedule = lr_schedule(a.warm_lr_schedule, ap)
     return a, id_dropout(a.id_dropout, ap)

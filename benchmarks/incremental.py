@@ -24,7 +24,8 @@ Periods t = 0 .. T-2 (each evaluated on period t + 1, which no choice ever sees)
   new rows from the rare row, ``--warm-optimizer fresh`` their optimizers with fresh states, ``--warm-epochs``
   caps their epochs (default ``--epochs``), ``--first-warm-epochs`` those of the first warm run after a fit on every
   row so far (period 0 or a refresh: t = 1, K + 1, 2K + 1, ...; default ``--warm-epochs``), and
-  ``--first-warm-lr-scale X`` multiplies that run's dense and embedding rates by X. ``--refresh-every K`` (default ``REFRESH_EVERY``, per data set; 0:
+  ``--first-warm-lr-scale X`` multiplies that run's dense and embedding rates by X, ``--warm-lr-schedule
+  type=plateau ...`` gives every warm run a ``train.lr_schedule`` (refresh fits keep none). ``--refresh-every K`` (default ``REFRESH_EVERY``, per data set; 0:
   never) makes every K-th period (t = K, 2K, ...) a refresh: the incremental arm's model of that period is a fit
   from scratch on every row so far (the retrain arm's run, store p{t}/re; its preprocess and training seconds count
   in the incremental arm's totals), and the next warm run grows its vocabulary from p{t}/re/train and starts from
@@ -37,15 +38,12 @@ Periods t = 0 .. T-2 (each evaluated on period t + 1, which no choice ever sees)
 * frozen: period 0's model, never updated; period t + 1 encoded with period 0's vocabularies
   (``--vocab-from STORE_0/train``: new ids -> 1, rare) and scored with RUN_0/best.pt.
 
-``--ema-decay D`` sets ``train.ema_decay`` for every run of every arm (weight averaging; a change of the shared
-config): evaluation, early stopping and best.pt use the debiased moving average of the weights over the run's steps.
-The incremental arm's warm runs then continue their checkpoint's average (``train.warm_start_average: keep``, or
-``--warm-average fresh`` for a new average per period): training goes on from the trained weights, the average
-spans periods (about 1 / (1 - D) steps), and it is what is scored, chosen and warm-started from.
+``--ema-decay D`` sets ``train.ema_decay`` for every run of every arm: evaluation, early stopping and best.pt use
+the weights' debiased moving average. The warm runs continue their checkpoint's average (``train.warm_start_average:
+keep``; ``--warm-average fresh``: a new one per period): it spans periods and is what is scored and warm-started from.
 
-``--id-dropout user_id=0.1`` sets ``train.id_dropout`` for every run of every arm (a change of the shared config):
-while training, each user id becomes the rare id 1 with probability 0.1, which trains the row the next period's
-unseen users are scored with (ctrkit/data/pipeline/id_dropout.py).
+``--id-dropout user_id=0.1`` sets ``train.id_dropout`` for every run of every arm: while training, each user id
+becomes the rare id 1 with probability 0.1, which trains the row unseen users are scored with.
 
 At t = 0 the three arms are the same run. Every run uses one fixed config: configs/movielens/deepfm.yaml (DeepFM,
 embedding 16, MLP 256-128, Adam 2e-3 + lazy Adam 2.5e-3 on the rows; the warm runs: ``WARM_LR``) with batch 256, no
@@ -202,6 +200,7 @@ class Warm:
     refresh_from: str = "scratch"  # warm: a refresh continues from the arm's model (every row so far, config's rates)
     first_epochs: int | None = None  # the first warm run after a fit on every row so far (t = 1, K + 1, ...): epochs
     first_lr_scale: float = 1.0  # that run's dense and embedding learning rates: this times the warm runs'
+    lr_schedule: tuple[str, ...] = ()  # the warm runs' --train.lr_schedule.* overrides (--warm-lr-schedule)
 
 
 def epochs_of(t: int, warm: Warm) -> int | None:
@@ -233,6 +232,7 @@ def incremental(log: Log, r: dict[str, Any], d: Path, t: int, prev: tuple[Path, 
         extra += [f"--train.epochs={epochs_of(t, warm)}"] if epochs_of(t, warm) else []
         extra += [f"--train.warm_start_new_rows={warm.new_rows}", f"--train.warm_start_optimizer={warm.optimizer}"]
         extra += [f"--train.warm_start_average={warm.average}"] if warm.average else []
+        extra += list(warm.lr_schedule)
     inc = train(store, d.parent / "runs", f"inc{t}", overrides + extra, warm=prev and Path(prev[1]))
     return {**inc, "prep_s": prep, "replayed_rows": replayed}
 
@@ -339,7 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     a, drop = parse(argv, __doc__.splitlines()[0], QUICK)
     average = (a.warm_average or "keep") if a.ema_decay is not None else None
     warm = Warm(a.replay, a.warm_dense_lr, a.seed, a.tune, a.warm_new_rows, a.warm_optimizer, average,
-                a.warm_embedding_lr, a.warm_epochs, first_epochs=a.first_warm_epochs, first_lr_scale=a.first_warm_lr_scale)
+                a.warm_embedding_lr, a.warm_epochs, first_epochs=a.first_warm_epochs, first_lr_scale=a.first_warm_lr_scale,
+                lr_schedule=a.warm_lr_schedule)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(a.threads)
     epochs = 2 if a.quick else a.epochs
@@ -386,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "incremental", "quick": a.quick, "epochs": epochs, "threads": a.threads, "seed": a.seed,
         "valid_fraction": a.valid_fraction, "replay": a.replay, "refresh_every": a.refresh_every, "warm_dense_lr": a.warm_dense_lr,
         "warm_embedding_lr": a.warm_embedding_lr, "warm_epochs": a.warm_epochs, "first_warm_epochs": a.first_warm_epochs,
-        "first_warm_lr_scale": a.first_warm_lr_scale, "id_dropout": drop, "warm_new_rows": a.warm_new_rows, "warm_optimizer": a.warm_optimizer,
+        "first_warm_lr_scale": a.first_warm_lr_scale, "warm_lr_schedule": a.warm_lr_schedule, "id_dropout": drop, "warm_new_rows": a.warm_new_rows, "warm_optimizer": a.warm_optimizer,
         "ema_decay": a.ema_decay, "warm_average": average, "tune": a.tune,
         "config": str(CONFIG.relative_to(REPO)), "overrides": overrides,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(), "precision": "fp32", "torch": torch.__version__,

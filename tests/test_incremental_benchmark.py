@@ -385,3 +385,23 @@ def test_first_warm_run_after_a_fit_gets_its_own_rates_and_epochs(tmp_path: Path
     assert seen["re4"] == []  # the refresh: the config's rates and epochs
     with pytest.raises(SystemExit):
         ARGS.parse(["--first-warm-lr-scale", "0"], "x", INC.QUICK)
+
+
+def test_warm_lr_schedule_reaches_the_warm_runs_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--warm-lr-schedule KEY=VALUE ... becomes ``--train.lr_schedule.*`` overrides of every warm run (periods 1-3,
+    5-6), never of period 0's fit or the refresh of period 4; a bad key or value is refused before any run."""
+    seen: dict[str, list[str]] = {}
+
+    def fake_train(store: Path, runs: Path, name: str, overrides: list[str], warm: Path | None = None) -> dict:
+        seen[name] = [o for o in overrides if o.startswith("--train.lr_schedule.")]
+        return fake_fit(runs, name)
+
+    a, _ = ARGS.parse(["--warm-lr-schedule", "type=plateau", "factor=0.5", "min_lr=1e-4"], "x", INC.QUICK)
+    sched = ["--train.lr_schedule.type=plateau", "--train.lr_schedule.factor=0.5", "--train.lr_schedule.min_lr=1e-4"]
+    assert list(a.warm_lr_schedule) == sched
+    log = toy_log(monkeypatch, tmp_path, 8, train=fake_train)
+    INC.roll(log, 8, tmp_path, [], 0.0, INC.Warm(only=True, refresh_every=4, lr_schedule=a.warm_lr_schedule))
+    assert seen == {"inc0": [], "inc1": sched, "inc2": sched, "inc3": sched, "re4": [], "inc5": sched, "inc6": sched}
+    for bad in (["type=cosine"], ["factor=-1"], ["plateau"], ["facter=0.5"]):
+        with pytest.raises(SystemExit):
+            ARGS.parse(["--warm-lr-schedule", *bad], "x", INC.QUICK)
