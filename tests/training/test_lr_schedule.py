@@ -57,15 +57,19 @@ def test_linear_rates_follow_warmup_then_decay_step_by_step():
         assert got == pytest.approx([0.02 * f, 0.1 * f], rel=1e-12)
 
 
-@pytest.mark.parametrize("dense,sparse", [("adam", "adagrad"), ("adamw", "rowwise_adagrad"),
-                                          ("sgd", "sparse_adam"), ("adagrad", "sgd")])
-def test_every_optimizer_steps_with_the_scheduled_rate(dense, sparse):
+@pytest.mark.parametrize("dense,sparse,sparse_grad", [
+    ("adam", "adagrad", True), ("adamw", "rowwise_adagrad", True), ("sgd", "sparse_adam", True),
+    ("adagrad", "sgd", True), ("adam", "sparse_adam", False)])  # dense table gradient: LazyAdam's native CPU kernel
+def test_every_optimizer_steps_with_the_scheduled_rate(dense, sparse, sparse_grad):
     """One step at a quarter of the rates (warm-up step 1 of 4) is bit for bit one step of optimizers built with a
-    quarter of the rates: torch's fused Adam, Adagrad, SGD, RowWiseAdagrad and LazyAdam all read the group's lr."""
+    quarter of the rates: torch's fused Adam, Adagrad, SGD, RowWiseAdagrad and LazyAdam (sparse and dense
+    gradients, the latter through the native kernel where it is built) all read the group's lr."""
     def one_step(**kw):
         torch.manual_seed(0)
         train, _ = tiny_loaders(n_train=64)
-        tr = Trainer(TinyCTR(), train, tiny_cfg(dense_optimizer=dense, sparse_optimizer=sparse, max_steps=1, **kw))
+        model = TinyCTR()
+        model.emb.sparse = sparse_grad
+        tr = Trainer(model, train, tiny_cfg(dense_optimizer=dense, sparse_optimizer=sparse, max_steps=1, **kw))
         tr.fit()
         return [p.detach().clone() for p in tr.model.parameters()]
 
