@@ -8,7 +8,7 @@ build, ``CTRKIT_NATIVE_KERNELS=0`` in the environment, or a platform other than 
 The build: ``$CXX`` (default ``g++``) ``-O3 -march=native -fopenmp -shared`` (again without OpenMP where the compiler
 refuses it), each compile bounded by ``BUILD_TIMEOUT_S`` and a timeout ending the attempts; the
 library goes to ``$CTRKIT_KERNEL_DIR`` (default ``~/.cache/ctrkit/kernels``, or under ``$XDG_CACHE_HOME``) under a
-name that hashes the source, the flags, the compiler's version and the CPU's flags, written to a temporary name and
+name that hashes the source (with the shared headers of csrc), the flags, the compiler's version and the CPU's flags, written to a temporary name and
 renamed into place, so processes building at once (test workers, torchrun ranks) never load a partial file and a
 library built for another CPU is never loaded.
 """
@@ -70,7 +70,8 @@ def _load(name: str, own_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
         log.warning("native kernel %s: no C++ compiler (%s) on PATH; using the pure-torch path (set CXX to one)",
                     name, os.environ.get("CXX", "g++"))
         return None
-    text = source.read_bytes()
+    # the source and the shared headers it may include (a changed header must rebuild every kernel)
+    text = source.read_bytes() + b"".join(h.read_bytes() for h in sorted(CSRC.glob("*.h")))
     errors = []
     for extra in _EXTRA_FLAGS:
         flags = (*_BASE_FLAGS, *own_flags, *extra)

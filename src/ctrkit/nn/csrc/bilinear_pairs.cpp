@@ -21,63 +21,15 @@
 #include <cstdint>
 #include <cstring>
 #include <vector>
-#if defined(_OPENMP)
-#include <omp.h>
-#endif
+
+#include "lanes.h"
 
 namespace {
 
 constexpr int kMaxDim = 64;
 
-#if defined(__AVX512F__)
-#define CTRKIT_VECTOR_BYTES 64
-#elif defined(__AVX__)
-#define CTRKIT_VECTOR_BYTES 32
-#else
-#define CTRKIT_VECTOR_BYTES 16
-#endif
-typedef float VecF __attribute__((vector_size(CTRKIT_VECTOR_BYTES)));
-typedef double VecD __attribute__((vector_size(CTRKIT_VECTOR_BYTES)));
+using namespace ctrkit_lanes;
 
-template <typename T>
-struct Lanes;
-template <>
-struct Lanes<float> {
-  using V = VecF;
-  static constexpr int kCount = CTRKIT_VECTOR_BYTES / 4;
-};
-template <>
-struct Lanes<double> {
-  using V = VecD;
-  static constexpr int kCount = CTRKIT_VECTOR_BYTES / 8;
-};
-
-// Loads and stores that read the same for a vector of lanes and for one scalar lane (the batch tail).
-template <typename V, typename T>
-inline V load(const T* p) {
-  V v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-template <typename V, typename T>
-inline void store(T* p, V v) {
-  std::memcpy(p, &v, sizeof v);
-}
-
-template <typename T>
-inline T lane_sum(T v) {
-  return v;
-}
-inline float lane_sum(VecF v) {
-  float s = 0;
-  for (int l = 0; l < Lanes<float>::kCount; ++l) s += v[l];
-  return s;
-}
-inline double lane_sum(VecD v) {
-  double s = 0;
-  for (int l = 0; l < Lanes<double>::kCount; ++l) s += v[l];
-  return s;
-}
 
 struct Shape {
   int64_t b;  // samples, the row stride of every array
@@ -216,12 +168,6 @@ void backward_pair(const Shape& sh, const T* vi, const T* vj, const T* ai, const
 
 // Each thread takes a contiguous range of whole vectors of samples and runs every pair over it (pairs outer, so
 // one pair's W and dW partial sums stay in L1 while its rows stream).
-inline void thread_range(int64_t b, int lanes, int threads, int t, int64_t& c0, int64_t& c1) {
-  const int64_t vecs = (b + lanes - 1) / lanes, per = (vecs + threads - 1) / threads;
-  c0 = std::min(b, t * per * lanes);
-  c1 = std::min(b, (t + 1) * per * lanes);
-}
-
 template <typename T, int DD>
 void forward_all(const Shape& sh, const T* e, const T* a, const T* w, T* x, int threads) {
   std::vector<int> left, right;
@@ -229,13 +175,8 @@ void forward_all(const Shape& sh, const T* e, const T* a, const T* w, T* x, int 
   const int64_t p = static_cast<int64_t>(left.size()), d = sh.d, b = sh.b;
 #pragma omp parallel num_threads(threads) if (threads > 1)
   {
-    int t = 0, nt = 1;
-#if defined(_OPENMP)
-    t = omp_get_thread_num();
-    nt = omp_get_num_threads();
-#endif
     int64_t c0, c1;
-    thread_range(b, Lanes<T>::kCount, nt, t, c0, c1);
+    thread_columns(b, Lanes<T>::kCount, c0, c1);
     for (int64_t k = 0; k < p; ++k)
       forward_pair<T, DD>(sh, e + left[k] * d * b, e + right[k] * d * b, a + left[k] * b, a + right[k] * b,
                           w + k * d * d, x + k * d * b, x + (p + k) * d * b, c0, c1);
@@ -254,13 +195,8 @@ void backward_all(const Shape& sh, const T* e, const T* a, const T* w, const T* 
   std::memset(dw, 0, sizeof(T) * p * dd);
 #pragma omp parallel num_threads(threads) if (threads > 1)
   {
-    int t = 0, nt = 1;
-#if defined(_OPENMP)
-    t = omp_get_thread_num();
-    nt = omp_get_num_threads();
-#endif
     int64_t c0, c1;
-    thread_range(b, Lanes<T>::kCount, nt, t, c0, c1);
+    thread_columns(b, Lanes<T>::kCount, c0, c1);
     std::vector<V> acc(static_cast<size_t>(dd));
     std::vector<V> dub(static_cast<size_t>(kGroup * d));
     std::vector<T> acc1(static_cast<size_t>(dd)), part(static_cast<size_t>(p * dd));

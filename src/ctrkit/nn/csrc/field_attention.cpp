@@ -27,47 +27,17 @@
 #include <limits>
 #include <vector>
 
+#include "lanes.h"
+
 namespace {
 
 constexpr int kMaxHeadDim = 64;
 constexpr int kMaxFields = 256;
 
-// The vector: the CPU's widest (a 64-byte vector on a CPU without AVX-512 runs through memory: measured 8x slower).
-#if defined(__AVX512F__)
-#define CTRKIT_VECTOR_BYTES 64
-#elif defined(__AVX__)
-#define CTRKIT_VECTOR_BYTES 32
-#else
-#define CTRKIT_VECTOR_BYTES 16
-#endif
-typedef float VecF __attribute__((vector_size(CTRKIT_VECTOR_BYTES)));
-typedef double VecD __attribute__((vector_size(CTRKIT_VECTOR_BYTES)));
+using namespace ctrkit_lanes;
 typedef int32_t VecI __attribute__((vector_size(CTRKIT_VECTOR_BYTES)));
 
-template <typename T>
-struct Lanes;
-template <>
-struct Lanes<float> {
-  using V = VecF;
-  static constexpr int kCount = CTRKIT_VECTOR_BYTES / 4;
-};
-template <>
-struct Lanes<double> {
-  using V = VecD;
-  static constexpr int kCount = CTRKIT_VECTOR_BYTES / 8;
-};
-
-// Loads, stores and constants that read the same for a vector of lanes and for one scalar lane.
-template <typename V, typename T>
-inline V load(const T* p) {
-  V v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-template <typename V, typename T>
-inline void store(T* p, V v) {
-  std::memcpy(p, &v, sizeof v);
-}
+// Constants that read the same for a vector of lanes and for one scalar lane.
 template <typename V, typename T>
 inline V splat(T c) {
   V v = {};

@@ -12,47 +12,15 @@
 #include <cstdint>
 #include <cstring>
 #include <vector>
-#if defined(_OPENMP)
-#include <omp.h>
-#endif
+
+#include "lanes.h"
 
 namespace {
 
 constexpr int kMaxFields = 64, kMaxHidden = 64, kMaxDim = 64;
 
-#if defined(__AVX512F__)
-#define CTRKIT_VECTOR_BYTES 64
-#elif defined(__AVX__)
-#define CTRKIT_VECTOR_BYTES 32
-#else
-#define CTRKIT_VECTOR_BYTES 16
-#endif
-typedef float VecF __attribute__((vector_size(CTRKIT_VECTOR_BYTES)));
-typedef double VecD __attribute__((vector_size(CTRKIT_VECTOR_BYTES)));
+using namespace ctrkit_lanes;
 
-template <typename T>
-struct Lanes;
-template <>
-struct Lanes<float> {
-  using V = VecF;
-  static constexpr int kCount = CTRKIT_VECTOR_BYTES / 4;
-};
-template <>
-struct Lanes<double> {
-  using V = VecD;
-  static constexpr int kCount = CTRKIT_VECTOR_BYTES / 8;
-};
-
-template <typename V, typename T>
-inline V load(const T* p) {
-  V v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-template <typename V, typename T>
-inline void store(T* p, V v) {
-  std::memcpy(p, &v, sizeof v);
-}
 template <typename V>
 inline V relu(V x) {
   return x > V{} ? x : V{};
@@ -65,21 +33,6 @@ inline V positive(V x, V y) {  // y where x > 0, else 0
 }
 inline float positive(float x, float y) { return x > 0 ? y : 0; }
 inline double positive(double x, double y) { return x > 0 ? y : 0; }
-
-template <typename T>
-inline T lane_sum(T v) {
-  return v;
-}
-inline float lane_sum(VecF v) {
-  float s = 0;
-  for (int l = 0; l < Lanes<float>::kCount; ++l) s += v[l];
-  return s;
-}
-inline double lane_sum(VecD v) {
-  double s = 0;
-  for (int l = 0; l < Lanes<double>::kCount; ++l) s += v[l];
-  return s;
-}
 
 struct Shape {
   int64_t b;
@@ -148,12 +101,6 @@ inline void backward_cols(const Shape& sh, const T* __restrict e, const T* __res
   }
 }
 
-inline void thread_range(int64_t b, int lanes, int threads, int t, int64_t& c0, int64_t& c1) {
-  const int64_t vecs = (b + lanes - 1) / lanes, per = (vecs + threads - 1) / threads;
-  c0 = std::min(b, t * per * lanes);
-  c1 = std::min(b, (t + 1) * per * lanes);
-}
-
 inline bool supported(const Shape& sh) {
   return sh.b >= 0 && sh.f >= 1 && sh.f <= kMaxFields && sh.hidden >= 1 && sh.hidden <= kMaxHidden && sh.d >= 1 &&
          sh.d <= kMaxDim;
@@ -165,13 +112,8 @@ void forward_all(const Shape& sh, const T* e, const T* w1, const T* w2, T* h, T*
   constexpr int kL = Lanes<T>::kCount;
 #pragma omp parallel num_threads(threads) if (threads > 1)
   {
-    int t = 0, nt = 1;
-#if defined(_OPENMP)
-    t = omp_get_thread_num();
-    nt = omp_get_num_threads();
-#endif
     int64_t c0, c1;
-    thread_range(sh.b, kL, nt, t, c0, c1);
+    thread_columns(sh.b, kL, c0, c1);
     int64_t col = c0;
     for (; col + kL <= c1; col += kL) forward_cols<V, T>(sh, e, w1, w2, h, a, col);
     for (; col < c1; ++col) forward_cols<T, T>(sh, e, w1, w2, h, a, col);
@@ -188,13 +130,8 @@ void backward_all(const Shape& sh, const T* e, const T* w1, const T* w2, const T
   std::memset(dw2, 0, sizeof(T) * n);
 #pragma omp parallel num_threads(threads) if (threads > 1)
   {
-    int t = 0, nt = 1;
-#if defined(_OPENMP)
-    t = omp_get_thread_num();
-    nt = omp_get_num_threads();
-#endif
     int64_t c0, c1;
-    thread_range(sh.b, kL, nt, t, c0, c1);
+    thread_columns(sh.b, kL, c0, c1);
     std::vector<V> acc1(static_cast<size_t>(n)), acc2(static_cast<size_t>(n));
     std::vector<T> tail1(static_cast<size_t>(n)), tail2(static_cast<size_t>(n));
     int64_t col = c0;
