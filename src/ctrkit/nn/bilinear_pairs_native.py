@@ -97,38 +97,48 @@ def native_senet_shared_pairs(emb: Tensor, w1: Tensor, w2: Tensor, weight: Tenso
     return _NativeSenetSharedPairs.apply(tail, emb, w1, w2, weight)
 
 
+def _pairs_forward(e: Tensor, a: Tensor, w: Tensor, tail: Tensor | None) -> Tensor:
+    """X^T (N, B) of the fields ``e`` (F, D, B), their weights ``a`` (F, B) and ``w`` (P, D, D), ``tail`` below."""
+    f, d, b = e.shape
+    pd = f * (f - 1) // 2 * d
+    out_t = e.new_empty(2 * pd + (0 if tail is None else tail.shape[1]), b)
+    rc = _entry_points()[f"forward_{_SUFFIX[e.dtype]}"](  # type: ignore[index]
+        e.data_ptr(), a.data_ptr(), w.data_ptr(), out_t.data_ptr(), b, f, d, torch.get_num_threads())
+    _check(rc, f, d)
+    if tail is not None:
+        out_t[2 * pd :] = tail.t()
+    return out_t
+
+
+def _pairs_backward(e: Tensor, a: Tensor, w: Tensor, grad: Tensor,
+                    tail_wanted: bool) -> tuple[Tensor | None, Tensor, Tensor, Tensor]:
+    """(the tail's gradient or None, de (F, D, B), da (F, B), dw (P, D, D)) from the gradient of X (B, N)."""
+    f, d, b = e.shape
+    grad_t = grad.t().contiguous()  # (N, B): no copy when it comes from a matmul's backward
+    de, da, dw = torch.empty_like(e), torch.empty_like(a), torch.empty_like(w)  # the kernel zeroes them
+    rc = _entry_points()[f"backward_{_SUFFIX[e.dtype]}"](  # type: ignore[index]
+        e.data_ptr(), a.data_ptr(), w.data_ptr(), grad_t.data_ptr(), de.data_ptr(), da.data_ptr(),
+        dw.data_ptr(), b, f, d, torch.get_num_threads())
+    _check(rc, f, d)
+    tail_grad = grad_t[f * (f - 1) * d :].t() if tail_wanted else None
+    return tail_grad, de, da, dw
+
+
 class _NativeSharedPairs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tail: Tensor | None, emb: Tensor, scale: Tensor,  # type: ignore[override]
                 weight: Tensor) -> Tensor:
-        b, f, d = emb.shape
         e = emb.permute(1, 2, 0).contiguous()  # (F, D, B)
         a = scale.t().contiguous()  # (F, B)
         w = weight.contiguous()  # (P, D, D)
-        pd = f * (f - 1) // 2 * d
-        nt = 0 if tail is None else tail.shape[1]
-        out_t = e.new_empty(2 * pd + nt, b)  # X^T (N, B)
-        rc = _entry_points()[f"forward_{_SUFFIX[e.dtype]}"](  # type: ignore[index]
-            e.data_ptr(), a.data_ptr(), w.data_ptr(), out_t.data_ptr(), b, f, d, torch.get_num_threads())
-        _check(rc, f, d)
-        if tail is not None:
-            out_t[2 * pd :] = tail.t()
         ctx.has_tail = tail is not None
         ctx.save_for_backward(e, a, w)
-        return out_t.t()  # (B, N) view
+        return _pairs_forward(e, a, w, tail).t()  # (B, N) view
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
         e, a, w = ctx.saved_tensors
-        f, d, b = e.shape
-        pd = f * (f - 1) // 2 * d
-        grad_t = grad.t().contiguous()  # (N, B): no copy when it comes from a matmul's backward
-        de, da, dw = torch.empty_like(e), torch.empty_like(a), torch.empty_like(w)  # the kernel zeroes them
-        rc = _entry_points()[f"backward_{_SUFFIX[e.dtype]}"](  # type: ignore[index]
-            e.data_ptr(), a.data_ptr(), w.data_ptr(), grad_t.data_ptr(), de.data_ptr(), da.data_ptr(),
-            dw.data_ptr(), b, f, d, torch.get_num_threads())
-        _check(rc, f, d)
-        tail_grad = grad_t[2 * pd :].t() if ctx.has_tail and ctx.needs_input_grad[0] else None
+        tail_grad, de, da, dw = _pairs_backward(e, a, w, grad, ctx.has_tail and ctx.needs_input_grad[0])
         return tail_grad, de.permute(2, 0, 1), da.t(), dw
 
 
@@ -138,39 +148,25 @@ class _NativeSenetSharedPairs(torch.autograd.Function):
                 weight: Tensor) -> Tensor:
         b, f, d = emb.shape
         hidden = w1.shape[0]
-        fns, sfx, threads = _entry_points(), _SUFFIX[emb.dtype], torch.get_num_threads()
         e = emb.permute(1, 2, 0).contiguous()  # (F, D, B)
         w1, w2, w = w1.contiguous(), w2.contiguous(), weight.contiguous()
         h, a = e.new_empty(hidden, b), e.new_empty(f, b)  # SENET's hidden units and field weights, (H, B), (F, B)
-        _check(fns[f"senet_forward_{sfx}"](  # type: ignore[index]
-            e.data_ptr(), w1.data_ptr(), w2.data_ptr(), h.data_ptr(), a.data_ptr(), b, f, d, hidden, threads), f, d)
-        pd = f * (f - 1) // 2 * d
-        nt = 0 if tail is None else tail.shape[1]
-        out_t = e.new_empty(2 * pd + nt, b)  # X^T (N, B)
-        _check(fns[f"forward_{sfx}"](  # type: ignore[index]
-            e.data_ptr(), a.data_ptr(), w.data_ptr(), out_t.data_ptr(), b, f, d, threads), f, d)
-        if tail is not None:
-            out_t[2 * pd :] = tail.t()
+        _check(_entry_points()[f"senet_forward_{_SUFFIX[e.dtype]}"](  # type: ignore[index]
+            e.data_ptr(), w1.data_ptr(), w2.data_ptr(), h.data_ptr(), a.data_ptr(), b, f, d, hidden,
+            torch.get_num_threads()), f, d)
         ctx.has_tail = tail is not None
         ctx.save_for_backward(e, a, w, h, w1, w2)
-        return out_t.t()  # (B, N) view
+        return _pairs_forward(e, a, w, tail).t()  # (B, N) view
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
         e, a, w, h, w1, w2 = ctx.saved_tensors
         f, d, b = e.shape
-        fns, sfx, threads = _entry_points(), _SUFFIX[e.dtype], torch.get_num_threads()
-        pd = f * (f - 1) // 2 * d
-        grad_t = grad.t().contiguous()  # (N, B): no copy when it comes from a matmul's backward
-        de, da, dw = torch.empty_like(e), torch.empty_like(a), torch.empty_like(w)  # the kernel zeroes them
-        _check(fns[f"backward_{sfx}"](  # type: ignore[index]
-            e.data_ptr(), a.data_ptr(), w.data_ptr(), grad_t.data_ptr(), de.data_ptr(), da.data_ptr(),
-            dw.data_ptr(), b, f, d, threads), f, d)
+        tail_grad, de, da, dw = _pairs_backward(e, a, w, grad, ctx.has_tail and ctx.needs_input_grad[0])
         dw1, dw2 = torch.empty_like(w1), torch.empty_like(w2)
-        _check(fns[f"senet_backward_{sfx}"](  # type: ignore[index]
+        _check(_entry_points()[f"senet_backward_{_SUFFIX[e.dtype]}"](  # type: ignore[index]
             e.data_ptr(), w1.data_ptr(), w2.data_ptr(), h.data_ptr(), a.data_ptr(), da.data_ptr(), de.data_ptr(),
-            dw1.data_ptr(), dw2.data_ptr(), b, f, d, w1.shape[0], threads), f, d)  # de += the squeeze's gradient
-        tail_grad = grad_t[2 * pd :].t() if ctx.has_tail and ctx.needs_input_grad[0] else None
+            dw1.data_ptr(), dw2.data_ptr(), b, f, d, w1.shape[0], torch.get_num_threads()), f, d)  # de += squeeze's
         return tail_grad, de.permute(2, 0, 1), dw1, dw2, dw
 
 
