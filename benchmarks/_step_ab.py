@@ -6,6 +6,7 @@ the arms flips every step, so drift in the machine's load reaches them alike; CP
 from __future__ import annotations
 
 import importlib.util
+import os
 import statistics
 import subprocess
 import tempfile
@@ -93,3 +94,13 @@ def cpu_ms(fn: Callable[[], None], reps: int = 20) -> float:
         fn()
         out.append((time.process_time() - c) * 1e3)
     return statistics.median(out)
+
+
+def native_kernels(on: bool) -> None:
+    """Turn ctrkit's native kernels on or off for the calls that follow (``CTRKIT_NATIVE_KERNELS``, read per call)."""
+    os.environ["CTRKIT_NATIVE_KERNELS"] = "1" if on else "0"
+
+
+def max_weight_difference(a: Any, b: Any) -> float:
+    """The largest absolute difference between two models' parameters (``a``, ``b``: nn.Modules of one shape)."""
+    return max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters(), strict=True))

@@ -23,7 +23,7 @@ import types
 from pathlib import Path
 
 import torch
-from _step_ab import alternate, build_trainer, cpu_ms
+from _step_ab import alternate, build_trainer, cpu_ms, max_weight_difference
 from torch import nn
 
 from ctrkit.nn import fm
@@ -66,7 +66,7 @@ def model_ab(name: str, store: Path, steps: int) -> dict[str, float]:
     batches = [x for _, x in zip(range(len(loader) - 1), loader)]  # full batches
     ms = alternate({"torch": old, "ctrkit": new}, batches, steps, 10)
     a, b = (statistics.median(ms[k]) * 1e3 for k in ("torch", "ctrkit"))
-    drift = max((p - q).abs().max().item() for p, q in zip(old.model.parameters(), new.model.parameters()))
+    drift = max_weight_difference(old.model, new.model)
     print(f"{name}: torch layers {a:.2f} ms, ctrkit layers {b:.2f} ms per step ({a / b:.3f}x); largest weight "
           f"difference after {steps + 10} steps {drift:.2e}", flush=True)
     return {"torch_ms": a, "ctrkit_ms": b, "ratio": a / b, "max_weight_difference": drift}

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _step_ab import alternate, build_trainer
+from _step_ab import alternate, build_trainer, max_weight_difference, native_kernels
 
 from ctrkit.nn import embedding_update
 
@@ -48,10 +48,7 @@ def model_ab(dataset: str, name: str, store: Path, steps: int) -> dict[str, Any]
 
     def before(arm: str) -> None:  # the arm's code path: the kernel on, or off
         current["arm"] = arm
-        if arm == "torch":
-            os.environ["CTRKIT_NATIVE_KERNELS"] = "0"
-        else:
-            os.environ.pop("CTRKIT_NATIVE_KERNELS", None)
+        native_kernels(arm == "native")
 
     def step(t: Any, batch: Any) -> None:
         c0 = time.process_time()
@@ -73,8 +70,7 @@ def model_ab(dataset: str, name: str, store: Path, steps: int) -> dict[str, Any]
         out[f"{arm}_ms"] = statistics.median(ms[arm]) * 1e3
         out[f"{arm}_parts_ms"] = {p: statistics.median(parts[arm][p][warmup:]) * 1e3 for p in PARTS}
     out["ratio"] = out["torch_ms"] / out["native_ms"]
-    a, b = (trainers[arm].model.parameters() for arm in ARMS)
-    out["max_weight_difference"] = max((p - q).abs().max().item() for p, q in zip(a, b))
+    out["max_weight_difference"] = max_weight_difference(*(trainers[arm].model for arm in ARMS))
     pn, pt = out["native_parts_ms"], out["torch_parts_ms"]
     print(f"{dataset} {name}: torch {out['torch_ms']:.2f} ms, native {out['native_ms']:.2f} ms per step "
           f"({out['ratio']:.3f}x); backward {pt['backward']:.2f} -> {pn['backward']:.2f}, optimizer "

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _step_ab import alternate, build_trainer
+from _step_ab import alternate, build_trainer, max_weight_difference, native_kernels
 
 import ctrkit.models.fibinet as fibinet_module
 from ctrkit.memory import keep_freed_memory
@@ -36,10 +36,6 @@ CONFIG = REPO / "configs" / "movielens" / "fibinet.yaml"
 MATCHED = ["train.early_stopping.patience=0", "model.params.bilinear_shared=true"]
 
 
-def kernels_on(on: bool) -> None:
-    os.environ["CTRKIT_NATIVE_KERNELS"] = "1" if on else "0"
-
-
 def step_ab(store: Path, steps: int, arms: dict[str, Callable[[], None]]) -> dict[str, float]:
     """Median CPU ms per training step of each arm (``arms[name]()`` runs untimed before each of its steps)."""
     trainers = {name: build_trainer(store, CONFIG, overrides=MATCHED, matched_l2=True)[0] for name in arms}
@@ -47,8 +43,7 @@ def step_ab(store: Path, steps: int, arms: dict[str, Callable[[], None]]) -> dic
     batches = [x for _, x in zip(range(len(loader)), loader)]
     ms = alternate(trainers, batches, steps, 10, step=lambda t, x: t._train_step(x), before=lambda n: arms[n]())
     out = {name: statistics.median(v) * 1e3 for name, v in ms.items()}
-    params = [list(t.model.parameters()) for t in trainers.values()]
-    out["max_weight_difference"] = max((p - q).abs().max().item() for p, q in zip(*params))
+    out["max_weight_difference"] = max_weight_difference(*(t.model for t in trainers.values()))
     return out
 
 
@@ -63,7 +58,7 @@ def fit_ab(store: Path, fits: int) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {"native": [], "torch ops": []}
     for r in range(fits):
         for arm in ("native", "torch ops") if r % 2 == 0 else ("torch ops", "native"):
-            kernels_on(arm == "native")
+            native_kernels(arm == "native")
             out[arm].append(deepctr_compare.run_ctrkit(CONFIG, stores, 0, 1)["cpu_seconds"])
     return out
 
@@ -80,14 +75,14 @@ def main() -> None:
     print(f"load average {load0:.1f}", flush=True)
     out: dict[str, Any] = {"benchmark": "fibinet_native_ab", "cpu_capability": torch.backends.cpu.get_cpu_capability(),
                            "threads": 1, "precision": "fp32", "steps": a.steps}
-    out["steps_ab"] = step_ab(a.store, a.steps, {"native": lambda: kernels_on(True),
-                                                 "torch ops": lambda: kernels_on(False)})
+    out["steps_ab"] = step_ab(a.store, a.steps, {"native": lambda: native_kernels(True),
+                                                 "torch ops": lambda: native_kernels(False)})
     print("steps, kernels on / off:", {k: round(v, 3) for k, v in out["steps_ab"].items()}, flush=True)
     fused, modules = fibinet_module.senet_bilinear_shared_concat, senet_as_modules()
 
     def use(fn: Callable[..., torch.Tensor]) -> Callable[[], None]:
         def swap() -> None:
-            kernels_on(True)
+            native_kernels(True)
             fibinet_module.senet_bilinear_shared_concat = fn
         return swap
 
@@ -97,7 +92,7 @@ def main() -> None:
     if a.fits:
         out["fits_cpu_s"] = fit_ab(a.store, a.fits)
         print("one-epoch fits, CPU s:", out["fits_cpu_s"], flush=True)
-    kernels_on(True)
+    native_kernels(True)
     out["load_average"] = [load0, os.getloadavg()[0]]
     print(json.dumps(out))
 
