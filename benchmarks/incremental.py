@@ -203,10 +203,15 @@ class Warm:
     lr_schedule: tuple[str, ...] = ()  # the warm runs' --train.lr_schedule.* overrides (--warm-lr-schedule)
 
 
+def first_after_fit(t: int, warm: Warm) -> bool:
+    """Whether period t's warm run is the first after a fit on every row so far (period 0 or a refresh)."""
+    return t == 1 or refreshes(t - 1, warm.refresh_every)
+
+
 def epochs_of(t: int, warm: Warm) -> int | None:
     """The warm run of period t >= 1: its most epochs (None: ``--epochs``): ``--first-warm-epochs`` right after a fit
     on every row so far (period 0 or a refresh), else ``--warm-epochs``."""
-    return warm.first_epochs or warm.epochs if t == 1 or refreshes(t - 1, warm.refresh_every) else warm.epochs
+    return warm.first_epochs or warm.epochs if first_after_fit(t, warm) else warm.epochs
 
 
 def incremental(log: Log, r: dict[str, Any], d: Path, t: int, prev: tuple[Path, str] | None, overrides: list[str],
@@ -226,10 +231,10 @@ def incremental(log: Log, r: dict[str, Any], d: Path, t: int, prev: tuple[Path, 
             prep += preprocess(log.spec, d / "new_replay.csv", store, valid=valid, test=test, parent=d / "inc" / "train")
             if any(unseen(store / "train").values()):  # replayed rows come from rows the vocabulary already holds
                 raise SystemExit(f"{log.name} period {t}: replayed rows hold user / item ids unknown to {d / 'inc'}")
-        scale = warm.first_lr_scale if t == 1 or refreshes(t - 1, warm.refresh_every) else 1.0
+        scale, epochs = (warm.first_lr_scale if first_after_fit(t, warm) else 1.0), epochs_of(t, warm)
         extra = [f"--train.lr={scale * warm.dense_lr}"] if warm.dense_lr else []
         extra += [f"--train.embedding_lr={scale * warm.embedding_lr}"] if warm.embedding_lr else []
-        extra += [f"--train.epochs={epochs_of(t, warm)}"] if epochs_of(t, warm) else []
+        extra += [f"--train.epochs={epochs}"] if epochs else []
         extra += [f"--train.warm_start_new_rows={warm.new_rows}", f"--train.warm_start_optimizer={warm.optimizer}"]
         extra += [f"--train.warm_start_average={warm.average}"] if warm.average else []
         extra += list(warm.lr_schedule)
