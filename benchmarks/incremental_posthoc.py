@@ -120,15 +120,17 @@ def averaged(work: Path, betas: list[float]) -> None:
                          f"{statistics.fmean(x[1] for x in r):.4f} ({len(r)} periods)\n")
 
 
-def window(work: Path, last: int) -> None:
+def _valid_and_next_auc(run: Path) -> tuple[float, float]:
+    """A run's best validation AUC (its summary) and its next-period AUC (its predictions)."""
     import json
 
+    p = np.load(run / "predictions.npz")
+    return json.loads((run / "summary.json").read_text())["best"]["value"], roc_auc_score(p["label"], p["score"])
+
+
+def window(work: Path, last: int) -> None:
     for arm in ("inc", "re"):
-        per = {}
-        for t in _periods(work, arm):
-            run = work / "runs" / f"{arm}{t}"
-            p = np.load(run / "predictions.npz")
-            per[t] = (json.loads((run / "summary.json").read_text())["best"]["value"], roc_auc_score(p["label"], p["score"]))
+        per = {t: _valid_and_next_auc(work / "runs" / f"{arm}{t}") for t in _periods(work, arm)}
         for name, ts in ((f"t = 1 .. {last}", [t for t in per if t <= last]), (f"t > {last}", [t for t in per if t > last])):
             if ts:
                 sys.stdout.write(f"{arm} {name} ({len(ts)} periods): mean valid AUC {statistics.fmean(per[t][0] for t in ts):.4f}"
@@ -140,19 +142,13 @@ def gap(works: list[Path]) -> None:
     their standard errors over the periods (of every run given, e.g. one per seed), over all periods, the warm ones,
     and the warm ones by periods since the last refresh (a period without an ``inc{t}`` run is a ``--refresh-every``
     refresh: its model is ``re{t}``, difference 0)."""
-    import json
-
-    def aucs(run: Path) -> tuple[float, float]:
-        p = np.load(run / "predictions.npz")
-        return json.loads((run / "summary.json").read_text())["best"]["value"], roc_auc_score(p["label"], p["score"])
-
     rows = []
     for work in works:
         last = None  # the last refresh period (None: none yet)
         for t in _periods(work, "re"):
             inc, re = work / "runs" / f"inc{t}", work / "runs" / f"re{t}"
             warm = (inc / "predictions.npz").exists()
-            a, b = aucs(inc if warm else re), aucs(re)
+            a, b = _valid_and_next_auc(inc if warm else re), _valid_and_next_auc(re)
             rows.append((warm, a[0] - b[0], a[1] - b[1], t - last if warm and last is not None else None))
             last = last if warm else t
     groups = [("all periods", rows), ("warm periods", [r for r in rows if r[0]])]
@@ -212,13 +208,13 @@ def rolling(works: list[Path], retrain: Path) -> dict[str, object]:
             if not blocks or t - 1 not in warm[0]:
                 blocks.append([])
             blocks[-1].append(t)
-    chosen = choose([{t: c[t]["auc"] for t in warm[0]} for c in cand], blocks)
+    warm_aucs = [{t: c[t]["auc"] for t in warm[0]} for c in cand]
+    chosen = choose(warm_aucs, blocks)
     pick = {t: c for block, c in zip(blocks, chosen) for t in block}
     arm = {t: cand[pick.get(t, 0)][t] for t in periods}
     mean = {k: statistics.fmean(arm[t][k] for t in periods) for k in ("auc", "gauc")}
     out = {"blocks": [[b[0], b[-1], c] for b, c in zip(blocks, chosen)], "rolling": mean,
-           "candidates_minus_retrain_by_position": by_position([{t: c[t]["auc"] for t in warm[0]} for c in cand],
-                                                               {t: re[t]["auc"] for t in periods}, blocks),
+           "candidates_minus_retrain_by_position": by_position(warm_aucs, {t: re[t]["auc"] for t in periods}, blocks),
            "retrain": {k: statistics.fmean(re[t][k] for t in periods) for k in ("auc", "gauc")},
            "candidates": [statistics.fmean(c[t]["auc"] for t in periods) for c in cand],
            "refresh_auc_max_difference": drift, "periods": len(periods),
