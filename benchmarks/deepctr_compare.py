@@ -248,16 +248,11 @@ def _build_native_kernels() -> None:
     """Build (or load from the cache) ctrkit's native kernels, where this src has them (an A/B may run an older one)."""
     import importlib
 
-    for module in ("field_attention_lanes", "bilinear_pairs_native", "embedding_update"):
+    for module in ("field_attention_lanes", "bilinear_pairs_native", "embedding_update", "embedding_joint"):
         try:
             importlib.import_module(f"ctrkit.nn.{module}").kernel_available()
         except (ImportError, AttributeError):  # an older src without that kernel
             continue
-    try:
-        from ctrkit.nn.embedding_joint import _shift_kernel
-    except ImportError:
-        return
-    _shift_kernel()
 
 
 def run_ctrkit_config(config: Path, stores: dict[str, str], seed: int, run_dir: Path) -> dict[str, Any]:

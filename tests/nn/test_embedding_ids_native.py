@@ -9,7 +9,7 @@ import torch
 from ctrkit.nn import embedding_joint
 from ctrkit.nn.embedding_joint import shifted_ids
 
-pytestmark = pytest.mark.skipif(embedding_joint._shift_kernel() is None,
+pytestmark = pytest.mark.skipif(not embedding_joint.kernel_available(),
                                 reason="no C++ compiler: the kernel cannot be built")
 
 

@@ -4,6 +4,8 @@ resume continuing the schedule, a warm start beginning a fresh one, bad values r
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from trainer_doubles import TinyCTR, resume_after_kill, tiny_cfg, tiny_loaders
@@ -151,7 +153,40 @@ def test_resume_refuses_another_schedule_and_warm_start_begins_a_fresh_one(tmp_p
     assert load_grown_optimizer(warm.optimizer, ckpt, {}, {"dense": True, "sparse": True}) == ["dense", "sparse"]
     assert warm.optimizer.sparse.state  # the states are the checkpoint's...
     assert [warm.optimizer.dense.param_groups[0]["lr"], warm.optimizer.sparse.param_groups[0]["lr"]] == [0.02, 0.1]
-    assert warm.schedule.state_dict() == {"type": "plateau", "total_steps": None, "reductions": 0, "bad_evals": 0}
+    assert warm.schedule.state_dict() == {"type": "plateau", "total_steps": None, "reductions": 0, "bad_evals": 0,
+                                          "settings": {"factor": 0.5, "patience": 0, "min_lr": 1e-4,
+                                                       "end_factor": 0.0, "warmup_steps": 0}}
+
+
+@pytest.mark.parametrize("changed,match", [
+    ({"factor": 0.25}, r"train.lr_schedule.factor=0.5 and this run asks for factor=0.25"),
+    ({"min_lr": 1e-3, "patience": 1}, (r"train.lr_schedule.patience=0 train.lr_schedule.min_lr=0.0001 and this run "
+                                      r"asks for patience=1, min_lr=0.001")),
+])
+def test_resume_refuses_the_same_type_with_other_settings(tmp_path, changed, match):
+    train, valid = tiny_loaders(n_train=640)
+    sched = {"factor": 0.5, "patience": 0, "min_lr": 1e-4}
+    Trainer(TinyCTR(), train, tiny_cfg(eval_every=2, lr_schedule=LRScheduleConfig("plateau", **sched)),
+            valid_loader=valid, run_dir=tmp_path / "a").fit()
+    other = tiny_cfg(eval_every=2, lr_schedule=LRScheduleConfig("plateau", **{**sched, **changed}))
+    with pytest.raises(TrainingError, match=match):
+        Trainer(TinyCTR(), train, other, valid_loader=valid, resume_from=tmp_path / "a" / "last.pt")
+    same = tiny_cfg(eval_every=2, lr_schedule=LRScheduleConfig("plateau", **sched))  # the same settings resume
+    assert Trainer(TinyCTR(), train, same, valid_loader=valid, resume_from=tmp_path / "a" / "last.pt").step == 10
+
+
+def test_train_records_carry_the_rates_each_step_used(tmp_path):
+    train, _ = tiny_loaders(n_train=640)  # 10 steps, a train record every 5
+    rates = Rates()
+    cfg = tiny_cfg(lr=0.02, embedding_lr=0.1, lr_schedule=LRScheduleConfig("linear", warmup_steps=3, end_factor=0.1))
+    Trainer(TinyCTR(), train, cfg, run_dir=tmp_path / "r", callbacks=[rates]).fit()
+    records = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    logged = [(r["step"], r["lr"], r["embedding_lr"]) for r in records if r["kind"] == "train"]
+    assert logged == [(s, *rates.steps[s - 1]) for s in (5, 10)]
+    assert logged[0][1] != logged[1][1]  # the decay shows
+    Trainer(TinyCTR(), train, tiny_cfg(), run_dir=tmp_path / "none").fit()  # type none: the records as before
+    plain = [json.loads(line) for line in (tmp_path / "none" / "metrics.jsonl").read_text().splitlines()]
+    assert all("lr" not in r and "embedding_lr" not in r for r in plain if r["kind"] == "train")
 
 
 def test_type_none_touches_no_rate_and_checkpoints_no_state(tmp_path):

@@ -32,7 +32,7 @@ from ctrkit.nn.embedding import EmbeddingBagCollection
 from ctrkit.nn.embedding_grad import bag_rows, gather_rows
 from ctrkit.nn.embedding_interface import PooledEmbeddings, group_input
 
-__all__ = ["pooled_pair", "shifted_ids"]
+__all__ = ["kernel_available", "pooled_pair", "shifted_ids"]
 
 
 def mirrored(a: EmbeddingBagCollection, b: EmbeddingBagCollection) -> bool:
@@ -90,6 +90,12 @@ def _shift_kernel() -> Any:
     fn, p, i64 = lib.ctrkit_shift_ids, ctypes.c_void_p, ctypes.c_int64
     fn.argtypes, fn.restype = [p, p, p, p, i64, ctypes.c_int, p], i64
     return fn
+
+
+def kernel_available() -> bool:
+    """Whether the ids' native kernel (``csrc/embedding_ids.cpp``) is built and loaded (building it at the first
+    call), as the other kernel modules say it."""
+    return kernels.enabled() and _shift_kernel() is not None
 
 
 def shifted_ids(values: torch.Tensor, per_key: torch.Tensor, offsets: torch.Tensor, sizes: torch.Tensor,

@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-RECORD_FIELDS = ("kind", "step", "epoch", "loss")  # of a train record in metrics.jsonl; parts of the loss join them
+# of a train record in metrics.jsonl (the rates under a train.lr_schedule: LRSchedule.record); loss parts join them
+RECORD_FIELDS = ("kind", "step", "epoch", "loss", "lr", "embedding_lr", "wide_lr")
 
 
 class Loader(Protocol):

@@ -33,6 +33,8 @@ from ctrkit.errors import ConfigError, TrainingError
 
 log = logging.getLogger(__name__)
 
+SETTINGS = ("factor", "patience", "min_lr", "end_factor", "warmup_steps")  # LRScheduleConfig's fields but type
+
 
 class LRSchedule:
     """The rates of an optimizer set's groups under ``config`` (a
@@ -118,7 +120,20 @@ class LRSchedule:
         if self.config.type == "none":
             return None
         return {"type": self.config.type, "total_steps": self.total_steps, "reductions": self.reductions,
-                "bad_evals": self.bad_evals}
+                "bad_evals": self.bad_evals, "settings": self.settings()}
+
+    def settings(self) -> dict[str, Any]:
+        """The configured values besides the type (factor, patience, min_lr, end_factor, warmup_steps)."""
+        return {k: getattr(self.config, k) for k in SETTINGS}
+
+    def record(self) -> dict[str, float]:
+        """The rates the last step used, for the train records of metrics.jsonl: ``lr`` (dense), ``embedding_lr``,
+        ``wide_lr`` (the first group of each optimizer there is); nothing under type none (the configured rates)."""
+        if self.config.type == "none":
+            return {}
+        opt = self.optimizer
+        named = (("lr", opt.dense), ("embedding_lr", opt.sparse), ("wide_lr", opt.wide))
+        return {k: float(o.param_groups[0]["lr"]) for k, o in named if o is not None and o.param_groups}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.total_steps, self.reductions = state["total_steps"], int(state["reductions"])
@@ -152,10 +167,18 @@ def lr_schedule(train: Any, optimizer: Any, sharded: bool) -> LRSchedule:
 
 
 def restore_schedule(schedule: LRSchedule, state: dict[str, Any] | None, path: Any) -> None:
-    """A checkpoint's schedule ``state`` into ``schedule``; a checkpoint of another schedule type is refused."""
+    """A checkpoint's schedule ``state`` into ``schedule``; a checkpoint of another schedule type, or of the same type
+    with other settings (a checkpoint written before settings were saved is not checked), is refused."""
     saved, wanted = state["type"] if state is not None else "none", schedule.config.type
     if saved != wanted:
         raise TrainingError(f"cannot resume from {path}: it was trained with train.lr_schedule.type={saved} and this "
                             f"run asks for {wanted}; resume with train.lr_schedule.type={saved} (or start a new run)")
+    ours = schedule.settings()
+    changed = {k: v for k, v in (state or {}).get("settings", {}).items() if ours.get(k) != v}
+    if changed:
+        was = " ".join(f"train.lr_schedule.{k}={v}" for k, v in changed.items())
+        now = ", ".join(f"{k}={ours.get(k)}" for k in changed)
+        raise TrainingError(f"cannot resume from {path}: it was trained with {was} and this run asks for {now}; "
+                            f"resume with {was} (or start a new run: --warm-start {path} begins a fresh schedule)")
     if state is not None:
         schedule.load_state_dict(state)

@@ -21,8 +21,8 @@ Decisions worth knowing:
   like ``loss`` and written to the train records (the sums stay on the device).
 - NaN/Inf guard: a non-finite loss raises :class:`TrainingError` (step, epoch, first non-finite gradient) before
   the optimizer step. ``grad_clip``: the global L2 norm over *dense* parameters only (embedding rows: per row).
-- ``lr_schedule`` (:mod:`ctrkit.training.lr_schedule`): the rates set before each step (linear) or after each
-  evaluation (plateau, which early stopping then waits for); its state is checkpointed and resumed.
+- ``lr_schedule`` (:mod:`ctrkit.training.lr_schedule`): rates set before each step (linear) or after evaluations
+  (plateau, which early stopping waits for), checkpointed and resumed; the train records carry them.
 - Exact resume: weights, optimizer states, progress, the loader's position and the RNG states are checkpointed; a
   resumed run's weights equal an unbroken run's bit for bit (the loader's order a function of (seed, epoch)).
 - Weight averaging (``ema_decay``, :mod:`ctrkit.training.averaging`): evaluation and every checkpoint use the weights'
@@ -222,7 +222,8 @@ class Trainer:
             if p.step % self.config.log_every == 0:
                 avg, parts = running.pop()
                 self._pbar.set_postfix(self._postfix(avg), refresh=False)
-                self._log({"kind": "train", "step": p.step, "epoch": epoch, "loss": avg, **parts})
+                rates = self.schedule.record()  # under a schedule: the rates this step used
+                self._log({"kind": "train", "step": p.step, "epoch": epoch, "loss": avg, **parts, **rates})
             if self._after_step(tick, loss):  # the clock restarts after an evaluation / checkpoint
                 tick = time.perf_counter()
             if self._done():
@@ -291,8 +292,7 @@ class Trainer:
             "best_metric": p.best_metric, "best_step": p.best_step, "metric": self.config.early_stopping.metric,
             "last_eval": dict(p.last_eval), "best_eval": dict(p.best_eval), "train_seconds": p.train_seconds,
             "samples": p.samples, "epochs_completed": p.epoch + 1 if p.epoch_complete else p.epoch,
-            "run_dir": str(self.run_dir) if self.run_dir else None,
-        }
+            "run_dir": str(self.run_dir) if self.run_dir else None}
 
     # ---- one step ----------------------------------------------------------------------------------
     def _train_step(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor], int]:
