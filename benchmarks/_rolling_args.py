@@ -67,6 +67,12 @@ def parser(description: str, quick: dict[str, int]) -> argparse.ArgumentParser:
     ap.add_argument("--warm-lr-schedule", nargs="+", default=[], metavar="KEY=VALUE",
                     help="incremental arm, warm runs only (refresh fits unchanged): train.lr_schedule, e.g. type=plateau "
                          "factor=0.5 patience=0 min_lr=1.25e-4, or type=linear end_factor=0.1")
+    ap.add_argument("--warm-ema-decay", type=float, metavar="D",
+                    help="incremental arm, warm runs only: train.ema_decay D with train.warm_start_average start (the "
+                         "average starts at the warm-start weights and is evaluated, early-stopped on and saved)")
+    ap.add_argument("--warm-window", type=int, default=1, metavar="W",
+                    help="incremental arm, warm runs: train on the new rows of the last W periods (1: period t's only; "
+                         "2: period t - 1's new rows again too)")
     ap.add_argument("--warm-new-rows", choices=["fresh", "rare"], default="fresh",
                     help="incremental arm, warm runs: train.warm_start_new_rows (rare: new rows copy the rare row 1)")
     ap.add_argument("--warm-optimizer", choices=["keep", "fresh"], default="keep",
@@ -100,7 +106,13 @@ def parse(argv: list[str] | None, description: str, quick: dict[str, int]) -> tu
         ap.error("--shrink-perturb applies to the refreshes of --refresh-from warm; add --refresh-from warm or drop it")
     if a.warm_average and a.ema_decay is None:
         ap.error(f"--warm-average {a.warm_average} needs --ema-decay (a warm start's average is that of train.ema_decay)")
-    if a.ema_decay is not None and not 0 < a.ema_decay < 1:
-        ap.error(f"--ema-decay must lie strictly between 0 and 1, got {a.ema_decay}")
+    for name, d in (("--ema-decay", a.ema_decay), ("--warm-ema-decay", a.warm_ema_decay)):
+        if d is not None and not 0 < d < 1:
+            ap.error(f"{name} must lie strictly between 0 and 1, got {d}")
+    if a.warm_ema_decay is not None and a.ema_decay is not None:
+        ap.error("--warm-ema-decay (the warm runs' own average) and --ema-decay (every run's, over periods) exclude "
+                 "each other: give one")
+    if a.warm_window < 1:
+        ap.error(f"--warm-window must be >= 1 (1: the new rows of period t only), got {a.warm_window}")
     a.warm_lr_schedule = lr_schedule(a.warm_lr_schedule, ap)
     return a, id_dropout(a.id_dropout, ap)

@@ -25,7 +25,12 @@ Periods t = 0 .. T-2 (each evaluated on period t + 1, which no choice ever sees)
   caps their epochs (default ``--epochs``), ``--first-warm-epochs`` those of the first warm run after a fit on every
   row so far (period 0 or a refresh: t = 1, K + 1, 2K + 1, ...; default ``--warm-epochs``), and
   ``--first-warm-lr-scale X`` multiplies that run's dense and embedding rates by X, ``--warm-lr-schedule
-  type=plateau ...`` gives every warm run a ``train.lr_schedule`` (refresh fits keep none). ``--refresh-every K`` (default ``REFRESH_EVERY``, per data set; 0:
+  type=plateau ...`` gives every warm run a ``train.lr_schedule`` (refresh fits keep none), ``--warm-ema-decay D``
+  evaluates, early-stops on and saves each warm run's weight average started at its warm-start weights
+  (``train.ema_decay: D``, ``train.warm_start_average: start``; the next warm run starts from that average), and
+  ``--warm-window W`` trains each warm run on the new rows of periods t - W + 1 .. t (the earlier ones a second
+  time; encoded in store p{t}/incr with the vocabulary grown from period t's new rows alone, never a validation
+  split of period t or the evaluated period). ``--refresh-every K`` (default ``REFRESH_EVERY``, per data set; 0:
   never) makes every K-th period (t = K, 2K, ...) a refresh: the incremental arm's model of that period is a fit
   from scratch on every row so far (the retrain arm's run, store p{t}/re; its preprocess and training seconds count
   in the incremental arm's totals), and the next warm run grows its vocabulary from p{t}/re/train and starts from
@@ -162,11 +167,13 @@ def ranges(bounds: np.ndarray, valid_fraction: float) -> list[dict[str, tuple[in
     last ``valid_fraction`` of period t, ``next`` period t + 1 (evaluated), ``all`` every row before t's valid split
     (retrain), ``new`` the rows after period t - 1's train part up to t's valid split (incremental: t - 1's valid
     rows are trained on at t, so over the periods every row is trained on once), ``earlier`` the train splits
-    [lo, hi) of periods 0 .. t-1 (the pool of ``--replay``)."""
+    [lo, hi) of periods 0 .. t-1 (the pool of ``--replay``), ``starts`` where the new rows of periods 0 .. t start
+    (``--warm-window``)."""
     b = [int(x) for x in bounds]
     cut = [b[k] + int(np.floor((1 - valid_fraction) * (b[k + 1] - b[k]))) for k in range(len(b) - 1)]
     return [{"new": (cut[t - 1] if t else 0, cut[t]), "all": (0, cut[t]), "valid": (cut[t], b[t + 1]),
-             "next": (b[t + 1], b[t + 2]), "earlier": [(b[k], cut[k]) for k in range(t)]} for t in range(len(b) - 2)]
+             "next": (b[t + 1], b[t + 2]), "earlier": [(b[k], cut[k]) for k in range(t)],
+             "starts": [cut[k - 1] if k else 0 for k in range(t + 1)]} for t in range(len(b) - 2)]
 
 
 def replay_rows(earlier: list[tuple[int, int]], new_rows: int, fraction: float, seed: int, t: int) -> np.ndarray:
@@ -201,6 +208,8 @@ class Warm:
     first_epochs: int | None = None  # the first warm run after a fit on every row so far (t = 1, K + 1, ...): epochs
     first_lr_scale: float = 1.0  # that run's dense and embedding learning rates: this times the warm runs'
     lr_schedule: tuple[str, ...] = ()  # the warm runs' --train.lr_schedule.* overrides (--warm-lr-schedule)
+    ema_decay: float | None = None  # the warm runs' train.ema_decay, their average started at the warm start's weights
+    window: int = 1  # the warm runs train on the new rows of the last `window` periods (1: period t's only)
 
 
 def first_after_fit(t: int, warm: Warm) -> bool:
@@ -216,21 +225,23 @@ def epochs_of(t: int, warm: Warm) -> int | None:
 
 def incremental(log: Log, r: dict[str, Any], d: Path, t: int, prev: tuple[Path, str] | None, overrides: list[str],
                 warm: Warm, valid: Path, test: Path) -> dict[str, Any]:
-    """Period t's incremental run: the vocabulary grown from the new rows only (store d/inc), then, with replay,
-    new + replayed rows encoded with that vocabulary (store d/incr: the replayed ids are known) -> its figures."""
+    """Period t's incremental run: the vocabulary grown from the new rows only (store d/inc), then, with a window
+    or replay, the window's earlier new rows + the new rows + the replayed rows encoded with that vocabulary (store
+    d/incr: their ids are known) -> its figures."""
     new = write(log, *r["new"], d / "new.csv")
     prep = preprocess(log.spec, new, d / "inc", valid=valid, test=test, parent=prev and prev[0], grow=bool(prev))
-    store, extra, replayed = d / "inc", [], 0
+    store, extra, replayed, lo = d / "inc", [], 0, r["new"][0]
     if prev is not None:
         idx = replay_rows(r["earlier"], r["new"][1] - r["new"][0], warm.replay, warm.seed, t)
-        replayed = len(idx)
-        if replayed:
-            rows = pa.concat_tables([log.rows.slice(r["new"][0], r["new"][1] - r["new"][0]), log.rows.take(idx)])
+        replayed, lo = len(idx), r["starts"][max(0, t - warm.window + 1)]  # lo: the window's first row
+        if replayed or lo < r["new"][0]:
+            rows = pa.concat_tables([log.rows.slice(lo, r["new"][1] - lo), log.rows.take(idx)])  # time order, replay
             pacsv.write_csv(rows, d / "new_replay.csv")
             store = d / "incr"
             prep += preprocess(log.spec, d / "new_replay.csv", store, valid=valid, test=test, parent=d / "inc" / "train")
-            if any(unseen(store / "train").values()):  # replayed rows come from rows the vocabulary already holds
-                raise SystemExit(f"{log.name} period {t}: replayed rows hold user / item ids unknown to {d / 'inc'}")
+            if any(unseen(store / "train").values()):  # window / replayed rows: rows the vocabulary already holds
+                raise SystemExit(f"{log.name} period {t}: window or replayed rows hold user / item ids unknown to "
+                                 f"{d / 'inc'}")
         scale, epochs = (warm.first_lr_scale if first_after_fit(t, warm) else 1.0), epochs_of(t, warm)
         extra = [f"--train.lr={scale * warm.dense_lr}"] if warm.dense_lr else []
         extra += [f"--train.embedding_lr={scale * warm.embedding_lr}"] if warm.embedding_lr else []
@@ -238,8 +249,10 @@ def incremental(log: Log, r: dict[str, Any], d: Path, t: int, prev: tuple[Path, 
         extra += [f"--train.warm_start_new_rows={warm.new_rows}", f"--train.warm_start_optimizer={warm.optimizer}"]
         extra += [f"--train.warm_start_average={warm.average}"] if warm.average else []
         extra += list(warm.lr_schedule)
+        extra += ([f"--train.ema_decay={warm.ema_decay}", "--train.warm_start_average=start"]
+                  if warm.ema_decay is not None else [])
     inc = train(store, d.parent / "runs", f"inc{t}", overrides + extra, warm=prev and Path(prev[1]))
-    return {**inc, "prep_s": prep, "replayed_rows": replayed}
+    return {**inc, "prep_s": prep, "replayed_rows": replayed, "window_rows": r["new"][0] - lo}
 
 
 def refreshes(t: int, every: int) -> bool:
@@ -345,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     average = (a.warm_average or "keep") if a.ema_decay is not None else None
     warm = Warm(a.replay, a.warm_dense_lr, a.seed, a.tune, a.warm_new_rows, a.warm_optimizer, average,
                 a.warm_embedding_lr, a.warm_epochs, first_epochs=a.first_warm_epochs, first_lr_scale=a.first_warm_lr_scale,
-                lr_schedule=a.warm_lr_schedule)
+                lr_schedule=a.warm_lr_schedule, ema_decay=a.warm_ema_decay, window=a.warm_window)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(a.threads)
     epochs = 2 if a.quick else a.epochs
@@ -392,7 +405,8 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "incremental", "quick": a.quick, "epochs": epochs, "threads": a.threads, "seed": a.seed,
         "valid_fraction": a.valid_fraction, "replay": a.replay, "refresh_every": a.refresh_every, "warm_dense_lr": a.warm_dense_lr,
         "warm_embedding_lr": a.warm_embedding_lr, "warm_epochs": a.warm_epochs, "first_warm_epochs": a.first_warm_epochs,
-        "first_warm_lr_scale": a.first_warm_lr_scale, "warm_lr_schedule": a.warm_lr_schedule, "id_dropout": drop, "warm_new_rows": a.warm_new_rows, "warm_optimizer": a.warm_optimizer,
+        "first_warm_lr_scale": a.first_warm_lr_scale, "warm_lr_schedule": a.warm_lr_schedule, "warm_ema_decay": a.warm_ema_decay,
+        "warm_window": a.warm_window, "id_dropout": drop, "warm_new_rows": a.warm_new_rows, "warm_optimizer": a.warm_optimizer,
         "ema_decay": a.ema_decay, "warm_average": average, "tune": a.tune,
         "config": str(CONFIG.relative_to(REPO)), "overrides": overrides,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(), "precision": "fp32", "torch": torch.__version__,

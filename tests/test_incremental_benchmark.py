@@ -405,3 +405,50 @@ def test_warm_lr_schedule_reaches_the_warm_runs_only(tmp_path: Path, monkeypatch
     for bad in (["type=cosine"], ["factor=-1"], ["plateau"], ["facter=0.5"]):
         with pytest.raises(SystemExit):
             ARGS.parse(["--warm-lr-schedule", *bad], "x", INC.QUICK)
+
+
+@pytest.mark.parametrize("sizes", [[10, 7, 13, 5, 8], [40, 3, 60, 20, 9, 4]])
+@pytest.mark.parametrize("window", [1, 2, 3])
+def test_a_warm_window_holds_the_earlier_periods_new_rows_only(sizes: list[int], window: int) -> None:
+    """``--warm-window W``: rows [starts[t - W + 1], new's start) are the new rows of periods t - W + 1 .. t - 1
+    (naive reference: the union of their ``new`` ranges), never period t's validation or the evaluated rows."""
+    bounds = np.r_[0, np.cumsum(sizes)]
+    rs = INC.ranges(bounds, 0.25)
+    for t, r in enumerate(rs):
+        got = set(range(r["starts"][max(0, t - window + 1)], r["new"][0]))
+        want = {i for k in range(max(0, t - window + 1), t) for i in range(*rs[k]["new"])}
+        assert got == want and not got & (set(range(*r["valid"])) | set(range(*r["next"])) | set(range(*r["new"])))
+
+
+def test_warm_ema_decay_and_window_reach_the_warm_runs_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--warm-ema-decay D: every warm run (periods 1-3, 5-6) gets train.ema_decay D and warm_start_average start,
+    never period 0's fit or the refresh of period 4. --warm-window 2: each warm run's training store is period t - 1's
+    new rows then period t's (the toy log's column x is the row's index), encoded with the vocabulary of period t's
+    new rows; period 1 after period 0 and period 5 after the refresh alike."""
+    import pyarrow.csv as pacsv
+
+    seen: dict[str, tuple[str, list[str]]] = {}
+    stores: dict[str, Path] = {}
+
+    def fake_train(store: Path, runs: Path, name: str, overrides: list[str], warm: Path | None = None) -> dict:
+        seen[name] = (store.name, [o for o in overrides if o.startswith(("--train.ema_decay", "--train.warm_start_av"))])
+        return fake_fit(runs, name)
+
+    def fake_preprocess(spec, csv: Path, out: Path, **kw) -> float:
+        stores[str(out.relative_to(tmp_path))] = kw.get("parent") and kw["parent"].relative_to(tmp_path)
+        return 0.5
+
+    log = toy_log(monkeypatch, tmp_path, 8, train=fake_train, preprocess=fake_preprocess)
+    a, _ = ARGS.parse(["--warm-ema-decay", "0.95", "--warm-window", "2"], "x", INC.QUICK)
+    recs = INC.roll(log, 8, tmp_path, ["--train.ema_decay=null"], 0.0,
+                    INC.Warm(only=True, refresh_every=4, ema_decay=a.warm_ema_decay, window=a.warm_window))
+    avg = ["--train.ema_decay=null", "--train.ema_decay=0.95", "--train.warm_start_average=start"]
+    assert seen == {"inc0": ("inc", ["--train.ema_decay=null"]), **{f"inc{t}": ("incr", avg) for t in (1, 2, 3, 5, 6)},
+                    "re4": ("re", ["--train.ema_decay=null"])}
+    for t in (1, 2, 3, 5, 6):  # one row per period: rows t - 1 and t
+        x = pacsv.read_csv(tmp_path / f"p{t}" / "new_replay.csv")["x"].to_pylist()
+        assert x == [t - 1, t] and recs[t]["incremental"]["window_rows"] == 1
+        assert stores[f"p{t}/incr"] == Path(f"p{t}/inc/train")  # encoded with period t's grown vocabulary
+    for bad in (["--warm-ema-decay", "1"], ["--warm-window", "0"], ["--warm-ema-decay", "0.9", "--ema-decay", "0.9"]):
+        with pytest.raises(SystemExit):
+            ARGS.parse(bad, "x", INC.QUICK)

@@ -150,3 +150,47 @@ def test_mismatches_are_refused_by_name(tmp_path) -> None:
     avg = WeightAverage(new, DECAY, opt.embedding_params)
     warm_trainer(SimpleNamespace(module=new, model=new, optimizer=opt, average=avg), WarmStart(ckpt), fresh)
     assert avg.updates == 0  # a new average
+
+
+def test_start_averages_from_the_warm_start_weights_as_the_recursion_does(tmp_path) -> None:
+    """``train.warm_start_average: start``: before any step the average is the warm-start weights (grown: new rows
+    fresh); after each step every parameter, table rows included (touched or not), follows a <- d a + (1 - d) w, not
+    debiased, against that recursion run step by step on the trained weights; a resume from its state goes on the
+    same way; a run without ema_decay is refused."""
+    schema = contract_schema()
+    params = {"dnn_hidden": (16,)}
+    *_, ckpt = old_run(schema, params, planted_data(300, seed=4, schema=schema), tmp_path / "old.pt")
+    bigger = replace(schema, sparse=[replace(f, vocab_size=f.vocab_size + 3) for f in schema.sparse])
+    torch.manual_seed(7)
+    new = create_model("deepfm", bigger, **params)
+    load_grown_weights(new, ckpt, params)
+    opt = build_optimizers(new, CFG)
+    avg = WeightAverage(new, DECAY, opt.embedding_params)
+    run = Config(model=ModelConfig(name="deepfm", params=params),
+                 train=replace(CFG, warm_start=str(tmp_path / "old.pt"), warm_start_average="start"))
+    trainer = SimpleNamespace(module=new, model=new, optimizer=opt, average=avg)
+    assert warm_trainer(trainer, WarmStart(ckpt), run)[:1] == ["average"]
+    ref = weights(new)  # a_0 = w_0, the grown warm-start weights
+    assert all(torch.equal(averaged(new, avg)[n], w) for n, w in ref.items())
+    data = planted_data(400, seed=5, schema=bigger)  # ids up to the grown sizes: new rows get trained
+    for s in range(3):
+        step(new, opt, avg, make_batch(data, slice(64 * s, 64 * (s + 1)), bigger))
+        ref = {n: DECAY * a + (1 - DECAY) * w for (n, a), w in zip(ref.items(), weights(new).values(), strict=True)}
+    for n, a in averaged(new, avg).items():
+        torch.testing.assert_close(a, ref[n], rtol=1e-5, atol=1e-7, msg=n)
+    state = avg.state_dict()
+    assert state["debias"] is False and state["updates"] == 3
+    again = create_model("deepfm", bigger, **params)  # a resume: the model holds a_t, the state w_t
+    with torch.no_grad():
+        for p, a in zip(again.parameters(), ref.values(), strict=True):
+            p.copy_(a)
+    again_opt = build_optimizers(again, CFG)
+    again_avg = WeightAverage(again, DECAY, again_opt.embedding_params)
+    again_avg.load_state_dict(state)
+    assert all(torch.equal(w, weights(new)[n]) for n, w in weights(again).items())  # training goes on from w_t
+    step(again, again_opt, again_avg, make_batch(data, slice(192, 256), bigger))
+    for (n, a), w in zip(averaged(again, again_avg).items(), weights(again).values(), strict=True):
+        torch.testing.assert_close(a, DECAY * ref[n] + (1 - DECAY) * w, rtol=1e-5, atol=1e-7, msg=n)
+    bare = SimpleNamespace(module=new, model=new, optimizer=opt, average=None)
+    with pytest.raises(ConfigError, match="warm_start_average=start.*set train.ema_decay"):
+        warm_trainer(bare, WarmStart(ckpt), run)

@@ -120,13 +120,22 @@ def warm_trainer(trainer: Any, warm: WarmStart, cfg: Config) -> list[str]:
 
 def warm_average(trainer: Any, warm: WarmStart, cfg: Config, sharded: bool) -> list[str]:
     """``train.warm_start_average: keep``: the checkpoint's weight average continued in the Trainer's
-    (:func:`~ctrkit.training.warm_start.load_grown_average`) -> ["average"]; [] with ``fresh``."""
-    if cfg.train.warm_start_average == "fresh":
+    (:func:`~ctrkit.training.warm_start.load_grown_average`) -> ["average"]; ``start``: a new average whose past is
+    the warm-start weights (:meth:`~ctrkit.training.averaging.WeightAverage.start_at_weights`) -> ["average"]; []
+    with ``fresh``."""
+    mode = cfg.train.warm_start_average
+    if mode == "fresh":
         return []
     if getattr(trainer, "average", None) is None:
-        raise ConfigError(f"train.warm_start_average=keep continues the weight average of {what(cfg)}, and this run "
-                          "trains without one: set train.ema_decay (the checkpoint's value) or "
+        does = (f"continues the weight average of {what(cfg)}" if mode == "keep" else
+                f"starts a weight average at the weights of {what(cfg)}")
+        raise ConfigError(f"train.warm_start_average={mode} {does}, and this run trains without one: set "
+                          f"train.ema_decay{' (the checkpoint' + chr(39) + 's value)' if mode == 'keep' else ''} or "
                           "train.warm_start_average=fresh")
+    if mode == "start":
+        trainer.average.start_at_weights()  # the model holds the warm-start weights (grown, shrunk if asked)
+        log.info("%s: the weight average starts at the warm-start weights (train.warm_start_average: start)", what(cfg))
+        return ["average"]
     if cfg.train.warm_start_shrink != 1 or cfg.train.warm_start_perturb:
         raise ConfigError("train.warm_start_average=keep goes on from the checkpoint's trained weights, and "
                           f"train.warm_start_shrink={cfg.train.warm_start_shrink} / warm_start_perturb="

@@ -21,6 +21,10 @@ change only the rows of the batch (SparseAdam, Adagrad and row-wise Adagrad, SGD
 
 A checkpoint holds a_t as the model's weights and w_t in the trainer state (``raw``): that is all a
 resume needs, because after the catch-up every accumulator is a_t * (1 - d^t).
+
+:meth:`WeightAverage.start_at_weights` (a warm start's ``train.warm_start_average: start``) counts the model's
+weights w_0 as the whole past instead: a_t = d^t w_0 + (1 - d) * sum_{k=1..t} d^(t-k) w_k, not debiased, so early
+in the run the average stays near w_0 (after t steps w_0 still weighs d^t).
 """
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ class WeightAverage:
         self.updates = 0
         self._touched: dict[int, torch.Tensor] = {}
         self._raw: list[torch.Tensor] | None = None  # the trained weights while the average is applied
+        self.debias = True  # False after start_at_weights(): the starting weights are the average's whole past
         self.finalized = False  # finalize() ran: the model holds the average for good
 
     # ---- training steps ----------------------------------------------------------------------------------
@@ -128,6 +133,20 @@ class WeightAverage:
             acc.index_copy_(0, rows, caught_up)
             cur[rows] = self.updates
 
+    @torch.no_grad()
+    def start_at_weights(self) -> None:
+        """a_0 = the model's weights now (a warm start's, grown), counted as the whole past: no debiasing, so
+        a_t = d^t w_0 + (1 - d) sum_k d^(t-k) w_k (``train.warm_start_average: start``). Before any step."""
+        if self.updates:
+            raise TrainingError(f"start_at_weights() after {self.updates} averaged steps: call it before training")
+        for acc, p in zip(self.acc, self.params, strict=True):
+            acc.copy_(p.detach())
+        self.debias = False
+
+    def accumulated_weight(self, updates: int) -> float:
+        """1 - d^updates (the accumulators' weight) or 1 when the average started at weights."""
+        return 1.0 - self.decay ** updates if self.debias else 1.0
+
     # ---- reading the average -----------------------------------------------------------------------------
     @torch.no_grad()
     def averaged(self) -> list[torch.Tensor]:
@@ -136,7 +155,7 @@ class WeightAverage:
             return [p.detach().clone() for p in self.params]
         for i in self.row_index:
             self._catch_up(i)
-        scale = 1.0 / (1.0 - self.decay ** self.updates)
+        scale = 1.0 / self.accumulated_weight(self.updates)
         return [acc * scale for acc in self.acc]
 
     @property
@@ -176,7 +195,7 @@ class WeightAverage:
         """What a resume needs besides the checkpoint's model_state (a_t): the decay, the number of
         updates and the trained weights w_t (cloned; taken from before :meth:`applied_weights`)."""
         raw = self._raw if self._raw is not None else [p.detach() for p in self.params]
-        return {"decay": self.decay, "updates": self.updates,
+        return {"decay": self.decay, "updates": self.updates, "debias": self.debias,
                 "raw": {n: r.detach().clone() for n, r in zip(self.names, raw, strict=True)}}
 
     @torch.no_grad()
@@ -191,8 +210,8 @@ class WeightAverage:
         missing = [n for n in self.names if n not in raw]
         if missing:
             raise TrainingError(f"the checkpoint's averaging state lacks the trained weights of {missing[:5]}")
-        self.updates = int(state["updates"])
-        scale = 1.0 - self.decay ** self.updates
+        self.updates, self.debias = int(state["updates"]), bool(state.get("debias", True))
+        scale = self.accumulated_weight(self.updates)
         for i, (name, p) in enumerate(zip(self.names, self.params, strict=True)):
             self.acc[i].copy_(p.detach() * scale)
             p.copy_(raw[name].to(p.device))

@@ -208,10 +208,10 @@ class TrainConfig:
     warm_start_new_rows: Literal["fresh", "rare"] = "fresh"
     # a warm start's optimizer states (Adam moments, Adagrad sums): the checkpoint's ("keep") or a fresh optimizer's
     warm_start_optimizer: Literal["keep", "fresh"] = "keep"
-    # a warm start's weight average (train.ema_decay): "fresh" (a new average, from the checkpoint's weights) or
-    # "keep" (the checkpoint's average goes on over the new steps and training goes on from its trained weights, as
-    # a resume: an average over periods; needs ema_decay set in both runs, the same value)
-    warm_start_average: Literal["keep", "fresh"] = "fresh"
+    # a warm start's weight average (train.ema_decay): "fresh" (a new average of this run's steps), "start" (a new
+    # average whose past is the checkpoint's weights: a_t = d^t w_0 + ..., it stays near them early on) or "keep" (the
+    # checkpoint's average goes on, training from its trained weights, as a resume: ema_decay the same in both runs)
+    warm_start_average: Literal["keep", "fresh", "start"] = "fresh"
     # shrink and perturb a warm start's weights (Ash & Adams 2020): every parameter w <- shrink * w + perturb * w0,
     # w0 this run's fresh initial value; 1 and 0 keep the checkpoint's weights as they are
     warm_start_shrink: Annotated[float, Bound(0, 1, lo_open=True)] = 1.0

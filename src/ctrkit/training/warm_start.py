@@ -300,7 +300,8 @@ def load_grown_average(average: WeightAverage, model: nn.Module, ckpt: Checkpoin
         raise CheckpointError(f"{what}: the weight average of {ckpt.source} lacks the trained weights of {missing[:5]}")
     layout = table_layout(model, ckpt.weights, reset)
     updates = int(state["updates"])
-    scale = 1.0 - average.decay ** updates
+    average.debias = bool(state.get("debias", True))  # an average started at weights (start) goes on undebiased
+    scale = average.accumulated_weight(updates)
     for acc, name, p in zip(average.acc, average.names, average.params, strict=True):
         a = p.detach().clone()  # a_t, grown: new and reset rows fresh
         acc.copy_(a * scale)
