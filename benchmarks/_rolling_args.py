@@ -64,6 +64,10 @@ def parser(description: str, quick: dict[str, int]) -> argparse.ArgumentParser:
     ap.add_argument("--first-warm-lr-scale", type=float, default=1.0, metavar="X",
                     help="incremental arm: the first warm run after a fit on every row so far at X times the warm "
                          "runs' dense and embedding learning rates")
+    ap.add_argument("--first-warm-optimizer", choices=["keep", "fresh"],
+                    help="incremental arm: train.warm_start_optimizer of the first warm run after a fit on every row so "
+                         "far (period 0 or a refresh; fresh: new Adam / LazyAdam states instead of the fit's; default: "
+                         "--warm-optimizer); the later warm runs keep the states they are given")
     ap.add_argument("--warm-lr-schedule", nargs="+", default=[], metavar="KEY=VALUE",
                     help="incremental arm, warm runs only (refresh fits unchanged): train.lr_schedule, e.g. type=plateau "
                          "factor=0.5 patience=0 min_lr=1.25e-4, or type=linear end_factor=0.1")

@@ -24,7 +24,8 @@ Periods t = 0 .. T-2 (each evaluated on period t + 1, which no choice ever sees)
   new rows from the rare row, ``--warm-optimizer fresh`` their optimizers with fresh states, ``--warm-epochs``
   caps their epochs (default ``--epochs``), ``--first-warm-epochs`` those of the first warm run after a fit on every
   row so far (period 0 or a refresh: t = 1, K + 1, 2K + 1, ...; default ``--warm-epochs``), and
-  ``--first-warm-lr-scale X`` multiplies that run's dense and embedding rates by X, ``--warm-lr-schedule
+  ``--first-warm-lr-scale X`` multiplies that run's dense and embedding rates by X, ``--first-warm-optimizer fresh``
+  starts that run's optimizers with fresh states (default: ``--warm-optimizer``), ``--warm-lr-schedule
   type=plateau ...`` gives every warm run a ``train.lr_schedule`` (refresh fits keep none), ``--warm-ema-decay D``
   evaluates, early-stops on and saves each warm run's weight average started at its warm-start weights
   (``train.ema_decay: D``, ``train.warm_start_average: start``; the next warm run starts from that average), and
@@ -210,6 +211,7 @@ class Warm:
     lr_schedule: tuple[str, ...] = ()  # the warm runs' --train.lr_schedule.* overrides (--warm-lr-schedule)
     ema_decay: float | None = None  # the warm runs' train.ema_decay, their average started at the warm start's weights
     window: int = 1  # the warm runs train on the new rows of the last `window` periods (1: period t's only)
+    first_optimizer: str | None = None  # that first warm run's train.warm_start_optimizer (None: `optimizer`)
 
 
 def first_after_fit(t: int, warm: Warm) -> bool:
@@ -221,6 +223,12 @@ def epochs_of(t: int, warm: Warm) -> int | None:
     """The warm run of period t >= 1: its most epochs (None: ``--epochs``): ``--first-warm-epochs`` right after a fit
     on every row so far (period 0 or a refresh), else ``--warm-epochs``."""
     return warm.first_epochs or warm.epochs if first_after_fit(t, warm) else warm.epochs
+
+
+def optimizer_of(t: int, warm: Warm) -> str:
+    """The warm run of period t >= 1: its ``train.warm_start_optimizer``: ``--first-warm-optimizer`` right after a fit
+    on every row so far (period 0 or a refresh), else ``--warm-optimizer``."""
+    return (warm.first_optimizer or warm.optimizer) if first_after_fit(t, warm) else warm.optimizer
 
 
 def incremental(log: Log, r: dict[str, Any], d: Path, t: int, prev: tuple[Path, str] | None, overrides: list[str],
@@ -246,7 +254,7 @@ def incremental(log: Log, r: dict[str, Any], d: Path, t: int, prev: tuple[Path, 
         extra = [f"--train.lr={scale * warm.dense_lr}"] if warm.dense_lr else []
         extra += [f"--train.embedding_lr={scale * warm.embedding_lr}"] if warm.embedding_lr else []
         extra += [f"--train.epochs={epochs}"] if epochs else []
-        extra += [f"--train.warm_start_new_rows={warm.new_rows}", f"--train.warm_start_optimizer={warm.optimizer}"]
+        extra += [f"--train.warm_start_new_rows={warm.new_rows}", f"--train.warm_start_optimizer={optimizer_of(t, warm)}"]
         extra += [f"--train.warm_start_average={warm.average}"] if warm.average else []
         extra += list(warm.lr_schedule)
         extra += ([f"--train.ema_decay={warm.ema_decay}", "--train.warm_start_average=start"]
@@ -358,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
     average = (a.warm_average or "keep") if a.ema_decay is not None else None
     warm = Warm(a.replay, a.warm_dense_lr, a.seed, a.tune, a.warm_new_rows, a.warm_optimizer, average,
                 a.warm_embedding_lr, a.warm_epochs, first_epochs=a.first_warm_epochs, first_lr_scale=a.first_warm_lr_scale,
-                lr_schedule=a.warm_lr_schedule, ema_decay=a.warm_ema_decay, window=a.warm_window)
+                lr_schedule=a.warm_lr_schedule, ema_decay=a.warm_ema_decay, window=a.warm_window,
+                first_optimizer=a.first_warm_optimizer)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(a.threads)
     epochs = 2 if a.quick else a.epochs
@@ -407,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
         "warm_embedding_lr": a.warm_embedding_lr, "warm_epochs": a.warm_epochs, "first_warm_epochs": a.first_warm_epochs,
         "first_warm_lr_scale": a.first_warm_lr_scale, "warm_lr_schedule": a.warm_lr_schedule, "warm_ema_decay": a.warm_ema_decay,
         "warm_window": a.warm_window, "id_dropout": drop, "warm_new_rows": a.warm_new_rows, "warm_optimizer": a.warm_optimizer,
-        "ema_decay": a.ema_decay, "warm_average": average, "tune": a.tune,
+        "first_warm_optimizer": a.first_warm_optimizer, "ema_decay": a.ema_decay, "warm_average": average, "tune": a.tune,
         "config": str(CONFIG.relative_to(REPO)), "overrides": overrides,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(), "precision": "fp32", "torch": torch.__version__,
         "cores": os.cpu_count(), "load_average": {"start": load0, "end": load1},

@@ -452,3 +452,29 @@ def test_warm_ema_decay_and_window_reach_the_warm_runs_only(tmp_path: Path, monk
     for bad in (["--warm-ema-decay", "1"], ["--warm-window", "0"], ["--warm-ema-decay", "0.9", "--ema-decay", "0.9"]):
         with pytest.raises(SystemExit):
             ARGS.parse(bad, "x", INC.QUICK)
+
+
+@pytest.mark.parametrize(("argv", "want_first", "want_later"), [
+    (["--first-warm-optimizer", "fresh"], "fresh", "keep"),
+    ([], "keep", "keep"),
+    (["--warm-optimizer", "fresh"], "fresh", "fresh"),
+    (["--warm-optimizer", "fresh", "--first-warm-optimizer", "keep"], "keep", "fresh")])
+def test_first_warm_optimizer_reaches_the_first_warm_run_after_a_fit_only(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, argv: list[str], want_first: str, want_later: str) -> None:
+    """--first-warm-optimizer: train.warm_start_optimizer of the warm runs of periods 1 and 5 (after period 0 and the
+    refresh of period 4); the other warm runs (2, 3, 6) keep --warm-optimizer's; period 0's fit and the refresh set
+    none (they start from scratch). A value other than keep / fresh is refused before any run."""
+    seen: dict[str, list[str]] = {}
+
+    def fake_train(store: Path, runs: Path, name: str, overrides: list[str], warm: Path | None = None) -> dict:
+        seen[name] = [o.split("=")[1] for o in overrides if o.startswith("--train.warm_start_optimizer=")]
+        return fake_fit(runs, name)
+
+    a, _ = ARGS.parse(argv, "x", INC.QUICK)
+    log = toy_log(monkeypatch, tmp_path, 8, train=fake_train)
+    INC.roll(log, 8, tmp_path, [], 0.0, INC.Warm(only=True, refresh_every=4, optimizer=a.warm_optimizer,
+                                                 first_optimizer=a.first_warm_optimizer))
+    assert seen == {"inc0": [], "inc1": [want_first], "inc2": [want_later], "inc3": [want_later], "re4": [],
+                    "inc5": [want_first], "inc6": [want_later]}
+    with pytest.raises(SystemExit):
+        ARGS.parse(["--first-warm-optimizer", "reset"], "x", INC.QUICK)
