@@ -6,6 +6,7 @@
     python benchmarks/incremental_posthoc.py window  OUT [--dataset movielens] [--last-tuning-period 9]
     python benchmarks/incremental_posthoc.py gap     OUT [OUT ...] [--dataset movielens]
     python benchmarks/incremental_posthoc.py rolling OUT_C0 OUT_C1 [...] --retrain OUT [--dataset movielens]
+    python benchmarks/incremental_posthoc.py paired  OUT_BASE OUT_CAND [OUT_BASE OUT_CAND ...] [--dataset movielens]
 
 * ``split``: per period t >= 1 and arm (incremental, retrain), the share of next-period rows whose user the arm's
   vocabulary does not hold (id 1, rare), how many training rows carry user id 1, and the next-period AUC within
@@ -24,6 +25,10 @@
   period against the retrain arm of ``--retrain`` (a full run), and its training seconds: every candidate's warm
   runs (each keeps its record) plus the refreshes (the first candidate's); also each candidate's gap to retrain by
   the position of a warm period in its block (1: the first warm run after a fit on every row so far).
+* ``paired``: a candidate's runs against a base's, one (base, candidate) pair per seed, pooled: over the base's warm
+  periods, the candidate's model (its warm run, or its refit where it has none, e.g. ``--refresh-every 2`` against
+  4) minus the base's, next-period AUC and validation AUC, mean and standard error, overall and by the period's
+  position in the base's block; and the epochs per run of each.
 * ``average``: weights averaged over periods from the incremental arm's own checkpoints, a_0 = w_0 and
   a_t = beta a_{t-1} + (1 - beta) w_t (rows of ids new at t: w_t's), scored on period t's validation split (the
   figure a choice may read) and on period t + 1. The warm starts are the run's (each continues from w_t): the
@@ -227,9 +232,45 @@ def rolling(works: list[Path], retrain: Path) -> dict[str, object]:
     return out
 
 
+def _stats(x: list[float]) -> dict[str, float]:
+    return {"mean": statistics.fmean(x), "se": statistics.stdev(x) / len(x) ** 0.5 if len(x) > 1 else float("nan")}
+
+
+def paired(pairs: list[tuple[Path, Path]]) -> dict[str, object]:
+    """``paired``: candidate minus base over the base's warm periods t (its ``inc{t}`` runs, t >= 1), pooled over
+    ``pairs`` (base, candidate): next-period AUC (predictions, sklearn) and validation AUC (each run's best), overall
+    and by position (k-th consecutive warm period: k - 1 periods after the last fit on every row so far); the
+    candidate's model of t is its ``inc{t}`` run or, where it has none, its refit ``re{t}``."""
+    import json
+
+    rows = []  # (position, next-period difference, validation difference, candidate epochs, base epochs)
+    for base, cand in pairs:
+        warm, pos = set(_periods(base, "inc")), 0
+        for t in sorted(warm):
+            pos = pos + 1 if t - 1 in warm else 1
+            runs = [base / "runs" / f"inc{t}", cand / "runs" / f"inc{t}"]
+            if not (runs[1] / "predictions.npz").exists():
+                runs[1] = cand / "runs" / f"re{t}"
+            if not (runs[1] / "predictions.npz").exists():
+                raise SystemExit(f"{cand}: period {t} has neither an inc{t} nor a re{t} run with predictions.npz: "
+                                 f"give the --out directory of a run over the same periods as {base}")
+            (bv, bn), (cv, cn) = (_valid_and_next_auc(r) for r in runs)
+            epochs = [json.loads((r / "summary.json").read_text()).get("epochs_trained") for r in runs]
+            rows.append((pos, cn - bn, cv - bv, epochs[1], epochs[0]))
+
+    def group(sel: list[tuple]) -> dict[str, object]:
+        return {"n": len(sel), "next": _stats([r[1] for r in sel]), "valid": _stats([r[2] for r in sel])}
+
+    out: dict[str, object] = {**group(rows), "by_position": [group([r for r in rows if r[0] == k])
+                                                             for k in range(1, max(r[0] for r in rows) + 1)]}
+    if all(r[3] is not None and r[4] is not None for r in rows):
+        out["epochs"] = {"candidate": statistics.fmean(r[3] for r in rows), "base": statistics.fmean(r[4] for r in rows)}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=["split", "average", "window", "gap", "rolling"])
+    ap.add_argument("what", choices=["split", "average", "window", "gap", "rolling", "paired"])
     ap.add_argument("out", type=Path, nargs="+", help="benchmarks/incremental.py's --out directory (gap: one or more, "
                                                       "e.g. one per seed, pooled)")
     ap.add_argument("--dataset", default="movielens", choices=["movielens", "taobao"])
@@ -239,7 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if (a.what == "rolling") != (a.retrain is not None):
         ap.error("--retrain goes with rolling, and rolling needs it (the --out directory of a full run)")
-    if len(a.out) > 1 and a.what not in ("gap", "rolling"):
+    if a.what == "paired" and len(a.out) % 2:
+        ap.error(f"paired reads (base, candidate) pairs of --out directories, got {len(a.out)}: {' '.join(map(str, a.out))}")
+    if len(a.out) > 1 and a.what not in ("gap", "rolling", "paired"):
         ap.error(f"{a.what} reads one --out directory, got {len(a.out)}: {' '.join(map(str, a.out))}")
     works = [o / a.dataset for o in [*a.out, *([a.retrain] if a.retrain else [])]]
     for w in works:
@@ -253,6 +296,10 @@ def main(argv: list[str] | None = None) -> int:
         import json
 
         sys.stdout.write(json.dumps(rolling(works[:-1], works[-1])) + "\n")
+    elif a.what == "paired":
+        import json
+
+        sys.stdout.write(json.dumps(paired(list(zip(works[::2], works[1::2])))) + "\n")
     elif a.what == "window":
         window(work, a.last_tuning_period)
     elif a.what == "gap":

@@ -478,3 +478,47 @@ def test_first_warm_optimizer_reaches_the_first_warm_run_after_a_fit_only(
                     "inc5": [want_first], "inc6": [want_later]}
     with pytest.raises(SystemExit):
         ARGS.parse(["--first-warm-optimizer", "reset"], "x", INC.QUICK)
+
+
+def test_posthoc_paired_pools_seeds_by_the_base_blocks_position(tmp_path: Path, capsys) -> None:
+    """``incremental_posthoc.py paired BASE CAND BASE CAND``: over the base's warm periods 1, 2, 3, 5 (4: a refresh,
+    no inc4), the candidate's model (inc{t}, or re{t} where it refits instead, as ``--refresh-every 2`` at t = 2)
+    minus the base's, next-period AUC (sklearn) and validation AUC, pooled over both seeds; positions 1, 2, 3, 1
+    (period 5 follows the refresh); an odd number of directories is refused."""
+    import json
+
+    from sklearn.metrics import roc_auc_score
+
+    rng = np.random.default_rng(2)
+    label = rng.integers(0, 2, 150)
+    got_rows: list[tuple[int, float, float]] = []
+
+    def run(out: str, name: str) -> tuple[float, float]:
+        d = tmp_path / out / "movielens" / "runs" / name
+        d.mkdir(parents=True)
+        score, valid = label * rng.random() + rng.random(150), float(rng.random())
+        np.savez(d / "predictions.npz", label=label, score=score, group=np.zeros(150))
+        (d / "summary.json").write_text(json.dumps({"best": {"value": valid, "epoch": 0}, "epochs_trained": len(name)}))
+        return valid, roc_auc_score(label, score)
+
+    for seed in (0, 1):
+        run(f"b{seed}", "re4")
+        for t, pos in ((1, 1), (2, 2), (3, 3), (5, 1)):
+            bv, bn = run(f"b{seed}", f"inc{t}")
+            cv, cn = run(f"c{seed}", f"re{t}" if t == 2 else f"inc{t}")
+            got_rows.append((pos, cn - bn, cv - bv))
+    POST.main(["paired", *(str(tmp_path / f"{k}{s}") for s in (0, 1) for k in ("b", "c"))])
+    got = json.loads(capsys.readouterr().out)
+
+    def want(sel: list[tuple[int, float, float]], i: int) -> dict[str, float]:
+        x = [r[i] for r in sel]
+        return {"mean": pytest.approx(np.mean(x)), "se": pytest.approx(np.std(x, ddof=1) / len(x) ** 0.5)}
+
+    assert got["n"] == 8 and got["next"] == want(got_rows, 1) and got["valid"] == want(got_rows, 2)
+    for k, g in enumerate(got["by_position"], start=1):
+        sel = [r for r in got_rows if r[0] == k]
+        assert g["n"] == len(sel) and g["next"] == want(sel, 1) and g["valid"] == want(sel, 2)
+    assert [g["n"] for g in got["by_position"]] == [4, 2, 2]
+    assert got["epochs"] == {"candidate": pytest.approx(3.75), "base": pytest.approx(4.0)}  # len("re2") == 3
+    with pytest.raises(SystemExit):
+        POST.main(["paired", str(tmp_path / "b0"), str(tmp_path / "c0"), str(tmp_path / "b1")])
