@@ -69,6 +69,18 @@ def test_coalesce_rows_equals_torch_coalesce(rows, lookups):
     assert coalesce_rows(dense) is dense
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_coalesce_rows_native_sum_equals_index_add(dtype, monkeypatch):
+    """The counting path's row sums by the native loop (nn/embedding_update.py) are index_add_'s floats."""
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 40, (300,), generator=g)
+    grad = torch.sparse_coo_tensor(ids[None], torch.randn(300, 16, generator=g, dtype=dtype) * 1e3, (100, 16))
+    native = coalesce_rows(grad)
+    monkeypatch.setenv("CTRKIT_NATIVE_KERNELS", "0")
+    plain = coalesce_rows(grad)
+    assert torch.equal(native.indices(), plain.indices()) and torch.equal(native.values(), plain.values())
+
+
 def test_rowwise_adagrad_matches_per_row_loop():
     torch.manual_seed(0)
     model = Tiny()

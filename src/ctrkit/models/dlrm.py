@@ -115,7 +115,9 @@ class DLRM(CTRModel):
     def forward(self, batch: Batch) -> ModelOutput:
         dense = self.dense_arch(batch.dense) if self.dense_arch is not None else None  # (B, D) or None
         kj = batch.sparse if batch.sparse.keys == self.sparse_keys else batch.sparse.select(self.sparse_keys)
-        sparse = self.sparse_arch(kj).stacked()  # (B, F, D)
+        # (B, F, D) as a view of the field-major (F, B, D) lookup: the interaction's cat with the dense row copies it
+        # once (stacked() would copy it into (B, F, D) first)
+        sparse = self.sparse_arch(kj).fields().transpose(0, 1)
         z = self.interaction_arch(dense, sparse)  # (B, N)
         return ModelOutput(self.over_arch(z).squeeze(-1), {})  # (B,)
 

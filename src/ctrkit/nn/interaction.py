@@ -24,6 +24,7 @@ from torch import nn
 from ctrkit.errors import LayerConfigError
 from ctrkit.nn.activation import ActivationSpec
 from ctrkit.nn.mlp import MLP
+from ctrkit.nn.pair_dots_native import native_pair_dots
 
 
 def _check_inputs(name: str, dense: torch.Tensor | None, sparse: torch.Tensor, F: int, D: int,
@@ -114,6 +115,9 @@ class DotInteraction(nn.Module):
         B = sparse.shape[0]
         combined = _combined(dense, sparse)  # (B, n, D), n = F+1 (F without dense)
         if combined.requires_grad and torch.is_grad_enabled() and not torch.compiler.is_compiling():
+            out = native_pair_dots(combined, dense)  # (B, [D +] n(n-1)/2): the copies native, or None
+            if out is not None:
+                return out
             pairs = _PairDots.apply(combined, self.flat_index, self.mirror_index)  # (B, n(n-1)/2)
         else:  # inference, export, compile: the plain ops
             gram = torch.bmm(combined, combined.transpose(1, 2))  # (B, n, n)

@@ -16,6 +16,20 @@ from torch import nn
 from ctrkit.errors import LayerConfigError
 from ctrkit.nn.activation import ActivationSpec, make_activation
 from ctrkit.nn.dropout import Dropout
+from ctrkit.nn.mlp_native import relu_mlp
+
+
+def _relu_stack(layers: list[nn.Module]) -> tuple[bool, ...] | None:
+    """Per Linear, whether a ReLU follows it, where ``layers`` are Linear [-> ReLU] pairs alone; else None."""
+    relu: list[bool] = []
+    for m in layers:
+        if type(m) is nn.Linear:
+            relu.append(False)
+        elif type(m) is nn.ReLU and relu and not relu[-1]:
+            relu[-1] = True
+        else:
+            return None  # BatchNorm, dropout, another activation: the layers run one by one
+    return tuple(relu) if relu else None
 
 
 class MLP(nn.Module):
@@ -66,6 +80,9 @@ class MLP(nn.Module):
                     layers.append(Dropout(dropout))  # torch's layer with a cheaper mask (nn/dropout.py)
             prev = h
         self.layers = nn.Sequential(*layers)
+        # Linear [-> ReLU] layers alone (no BatchNorm, dropout or other activation): training runs them as one
+        # autograd node with a native backward epilogue (nn/mlp_native.py), the same floats
+        self._relu_stack = _relu_stack(layers)
 
     def reset_parameters(self) -> None:
         for m in self.layers:
@@ -73,4 +90,10 @@ class MLP(nn.Module):
                 m.reset_parameters()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._relu_stack is not None and torch.is_grad_enabled():
+            linears = [m for m in self.layers if type(m) is nn.Linear]
+            if not any(m._forward_hooks or m._forward_pre_hooks for m in self.layers):  # hooks see the layers
+                out = relu_mlp(x, linears, self._relu_stack)
+                if out is not None:
+                    return out  # (B, out_features)
         return self.layers(x)  # (B, out_features)

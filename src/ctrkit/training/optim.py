@@ -61,12 +61,10 @@ def coalesce_rows(grad: torch.Tensor) -> torch.Tensor:
     When the table has at most ``DENSE_COALESCE_RATIO`` times as many rows as the batch made lookups (a
     sequence feature over a small item table; the DLRM benchmark's 189,823 fused rows against 106,496
     lookups), the touched rows are found by counting (``bincount``, their places by a ``cumsum``) and the row
-    gradients summed with one ``index_add_`` in lookup order into an [R', D] buffer, instead of sorting the
-    ids. A dense [R, D] buffer measured 1.0 ms vs 3.6 ms for ``coalesce()`` at 40,960 lookups into 1,682 rows
-    and 13.8 vs 19.6 ms at the DLRM benchmark's shapes (D = 16, one thread); counting into [R', D] (no [R, D]
-    buffer to zero and gather from) 0.29 / 0.85 ms against ``coalesce()``'s 0.60 / 1.97 at R = n = 6,656 /
-    20,000 lookups, 0.35 / 1.14 against 0.57 / 1.93 at R = 4n. Otherwise, and for tensors already coalesced,
-    torch's ``coalesce()``.
+    gradients summed in lookup order into an [R', D] buffer (the native loop of :mod:`ctrkit.nn.embedding_update`:
+    ``index_add_``'s floats, 4.4 ms less per DLRM benchmark step; else ``index_add_``), instead of sorting the ids:
+    0.29 / 0.85 ms against ``coalesce()``'s 0.60 / 1.97 at R = n = 6,656 / 20,000 lookups, 0.35 / 1.14 against
+    0.57 / 1.93 at R = 4n (D = 16, one thread). Otherwise, and for tensors already coalesced, ``coalesce()``.
     """
     if not grad.is_sparse or grad.is_coalesced() or grad.sparse_dim() != 1:
         return grad.coalesce() if grad.is_sparse else grad
@@ -77,7 +75,9 @@ def coalesce_rows(grad: torch.Tensor) -> torch.Tensor:
     hit = torch.bincount(rows, minlength=n) > 0  # (R,)
     touched = hit.nonzero().squeeze(1)  # (R',) ascending
     slot = hit.cumsum(0).sub_(1).index_select(0, rows)  # (nnz,) each id's place among the touched rows
-    summed = values.new_zeros((touched.numel(), *values.shape[1:])).index_add_(0, slot, values)  # (R', D)
+    summed = embedding_update.scatter_rows(touched.numel(), values, slot) if values.dim() == 2 else None  # (R', D)
+    if summed is None:
+        summed = values.new_zeros((touched.numel(), *values.shape[1:])).index_add_(0, slot, values)
     return torch.sparse_coo_tensor(touched[None], summed, grad.shape, is_coalesced=True, check_invariants=False)
 
 

@@ -1,0 +1,140 @@
+"""A stack of ``Linear -> ReLU`` layers as one autograd node, its backward epilogue a native kernel
+(``csrc/relu_bias_grad.cpp``).
+
+Autograd's graph of ``relu(addmm(b, x, W^T))`` runs, per layer and step, a ``threshold_backward`` (reads dY and Y,
+writes a fresh dZ), a ``sum`` over the rows for the bias gradient (reads dZ again), two matmuls, and three nodes
+between them. Here, per layer in reverse:
+
+    dZ  = dY ⊙ [Y > 0]          one native pass: written in place where dY is this node's own matmul output,
+    db  = Σ_rows dZ              and the column sums taken on the same pass
+    dW  = dZ^T X                 the matmul autograd runs (``dZ.t().mm(X)``)
+    dX  = dZ W                   (``dZ.mm(W)``); skipped for the first layer when the input needs no gradient
+
+The forward is the plain one (``F.linear`` = addmm with the bias, then ``relu_`` in place), keeping every layer's
+input for the backward, as autograd does. Every value is the float the plain graph gives, bit for bit: the matmuls
+are the same calls, the mask is a select, and the kernel's column sums follow ATen's cascade for a contiguous sum
+over dim 0 (checked against ``torch.sum`` at several widths, batch sizes and thread counts in
+tests/nn/test_mlp_native.py). The kernel sums a layer's columns only where ATen's order is the one it reproduces:
+AVX-512 builds (torch's CPU capability "AVX512") and widths that are whole blocks of four vectors (64 floats /
+32 doubles); other widths and CPUs run ``threshold_backward`` + ``sum`` inside the same node.
+
+:func:`relu_mlp` returns None where the node does not apply (not the CPU; not float32 / float64; autocast on; no
+gradient needed; compiling / exporting): the caller runs its layers one by one then. ``CTRKIT_NATIVE_KERNELS=0``
+keeps the node with torch's ops in it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ctrkit.errors import LayerConfigError
+from ctrkit.nn import kernels
+
+__all__ = ["kernel_available", "relu_bias_grad", "relu_mlp"]
+
+_SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
+_VECTOR_BYTES = {"AVX512": 64}  # ATen's Vectorized<T> width per CPU capability: the sums are reproduced for these
+
+
+@functools.lru_cache(maxsize=1)
+def _entry_points() -> dict[str, ctypes._CFuncPtr] | None:
+    lib = kernels.load("relu_bias_grad", ("-ffp-contract=off",))
+    if lib is None:
+        return None
+    p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+    fns: dict[str, ctypes._CFuncPtr] = {}
+    for sfx in _SUFFIX.values():
+        fn = getattr(lib, f"ctrkit_relu_bias_grad_{sfx}")
+        fn.argtypes, fn.restype = [p, p, i64, p, i64, i64, p, i, i], i
+        fns[sfx] = fn
+    return fns
+
+
+def kernel_available() -> bool:
+    """Whether the native kernel is built and loaded (building it at the first call)."""
+    return kernels.enabled() and _entry_points() is not None
+
+
+@functools.lru_cache(maxsize=1)
+def _vector_bytes() -> int | None:
+    return _VECTOR_BYTES.get(torch.backends.cpu.get_cpu_capability())
+
+
+def _kernel_width_ok(t: Tensor) -> bool:
+    vb = _vector_bytes()
+    return vb is not None and t.shape[1] % (4 * vb // t.element_size()) == 0 and kernel_available()
+
+
+def relu_bias_grad(grad: Tensor, y: Tensor, *, in_place: bool) -> tuple[Tensor, Tensor]:
+    """``(dZ, db)`` of ``Y = relu(Z)``, ``Z = X W^T + b``: ``dZ = grad ⊙ [Y > 0]`` (into ``grad`` itself when
+    ``in_place``) and ``db = dZ.sum(0)``, both (B, N) / (N,) as torch's ``threshold_backward`` + ``sum`` give them."""
+    if y.dim() != 2 or grad.shape != y.shape or not y.is_contiguous():
+        raise LayerConfigError(f"relu_bias_grad needs grad and Y of one (B, N) shape, Y contiguous; got "
+                               f"{tuple(grad.shape)} and {tuple(y.shape)} (contiguous {y.is_contiguous()})")
+    if grad.dtype == y.dtype and grad.stride(1) == 1 and y.shape[0] > 0 and _kernel_width_ok(y):
+        if in_place and not grad.is_contiguous():
+            in_place = False
+        dz = grad if in_place else torch.empty_like(y)
+        db = y.new_empty(y.shape[1])
+        rc = _entry_points()[_SUFFIX[y.dtype]](  # type: ignore[index]
+            dz.data_ptr(), grad.data_ptr(), grad.stride(0), y.data_ptr(), y.shape[0], y.shape[1], db.data_ptr(),
+            _vector_bytes() // y.element_size(), torch.get_num_threads())  # type: ignore[operator]
+        if rc != 0:
+            raise LayerConfigError(f"relu_bias_grad: the kernel refused shape {tuple(y.shape)} (code {rc})")
+        return dz, db
+    dz = torch.ops.aten.threshold_backward(grad, y, 0)
+    return dz, dz.sum(0)
+
+
+class _ReluMLP(torch.autograd.Function):
+    """``h_{l+1} = act_l(h_l W_l^T + b_l)``, act_l = ReLU where ``relu[l]`` else identity; one node for the stack."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, relu: tuple[bool, ...], *params: Tensor) -> Tensor:  # type: ignore[override]
+        ws, bs = params[0::2], params[1::2]
+        acts = [x]
+        for w, b, r in zip(ws, bs, relu):
+            h = F.linear(acts[-1], w, b)  # (B, N_l): addmm, as nn.Linear
+            acts.append(h.relu_() if r else h)  # in place, as MLP's nn.ReLU(inplace=True)
+        ctx.save_for_backward(*acts, *ws)
+        ctx.relu = relu
+        return acts[-1]
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        L = len(ctx.relu)
+        saved = ctx.saved_tensors
+        acts, ws = saved[: L + 1], saved[L + 1 :]
+        grads: list[Tensor | None] = [None] * (2 * L)
+        g, owned = grad, False
+        for layer in reversed(range(L)):
+            if ctx.relu[layer]:
+                dz, db = relu_bias_grad(g, acts[layer + 1], in_place=owned)
+            else:
+                dz, db = g, g.sum(0)
+            grads[2 * layer] = dz.t().mm(acts[layer]) if ctx.needs_input_grad[2 + 2 * layer] else None  # (N, K)
+            grads[2 * layer + 1] = db if ctx.needs_input_grad[3 + 2 * layer] else None
+            if layer == 0 and not ctx.needs_input_grad[0]:
+                g = None  # type: ignore[assignment]
+                break
+            g, owned = dz.mm(ws[layer]), True  # (B, K): this node's own buffer from here down
+        return (g, None, *grads)
+
+
+def relu_mlp(x: Tensor, linears: Sequence[torch.nn.Linear], relu: Sequence[bool]) -> Tensor | None:
+    """The stack ``linears`` (each followed by a ReLU where ``relu`` says so) on ``x`` (B, K) as one node, or None
+    where the node does not apply (the caller runs the layers itself)."""
+    params = [p for lin in linears for p in (lin.weight, lin.bias)]
+    if (x.dim() != 2 or x.device.type != "cpu" or x.dtype not in _SUFFIX or not torch.is_grad_enabled()
+            or any(p is None or p.dtype != x.dtype or p.device.type != "cpu" for p in params)
+            or not (x.requires_grad or any(p.requires_grad for p in params))  # type: ignore[union-attr]
+            or torch.is_autocast_enabled("cpu") or torch.compiler.is_compiling() or torch.compiler.is_exporting()):
+        return None
+    return _ReluMLP.apply(x, tuple(bool(r) for r in relu), *params)
