@@ -10,8 +10,9 @@ from one seed and trained on the same batches:
   dot interaction's torch-op node (index_select + cat around the matmuls), the pooled rows copied to (B, F, D)
   before the interaction's cat.
 - ``mlp``: the MLPs as one node with the native ReLU-mask + bias-gradient pass (nn/mlp_native.py).
-- ``interaction``: the rows passed as a (B, F, D) view (one copy instead of two) and, for dot, the pair copies as a
-  native kernel (nn/pair_dots_native.py).
+- ``interaction``: the rows passed as a (B, F, D) view (one copy instead of two); for dot the pair copies as a
+  native kernel (nn/pair_dots_native.py), for DCN the low-rank cross net as one node with native element-wise
+  passes (nn/crossnet_native.py).
 - ``optimizer``: row-wise Adagrad's coalescing summed by the native scatter loop (nn/embedding_update.py) instead
   of ``index_add_``.
 - ``all``: all three.
@@ -65,7 +66,8 @@ def _arm(data: Path, interaction: str, name: str) -> tuple[Any, Any, Any]:
 
 def run(data: Path, interaction: str, steps: int, warmup: int) -> dict:
     import ctrkit.nn.interaction as inter
-    from ctrkit.nn import embedding_update
+    from ctrkit.nn import crossnet, embedding_update
+    from ctrkit.nn.crossnet_native import native_low_rank_cross
     from ctrkit.nn.pair_dots_native import native_pair_dots
     from ctrkit.training import optim
 
@@ -76,6 +78,7 @@ def run(data: Path, interaction: str, steps: int, warmup: int) -> dict:
 
     def before(name: str) -> None:  # the pair kernel and the coalescing loop only in the arms that have them
         inter.native_pair_dots = native_pair_dots if name in ("interaction", "all") else (lambda c, d: None)
+        crossnet.native_low_rank_cross = native_low_rank_cross if name in ("interaction", "all") else (lambda x, k: None)
         optim.embedding_update = embedding_update if name in ("optimizer", "all") else no_scatter
 
     def step(arm: Any, batch: Any) -> None:
@@ -87,6 +90,7 @@ def run(data: Path, interaction: str, steps: int, warmup: int) -> dict:
 
     sec = _step_ab.alternate(arms, batches, steps, warmup, step=step, before=before)
     inter.native_pair_dots, optim.embedding_update = native_pair_dots, embedding_update
+    crossnet.native_low_rank_cross = native_low_rank_cross
     ref = arms["before"][0]
     out = {}
     for n in names:

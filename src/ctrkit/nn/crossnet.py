@@ -14,6 +14,7 @@ from torch import nn
 
 from ctrkit.errors import LayerConfigError
 from ctrkit.nn.activation import ActivationSpec, make_activation
+from ctrkit.nn.crossnet_native import native_low_rank_cross
 
 
 def _layers(num_layers: int, *shape: int) -> nn.ParameterList:
@@ -74,6 +75,10 @@ class LowRankCrossNet(nn.Module):
             nn.init.zeros_(b)
 
     def forward(self, x0: torch.Tensor) -> torch.Tensor:
+        # training on the CPU: one node, its element-wise passes native (nn/crossnet_native.py), the same floats
+        out = native_low_rank_cross(x0, list(zip(self.W_kernels, self.V_kernels, self.bias)))
+        if out is not None:
+            return out  # (B, N)
         x = x0  # (B, N)
         for w, v, b in zip(self.W_kernels, self.V_kernels, self.bias):
             vx = x @ v.t()  # (B, K)
