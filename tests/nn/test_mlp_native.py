@@ -107,6 +107,18 @@ def test_shared_upstream_gradient_is_not_overwritten():
     assert all(torch.equal(a, b) for a, b in zip(*res))
 
 
+def test_output_without_relu_may_change_in_place():
+    node, layers = _pair(6, [64, 8], torch.float32, final_activation=False)
+    x = torch.randn(4, 6)
+    res = []
+    for m in (node, layers):
+        out = m(x)
+        out.mul_(2.0)  # an in-place change of the last Linear's output: fine for autograd's layers, so here too
+        out.sum().backward()
+        res.append([p.grad for p in m.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*res))
+
+
 def test_gradcheck():
     torch.manual_seed(1)
     m = MLP(5, [32, 32], final_activation=False).double()  # 32 doubles: a width the kernel takes

@@ -103,7 +103,9 @@ class _ReluMLP(torch.autograd.Function):
         for w, b, r in zip(ws, bs, relu):
             h = F.linear(acts[-1], w, b)  # (B, N_l): addmm, as nn.Linear
             acts.append(h.relu_() if r else h)  # in place, as MLP's nn.ReLU(inplace=True)
-        ctx.save_for_backward(*acts, *ws)
+        # the output is kept only where its ReLU's mask needs it (autograd keeps no Linear output either): a caller
+        # may change an output without a ReLU in place
+        ctx.save_for_backward(*acts[:-1], acts[-1] if relu[-1] else None, *ws)
         ctx.relu = relu
         return acts[-1]
 
