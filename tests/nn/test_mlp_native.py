@@ -18,6 +18,12 @@ needs_kernel = pytest.mark.skipif(not mlp_native.kernel_available() or mlp_nativ
                                   reason="no native kernel, or a CPU whose sum order the kernel does not reproduce")
 
 
+@pytest.fixture(autouse=True)
+def node_at_any_size(monkeypatch):
+    """The node for these tests' small shapes too (it runs from MIN_KERNEL_ELEMENTS; test_size_threshold checks that)."""
+    monkeypatch.setattr(mlp_native, "MIN_KERNEL_ELEMENTS", 0)
+
+
 @pytest.fixture(params=[1, 2], ids=["1 thread", "2 threads"])
 def threads(request):
     before = torch.get_num_threads()
@@ -150,12 +156,14 @@ def test_where_the_node_does_not_apply():
     assert seen == [(3, 64)] and type(out.grad_fn).__name__ != "_ReluMLPBackward"
 
 
-def test_native_kernels_off_gives_the_same(monkeypatch):
-    node, layers = _pair(13, [64, 32], torch.float32)
-    x = torch.randn(50, 13)
-    w = torch.randn(50, 32)
+@needs_kernel
+def test_size_threshold_and_kernels_off(monkeypatch):
+    """The node where rows x kernel widths reach MIN_KERNEL_ELEMENTS; the layers one by one below it, and with
+    CTRKIT_NATIVE_KERNELS=0."""
+    monkeypatch.undo()
+    m = MLP(3, [64, 64, 16])  # kernel widths 64 + 64 per row (16 is not one): 128 values a row
+    rows = mlp_native.MIN_KERNEL_ELEMENTS // 128
+    assert type(m(torch.randn(rows, 3)).grad_fn).__name__ == "_ReluMLPBackward"
+    assert type(m(torch.randn(rows - 1, 3)).grad_fn).__name__ != "_ReluMLPBackward"
     monkeypatch.setenv("CTRKIT_NATIVE_KERNELS", "0")
-    out_n, grads_n = _grads(node, x, w)
-    monkeypatch.delenv("CTRKIT_NATIVE_KERNELS")
-    out_l, grads_l = _grads(layers, x, w)
-    assert torch.equal(out_n, out_l) and all(torch.equal(a, b) for a, b in zip(grads_n, grads_l))
+    assert type(m(torch.randn(rows, 3)).grad_fn).__name__ != "_ReluMLPBackward"

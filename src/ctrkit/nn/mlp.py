@@ -16,7 +16,7 @@ from torch import nn
 from ctrkit.errors import LayerConfigError
 from ctrkit.nn.activation import ActivationSpec, make_activation
 from ctrkit.nn.dropout import Dropout
-from ctrkit.nn.mlp_native import relu_mlp
+from ctrkit.nn import mlp_native
 
 
 def _relu_stack(layers: list[nn.Module]) -> tuple[bool, ...] | None:
@@ -83,6 +83,7 @@ class MLP(nn.Module):
         # Linear [-> ReLU] layers alone (no BatchNorm, dropout or other activation): training runs them as one
         # autograd node with a native backward epilogue (nn/mlp_native.py), the same floats
         self._relu_stack = _relu_stack(layers)
+        self._relu_width = sum(h for h, r in zip(hidden, self._relu_stack or ()) if r)  # values a row, ReLU'd
 
     def reset_parameters(self) -> None:
         for m in self.layers:
@@ -90,10 +91,11 @@ class MLP(nn.Module):
                 m.reset_parameters()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self._relu_stack is not None and torch.is_grad_enabled():
-            linears = [m for m in self.layers if type(m) is nn.Linear]
-            if not any(m._forward_hooks or m._forward_pre_hooks for m in self.layers):  # hooks see the layers
-                out = relu_mlp(x, linears, self._relu_stack)
-                if out is not None:
-                    return out  # (B, out_features)
+        # the node's cheap size test first: small batches (the zoo's) skip the rest at once
+        if (self._relu_stack is not None and x.shape[0] * self._relu_width >= mlp_native.MIN_KERNEL_ELEMENTS
+                and torch.is_grad_enabled()
+                and not any(m._forward_hooks or m._forward_pre_hooks for m in self.layers)):  # hooks see the layers
+            out = mlp_native.relu_mlp(x, [m for m in self.layers if type(m) is nn.Linear], self._relu_stack)
+            if out is not None:
+                return out  # (B, out_features)
         return self.layers(x)  # (B, out_features)
