@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 from ctrkit.errors import LayerConfigError
+from ctrkit.nn import mlp_native
 from ctrkit.nn.activation import ActivationSpec, make_activation
 from ctrkit.nn.dropout import Dropout
-from ctrkit.nn import mlp_native
 
 
 def _relu_stack(layers: list[nn.Module]) -> tuple[bool, ...] | None:
