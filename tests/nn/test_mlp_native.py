@@ -86,11 +86,12 @@ def _grads(m: nn.Module, x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.T
 @pytest.mark.parametrize("rows", [5, 513])
 @pytest.mark.parametrize("final_activation", [True, False])
 @pytest.mark.parametrize("input_grad", [True, False])
-def test_node_equals_layers(dtype, rows, final_activation, input_grad, threads):
-    node, layers = _pair(13, [128, 64, 16], dtype, final_activation=final_activation)
+@pytest.mark.parametrize("in_features", [13, 67, 64])  # odd K: dW (and dX from 64 on) by the transposed matmul
+def test_node_equals_layers(dtype, rows, final_activation, input_grad, in_features, threads):
+    node, layers = _pair(in_features, [128, 64, 16], dtype, final_activation=final_activation)
     assert node._relu_stack == (True, True, final_activation)
     g = torch.Generator().manual_seed(rows)
-    x = torch.randn(rows, 13, generator=g, dtype=dtype).requires_grad_(input_grad)
+    x = torch.randn(rows, in_features, generator=g, dtype=dtype).requires_grad_(input_grad)
     w = torch.randn(rows, 16, generator=g, dtype=dtype)
     out_n, grads_n = _grads(node, x, w)
     out_l, grads_l = _grads(layers, x, w)

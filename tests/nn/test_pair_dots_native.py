@@ -46,6 +46,21 @@ def test_native_node_equals_torch_node(dtype, batch, with_dense, threads, monkey
     assert len(native) == len(plain) and all(torch.equal(a, b) for a, b in zip(native, plain))
 
 
+def test_column_major_gradient(monkeypatch):
+    """The top MLP hands back a column-major gradient for an odd width: read where it lies, same floats."""
+    layer = DotInteraction(6, 4)
+    dense, fields = torch.randn(33, 4), torch.randn(6, 33, 4)
+    grad = torch.randn(layer.out_features, 33).t()  # (B, N) column-major
+    res = []
+    for native in (True, False):
+        monkeypatch.setattr(interaction, "native_pair_dots",
+                            pair_dots_native.native_pair_dots if native else (lambda c, d: None))
+        d, f = dense.clone().requires_grad_(), fields.clone().requires_grad_()
+        layer(d, f.transpose(0, 1)).backward(grad)
+        res.append((d.grad, f.grad))
+    assert torch.equal(res[0][0], res[1][0]) and torch.equal(res[0][1], res[1][1])
+
+
 def test_the_native_node_runs_in_training_only():
     layer = DotInteraction(4, 2)
     dense, sparse = torch.randn(3, 2, requires_grad=True), torch.randn(3, 4, 2, requires_grad=True)

@@ -39,7 +39,7 @@ def _entry_points() -> dict[str, ctypes._CFuncPtr] | None:
         fwd = getattr(lib, f"ctrkit_pairs_forward_{sfx}")
         fwd.argtypes, fwd.restype = [p, i64, p, i64, p, i64, i64, i], None
         bwd = getattr(lib, f"ctrkit_pairs_backward_{sfx}")
-        bwd.argtypes, bwd.restype = [p, p, i64, i64, i64, i64, i], None
+        bwd.argtypes, bwd.restype = [p, p, i64, i64, i64, i64, i64, i], None
         fns[f"forward_{sfx}"], fns[f"backward_{sfx}"] = fwd, bwd
     return fns
 
@@ -69,11 +69,9 @@ class _PairDotsNative(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor | None]:  # type: ignore[override]
         (c,) = ctx.saved_tensors
         B, n, _ = c.shape
-        if grad.stride(1) != 1:
-            grad = grad.contiguous()
-        sym = c.new_empty(B, n, n)  # (B, n, n) symmetric, zero diagonal
-        _entry_points()[f"backward_{_SUFFIX[c.dtype]}"](  # type: ignore[index]
-            sym.data_ptr(), grad.data_ptr(), grad.stride(0), ctx.d, B, n, torch.get_num_threads())
+        sym = c.new_empty(B, n, n)  # (B, n, n) symmetric, zero diagonal; grad read in its own layout (row or column
+        _entry_points()[f"backward_{_SUFFIX[c.dtype]}"](  # type: ignore[index]  # major: the top MLP's may be either)
+            sym.data_ptr(), grad.data_ptr(), grad.stride(0), grad.stride(1), ctx.d, B, n, torch.get_num_threads())
         return torch.bmm(sym, c), (grad[:, : ctx.d] if ctx.d else None)  # (B, n, D), (B, D)
 
 

@@ -28,18 +28,19 @@ void pairs_forward(T* out, int64_t ld_out, const T* dense, int64_t d, const T* g
   }
 }
 
-// sym (B, n, n) contiguous: sym[b, i, j] = sym[b, j, i] = grad[b, col0 + p(i, j)], sym[b, i, i] = 0; grad rows
-// ld_grad apart.
+// sym (B, n, n) contiguous: sym[b, i, j] = sym[b, j, i] = grad[b, col0 + p(i, j)], sym[b, i, i] = 0; grad's rows
+// ld_grad apart and its columns ld_col apart (a column-major gradient is read where it lies).
 template <typename T>
-void pairs_backward(T* sym, const T* grad, int64_t ld_grad, int64_t col0, int64_t B, int64_t n, int threads) {
+void pairs_backward(T* sym, const T* grad, int64_t ld_grad, int64_t ld_col, int64_t col0, int64_t B, int64_t n,
+                    int threads) {
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && B * n * n >= (1 << 15))
   for (int64_t b = 0; b < B; ++b) {
-    const T* g = grad + b * ld_grad + col0;
+    const T* g = grad + b * ld_grad + col0 * ld_col;
     T* s = sym + b * n * n;
     for (int64_t i = 0; i < n; ++i) {
       s[i * n + i] = T(0);
-      for (int64_t j = i + 1; j < n; ++j) {
-        const T v = *g++;
+      for (int64_t j = i + 1; j < n; ++j, g += ld_col) {
+        const T v = *g;
         s[i * n + j] = v;
         s[j * n + i] = v;
       }
@@ -54,9 +55,9 @@ void pairs_backward(T* sym, const T* grad, int64_t ld_grad, int64_t col0, int64_
                                                 int64_t B, int64_t n, int threads) {                          \
     pairs_forward<T>(out, ld_out, dense, d, gram, B, n, threads);                                            \
   }                                                                                                          \
-  extern "C" void ctrkit_pairs_backward_##SUFFIX(T* sym, const T* grad, int64_t ld_grad, int64_t col0, int64_t B, \
-                                                 int64_t n, int threads) {                                    \
-    pairs_backward<T>(sym, grad, ld_grad, col0, B, n, threads);                                             \
+  extern "C" void ctrkit_pairs_backward_##SUFFIX(T* sym, const T* grad, int64_t ld_grad, int64_t ld_col,       \
+                                                 int64_t col0, int64_t B, int64_t n, int threads) {           \
+    pairs_backward<T>(sym, grad, ld_grad, ld_col, col0, B, n, threads);                                     \
   }
 CTRKIT_PAIR_DOTS(float, f32)
 CTRKIT_PAIR_DOTS(double, f64)
