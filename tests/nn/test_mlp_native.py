@@ -101,6 +101,20 @@ def test_node_equals_layers(dtype, rows, final_activation, input_grad, in_featur
     assert type(node(x * y).grad_fn).__name__ == "_ReluMLPBackward"
 
 
+def test_two_threads_keep_autograds_orientation():
+    """On two threads MKL sums dZ^T X and (X^T dZ)^T differently at K = 13, N = 512 (B >= 1,000): the node must give
+    autograd's floats there too (it takes the transposed products on one thread only)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        node, layers = _pair(13, [512, 64], torch.float32)
+        x, w = torch.randn(2048, 13), torch.randn(2048, 64)
+        res = [_grads(m, x, w)[1] for m in (node, layers)]
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(a, b) for a, b in zip(*res))
+
+
 def test_shared_upstream_gradient_is_not_overwritten():
     """An output read twice gets one gradient tensor from autograd's add: the node must not mask it in place."""
     node, layers = _pair(8, [64, 64], torch.float32)

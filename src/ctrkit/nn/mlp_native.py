@@ -7,14 +7,17 @@ between them. Here, per layer in reverse:
 
     dZ  = dY ⊙ [Y > 0]          one native pass: written in place where dY is this node's own matmul output,
     db  = Σ_rows dZ              and the column sums taken on the same pass
-    dW  = dZ^T X                 the matmul autograd runs (``dZ.t().mm(X)``), or for an input width K that is not
-                                 a multiple of 16 the same product transposed, ``(X^T dZ)^T``
-    dX  = dZ W                   (``dZ.mm(W)``), or for such K >= 64 ``(W^T dZ^T)^T`` (a column-major result);
+    dW  = dZ^T X                 the matmul autograd runs (``dZ.t().mm(X)``), or on one thread for an input width K
+                                 not a multiple of 16 the same product transposed, ``(X^T dZ)^T``
+    dX  = dZ W                   (``dZ.mm(W)``), or so for such K >= 64 ``(W^T dZ^T)^T`` (a column-major result);
                                  skipped for the first layer when the input needs no gradient
 
-The transposed products are the same floats (MKL computes C^T = B^T A^T with the same sums; checked bit for bit in
-the tests) and faster for odd widths: DLRM's top MLP input (K = 367, B 4,096, one thread) 12.4 -> 10.3 ms for dW and
-11.8 -> 10.1 ms for dX, the bottom MLP's K = 13 0.85 -> 0.53 ms for dW; no gain at K = 384 / 400 / 432 / 448.
+The transposed products run on one thread only. There MKL computes C^T = B^T A^T with the same sums as C = A B (bit
+for bit at every shape tried: B 100-4,096, K 13-367, N 64-512; and in the tests) and faster for odd widths: DLRM's top
+MLP input (K = 367, B 4,096) 12.4 -> 10.3 ms for dW and 11.8 -> 10.1 ms for dX, the bottom MLP's K = 13 0.85 -> 0.53
+ms for dW; no gain at K = 384 / 400 / 432 / 448. On two to four threads MKL splits some products' sums among the
+threads differently in the two orientations (dW at K = 13, N = 512 on two threads; more shapes on three and four),
+so the floats would differ from autograd's: there the node keeps autograd's orientation.
 
 The forward is the plain one (``F.linear`` = addmm with the bias, then ``relu_`` in place), keeping every layer's
 input for the backward, as autograd does. Every value is the float the plain graph gives, bit for bit: the matmuls
@@ -136,14 +139,14 @@ class _ReluMLP(torch.autograd.Function):
         saved = ctx.saved_tensors
         acts, ws = saved[: L + 1], saved[L + 1 :]
         grads: list[Tensor | None] = [None] * (2 * L)
-        g, owned = grad, False
+        g, owned, threads = grad, False, torch.get_num_threads()
         for layer in reversed(range(L)):
             if ctx.relu[layer]:
                 dz, db = relu_bias_grad(g, acts[layer + 1], in_place=owned)
             else:
                 dz, db = g, g.sum(0)
             x, w = acts[layer], ws[layer]
-            odd = x.shape[1] % 16 != 0  # K: rows of X not whole 64-byte lines
+            odd = x.shape[1] % 16 != 0 and threads == 1  # K: rows of X not whole 64-byte lines; one thread only
             if ctx.needs_input_grad[2 + 2 * layer]:  # (N, K); for odd K as (X^T dZ)^T: the same floats, faster
                 grads[2 * layer] = x.t().mm(dz).t() if odd else dz.t().mm(x)
             grads[2 * layer + 1] = db if ctx.needs_input_grad[3 + 2 * layer] else None
