@@ -24,7 +24,7 @@ def node_at_any_size(monkeypatch):
     monkeypatch.setattr(mlp_native, "MIN_KERNEL_ELEMENTS", 0)
 
 
-@pytest.fixture(params=[1, 2], ids=["1 thread", "2 threads"])
+@pytest.fixture(params=[1, 2, 4], ids=["1 thread", "2 threads", "4 threads"])
 def threads(request):
     before = torch.get_num_threads()
     torch.set_num_threads(request.param)
