@@ -91,9 +91,11 @@ class MLP(nn.Module):
                 m.reset_parameters()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # the node's cheap size test first: small batches (the zoo's) skip the rest at once
-        if (self._relu_stack is not None and x.shape[0] * self._relu_width >= mlp_native.MIN_KERNEL_ELEMENTS
-                and torch.is_grad_enabled()
+        # the node's cheap size test first: small batches (the zoo's) skip the rest at once; never under export /
+        # compile (the size test on a symbolic batch would add a guard)
+        if (self._relu_stack is not None and not torch.compiler.is_compiling()
+                and not torch.compiler.is_exporting()
+                and x.shape[0] * self._relu_width >= mlp_native.MIN_KERNEL_ELEMENTS and torch.is_grad_enabled()
                 and not any(m._forward_hooks or m._forward_pre_hooks for m in self.layers)):  # hooks see the layers
             out = mlp_native.relu_mlp(x, [m for m in self.layers if type(m) is nn.Linear], self._relu_stack)
             if out is not None:
