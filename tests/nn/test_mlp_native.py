@@ -115,6 +115,25 @@ def test_two_threads_keep_autograds_orientation():
     assert all(torch.equal(a, b) for a, b in zip(*res))
 
 
+@pytest.mark.parametrize("threads", [1, 2, 4])
+def test_column_major_input(threads):
+    """A column-major input's gradient is computed as autograd's addmm backward computes it then, (W^T dZ^T)^T."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        node, layers = _pair(96, [128, 64], torch.float32)
+        x = torch.randn(96, 1500).t().requires_grad_()  # (B, K) column-major
+        w = torch.randn(1500, 64)
+        res = []
+        for m in (node, layers):
+            x.grad = None
+            (m(x) * w).sum().backward()
+            res.append([x.grad, *(p.grad for p in m.parameters())])
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(a, b) for a, b in zip(*res))
+
+
 def test_shared_upstream_gradient_is_not_overwritten():
     """An output read twice gets one gradient tensor from autograd's add: the node must not mask it in place."""
     node, layers = _pair(8, [64, 64], torch.float32)

@@ -153,8 +153,10 @@ class _ReluMLP(torch.autograd.Function):
             if layer == 0 and not ctx.needs_input_grad[0]:
                 g = None  # type: ignore[assignment]
                 break
-            # (B, K), this node's own buffer from here down; for odd K >= 64 as (W^T dZ^T)^T, column-major
-            g, owned = (w.t().mm(dz.t()).t() if odd and x.shape[1] >= 64 else dz.mm(w)), True
+            # (B, K), this node's own buffer from here down; as (W^T dZ^T)^T (column-major) for odd K >= 64, and
+            # where X is column-major, as autograd's addmm backward computes it then
+            colmajor = x.stride(0) == 1 and x.stride(1) == x.shape[0]
+            g, owned = (w.t().mm(dz.t()).t() if (odd and x.shape[1] >= 64) or colmajor else dz.mm(w)), True
         return (g, None, *grads)
 
 
