@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ctrkit.nn import interaction, pair_dots_native
+from ctrkit.nn import interaction, kernels, pair_dots_native
 from ctrkit.nn.interaction import DotInteraction
 
 pytestmark = pytest.mark.skipif(not pair_dots_native.kernel_available(), reason="no native kernel on this machine")
@@ -86,3 +86,17 @@ def test_where_it_does_not_apply(monkeypatch):
         assert pair_dots_native.native_pair_dots(c, d) is None
     monkeypatch.setenv("CTRKIT_NATIVE_KERNELS", "0")
     assert pair_dots_native.native_pair_dots(c, d) is None
+
+
+def test_bind_gives_each_role_per_dtype_with_its_signature(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kernels.bind: one function per role and dtype suffix, named <C name>_<suffix>, with the given C signature;
+    None where kernels are off."""
+    p, i64 = kernels.PTR, kernels.I64
+    symbols = {"fwd": ("ctrkit_pairs_forward", [p, i64, p, i64, p, i64, i64, kernels.I32], None)}
+    fns = kernels.bind("pair_dots", symbols)
+    assert fns is not None and sorted(fns) == ["fwd_f32", "fwd_f64"]
+    assert fns["fwd_f64"].__name__ == "ctrkit_pairs_forward_f64" and fns["fwd_f32"].argtypes[-1] is kernels.I32
+    with pytest.raises(AttributeError):
+        kernels.bind("pair_dots", {"x": ("ctrkit_no_such_entry", [], None)})
+    monkeypatch.setenv("CTRKIT_NATIVE_KERNELS", "0")
+    assert kernels.bind("pair_dots", symbols) is None

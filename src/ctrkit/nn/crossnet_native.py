@@ -35,18 +35,10 @@ _ASSIGN, _ADD, _ADD_IDENTITY, _IDENTITY = 0, 1, 2, 3  # how a layer's backward w
 
 @functools.lru_cache(maxsize=1)
 def _entry_points() -> dict[str, ctypes._CFuncPtr] | None:
-    lib = kernels.load("cross_layer", ("-ffp-contract=off",))
-    if lib is None:
-        return None
-    p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
-    fns: dict[str, ctypes._CFuncPtr] = {}
-    for sfx in _SUFFIX.values():
-        fwd = getattr(lib, f"ctrkit_cross_forward_{sfx}")
-        fwd.argtypes, fwd.restype = [p, p, p, p, i64, i], None
-        bwd = getattr(lib, f"ctrkit_cross_backward_{sfx}")
-        bwd.argtypes, bwd.restype = [p, p, p, p, p, i64, i, i], None
-        fns[f"forward_{sfx}"], fns[f"backward_{sfx}"] = fwd, bwd
-    return fns
+    p, i, i64 = kernels.PTR, kernels.I32, kernels.I64
+    return kernels.bind("cross_layer", {"forward": ("ctrkit_cross_forward", [p, p, p, p, i64, i], None),
+                                        "backward": ("ctrkit_cross_backward", [p, p, p, p, p, i64, i, i], None)},
+                        ("-ffp-contract=off",))
 
 
 def kernel_available() -> bool:

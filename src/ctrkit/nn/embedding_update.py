@@ -38,20 +38,11 @@ _FLAGS = ("-ffp-contract=off", "-fno-math-errno")  # torch's rounding; sqrt with
 
 @functools.lru_cache(maxsize=1)
 def _entry_points() -> dict[str, ctypes._CFuncPtr] | None:
-    lib = kernels.load("embedding_update", _FLAGS)
-    if lib is None:
-        return None
-    p, i, i64, f64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_double
-    fns: dict[str, ctypes._CFuncPtr] = {}
-    for sfx in _SUFFIX.values():
-        rows = getattr(lib, f"ctrkit_scatter_rows_{sfx}")
-        rows.argtypes, rows.restype = [p, i64, i64, p, p, i64], i
-        bags = getattr(lib, f"ctrkit_scatter_bags_{sfx}")
-        bags.argtypes, bags.restype = [p, i64, i64, p, p, p, i64, i, p], i
-        adam = getattr(lib, f"ctrkit_lazy_adam_rows_{sfx}")
-        adam.argtypes, adam.restype = [p, p, p, p, i64, i64, f64, f64, f64, f64, f64, i, i], i64
-        fns[f"rows_{sfx}"], fns[f"bags_{sfx}"], fns[f"adam_{sfx}"] = rows, bags, adam
-    return fns
+    p, i, i64, f64 = kernels.PTR, kernels.I32, kernels.I64, ctypes.c_double
+    return kernels.bind("embedding_update", {
+        "rows": ("ctrkit_scatter_rows", [p, i64, i64, p, p, i64], i),
+        "bags": ("ctrkit_scatter_bags", [p, i64, i64, p, p, p, i64, i, p], i),
+        "adam": ("ctrkit_lazy_adam_rows", [p, p, p, p, i64, i64, f64, f64, f64, f64, f64, i, i], i64)}, _FLAGS)
 
 
 def kernel_available() -> bool:

@@ -26,10 +26,11 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BUILD_TIMEOUT_S", "load"]
+__all__ = ["BUILD_TIMEOUT_S", "I32", "I64", "PTR", "bind", "load"]
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 BUILD_TIMEOUT_S = 180.0
@@ -37,6 +38,8 @@ _BASE_FLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-march=native")
 # tried in order: the first that builds is kept (OpenMP where the compiler has it)
 _EXTRA_FLAGS = (("-fopenmp",), ())
 _lock = threading.Lock()
+PTR, I32, I64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64  # the C types of the entry points' arguments
+SUFFIXES = ("f32", "f64")  # every kernel's entry points come per dtype: float, double
 
 
 def cache_dir() -> Path:
@@ -60,6 +63,23 @@ def load(name: str, flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
         return None
     with _lock:
         return _load(name, tuple(flags))
+
+
+def bind(name: str, symbols: dict[str, tuple[str, list[Any], Any]], flags: tuple[str, ...] = ()
+         ) -> dict[str, Any] | None:
+    """The entry points of :func:`load` ``(name, flags)`` with their C signatures, or None where it cannot be loaded.
+    ``symbols``: ``{role: (C name, argtypes, restype)}``; each role is bound once per dtype suffix ``f32`` / ``f64``
+    (the C function ``<C name>_<suffix>``), as ``{"<role>_<suffix>": function}``."""
+    lib = load(name, flags)
+    if lib is None:
+        return None
+    fns: dict[str, Any] = {}
+    for role, (c_name, argtypes, restype) in symbols.items():
+        for sfx in SUFFIXES:
+            fn = getattr(lib, f"{c_name}_{sfx}")
+            fn.argtypes, fn.restype = argtypes, restype
+            fns[f"{role}_{sfx}"] = fn
+    return fns
 
 
 @functools.cache

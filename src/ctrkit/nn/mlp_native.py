@@ -56,16 +56,9 @@ _VECTOR_BYTES = {"AVX512": 64}  # ATen's Vectorized<T> width per CPU capability:
 
 @functools.lru_cache(maxsize=1)
 def _entry_points() -> dict[str, ctypes._CFuncPtr] | None:
-    lib = kernels.load("relu_bias_grad", ("-ffp-contract=off",))
-    if lib is None:
-        return None
-    p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
-    fns: dict[str, ctypes._CFuncPtr] = {}
-    for sfx in _SUFFIX.values():
-        fn = getattr(lib, f"ctrkit_relu_bias_grad_{sfx}")
-        fn.argtypes, fn.restype = [p, p, i64, p, i64, i64, p, i, i], i
-        fns[sfx] = fn
-    return fns
+    p, i, i64 = kernels.PTR, kernels.I32, kernels.I64
+    return kernels.bind("relu_bias_grad", {"grad": ("ctrkit_relu_bias_grad", [p, p, i64, p, i64, i64, p, i, i], i)},
+                        ("-ffp-contract=off",))
 
 
 def kernel_available() -> bool:
@@ -107,7 +100,7 @@ def relu_bias_grad(grad: Tensor, y: Tensor, *, in_place: bool) -> tuple[Tensor, 
             in_place = False
         dz = grad if in_place else torch.empty_like(y)
         db = y.new_empty(y.shape[1])
-        rc = _entry_points()[_SUFFIX[y.dtype]](  # type: ignore[index]
+        rc = _entry_points()[f"grad_{_SUFFIX[y.dtype]}"](  # type: ignore[index]
             dz.data_ptr(), grad.data_ptr(), grad.stride(0), y.data_ptr(), y.shape[0], y.shape[1], db.data_ptr(),
             _vector_bytes() // y.element_size(), torch.get_num_threads())  # type: ignore[operator]
         if rc != 0:

@@ -30,18 +30,9 @@ _SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
 
 @functools.lru_cache(maxsize=1)
 def _entry_points() -> dict[str, ctypes._CFuncPtr] | None:
-    lib = kernels.load("pair_dots")
-    if lib is None:
-        return None
-    p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
-    fns: dict[str, ctypes._CFuncPtr] = {}
-    for sfx in _SUFFIX.values():
-        fwd = getattr(lib, f"ctrkit_pairs_forward_{sfx}")
-        fwd.argtypes, fwd.restype = [p, i64, p, i64, p, i64, i64, i], None
-        bwd = getattr(lib, f"ctrkit_pairs_backward_{sfx}")
-        bwd.argtypes, bwd.restype = [p, p, i64, i64, i64, i64, i64, i], None
-        fns[f"forward_{sfx}"], fns[f"backward_{sfx}"] = fwd, bwd
-    return fns
+    p, i, i64 = kernels.PTR, kernels.I32, kernels.I64
+    return kernels.bind("pair_dots", {"forward": ("ctrkit_pairs_forward", [p, i64, p, i64, p, i64, i64, i], None),
+                                      "backward": ("ctrkit_pairs_backward", [p, p, i64, i64, i64, i64, i64, i], None)})
 
 
 def kernel_available() -> bool:
