@@ -2,7 +2,7 @@
 
     python benchmarks/deepctr_compare.py --dataset criteo|movielens [--models deepfm dcn ...] [--seeds 0 1 2 3 4]
                                          [--recipes matched config] [--epochs N] [--threads 1]
-                                         [--peer-python PATH] [--out DIR]
+                                         [--peer-python PATH] [--out DIR] [--repeats N]
 
 The dataset is preprocessed once by ctrkit (as in bench_models.py) and its train / valid / test stores are
 exported to .npz (dense columns, single-valued ids, multi-valued and sequence features as 0-padded id
@@ -60,6 +60,12 @@ more spread out", the line per recipe counts the models at or under DeepCTR's st
 Holm's correction for testing every model (family-wise 5%), and the pooled stds get their own one-sided F
 test with Satterthwaite's degrees of freedom (``pooled_p``).
 ``--peer-cache DIR`` reuses DeepCTR runs already made with the same script, arguments and data.
+
+``--repeats N`` (default 1): each seed's DeepCTR fit and ctrkit ``matched`` fit run N times each, alternated (DeepCTR,
+ctrkit, DeepCTR, ...), and each side's fit seconds and CPU seconds are the median of its N fits (every fit's in
+``cpu_seconds_repeats`` / ``fit_seconds_repeats``): one fit slowed by other work on the cores moves a median of 3
+not at all. The scores are the first fit's; the repeats must score the same (both sides are deterministic per seed
+at one thread), and the largest test AUC difference between a side's fits is reported (``repeat_auc_max_difference``).
 Prints the table and ends with ONE line ``RESULT {json}``.
 """
 
@@ -71,6 +77,7 @@ import hashlib
 import json
 import logging
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -235,13 +242,18 @@ def run_ctrkit(config: Path, stores: dict[str, str], seed: int, epochs: int) -> 
     seed_everything(seed)  # the training run's draws (dropout), as the train job seeds them
     trainer = Trainer(model, train, cfg.train)  # no valid loader, no run dir: the fit loop only
     _build_native_kernels()  # a first build (once per machine, then cached) stays out of the clock
-    t0, c0 = time.perf_counter(), time.process_time()
+    r0, t0, c0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter(), time.process_time()
     trainer.fit()
     seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
     pred = predict_store(model, Store(stores["test"]), 4096)
     pred_valid = predict_store(model, Store(stores["valid"]), 4096)
     return {"pred": pred, "pred_valid": pred_valid, "fit_seconds": seconds, "cpu_seconds": cpu_seconds,
-            "params": sum(p.numel() for p in model.parameters())}
+            "params": sum(p.numel() for p in model.parameters()),
+            # what a slow fit can be told by: page faults, the kernel's share, preemptions (other work's cache use)
+            "rusage": {"minor_faults": r1.ru_minflt - r0.ru_minflt, "major_faults": r1.ru_majflt - r0.ru_majflt,
+                       "system_seconds": round(r1.ru_stime - r0.ru_stime, 3),
+                       "involuntary_switches": r1.ru_nivcsw - r0.ru_nivcsw}}
 
 
 def _build_native_kernels() -> None:
@@ -253,6 +265,30 @@ def _build_native_kernels() -> None:
             importlib.import_module(f"ctrkit.nn.{module}").kernel_available()
         except (ImportError, AttributeError):  # an older src without that kernel
             continue
+
+
+def median_fit(fits: list[dict[str, Any]], y: np.ndarray) -> dict[str, Any]:
+    """One side's repeated fits of one seed -> the first fit's result with ``fit_seconds`` / ``cpu_seconds`` the
+    median over the fits (each fit's kept in ``*_repeats``) and ``repeat_auc_max_difference``, the largest test
+    AUC difference from the first fit (0 when the side is deterministic). One fit: returned as it is."""
+    if len(fits) == 1:
+        return fits[0]
+    out = dict(fits[0])
+    for key in ("fit_seconds", "cpu_seconds"):
+        values = [f[key] for f in fits if f.get(key) is not None]
+        if values:
+            out[key], out[f"{key}_repeats"] = statistics.median(values), values
+    first = score(y, fits[0]["pred"])["auc"]
+    out["repeat_auc_max_difference"] = max(abs(score(y, f["pred"])["auc"] - first) for f in fits)
+    return out
+
+
+def _repeats_note(run: dict[str, Any]) -> str:
+    """' [median of 5.2 5.9 5.3 cpu s]' for a run with repeated fits, else ''."""
+    if "cpu_seconds_repeats" not in run:
+        return ""
+    return (f" [median of {' '.join(f'{v:.2f}' for v in run['cpu_seconds_repeats'])} cpu s; "
+            f"AUC spread {run['repeat_auc_max_difference']:.1e}]")
 
 
 def run_ctrkit_config(config: Path, stores: dict[str, str], seed: int, run_dir: Path) -> dict[str, Any]:
@@ -350,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
                     "DeepCTR. Its fit seconds are then the cached run's, so not with the matched recipe")
     ap.add_argument("--peer-keep-freed-memory", action="store_true", help="run DeepCTR with the glibc thresholds "
                     "ctrkit train sets (MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_); default: as installed")
+    ap.add_argument("--repeats", type=int, default=1, help="fits per seed and side (DeepCTR and the matched recipe), "
+                    "alternated; each side's fit seconds are the median of its fits (robust to one slow fit)")
     ap.add_argument("--merge", nargs="+", metavar="LOG", help="no training: one report over the RESULT lines of "
                     "earlier runs' output (the same setup, the models split between them)")
     a = ap.parse_args(argv)
@@ -360,6 +398,8 @@ def main(argv: list[str] | None = None) -> int:
                          "measured in the same run: pass --recipes config, or drop --peer-cache")
     if not a.dataset:
         ap.error("--dataset is required (criteo or movielens)")
+    if a.repeats < 1:
+        ap.error(f"--repeats must be at least 1, got {a.repeats}")
     from ctrkit.training.config import load_config
 
     logging.basicConfig(level=logging.WARNING)
@@ -394,17 +434,24 @@ def main(argv: list[str] | None = None) -> int:
             params = peer_params(m, cfg.model.params)
             rows[m] = {side: [] for side in sides}
             for seed in a.seeds:
-                peer = run_peer(Path(a.peer_python), data, PEERS[m], params, cfg, seed, epochs, a.threads,
-                                Path(a.peer_cache) if a.peer_cache else None,
-                                PEER_KEEP_FREED_MEMORY if a.peer_keep_freed_memory else None)
+                fits: dict[str, list[dict[str, Any]]] = {"deepctr": [], "matched": []}
+                for _ in range(a.repeats):  # alternated, so both sides see the same stretch of load
+                    fits["deepctr"].append(run_peer(
+                        Path(a.peer_python), data, PEERS[m], params, cfg, seed, epochs, a.threads,
+                        Path(a.peer_cache) if a.peer_cache else None,
+                        PEER_KEEP_FREED_MEMORY if a.peer_keep_freed_memory else None))
+                    if "error" in fits["deepctr"][-1] or "matched" not in a.recipes:
+                        break
+                    fits["matched"].append(run_ctrkit(path, stores, seed, epochs))
+                peer = fits["deepctr"][0]
                 if "error" in peer:  # the peer cannot run this model on this data: say so, skip the model
                     failed[m] = peer["error"]
                     sys.stdout.write(f"  {m:<10} seed {seed}: DeepCTR {PEERS[m]} failed: {peer['error']}\n")
                     del rows[m]
                     break
-                runs = {"deepctr": peer}
+                runs = {"deepctr": median_fit(fits["deepctr"], y)}
                 if "matched" in a.recipes:
-                    runs["matched"] = run_ctrkit(path, stores, seed, epochs)
+                    runs["matched"] = median_fit(fits["matched"], y)
                 if "config" in a.recipes:
                     runs["config"] = run_ctrkit_config(path, stores, seed, out / "runs")
                     if not np.array_equal(runs["config"].pop("label"), y):
@@ -416,7 +463,8 @@ def main(argv: list[str] | None = None) -> int:
                 line = " | ".join(f"{LABEL[side]} AUC {rows[m][side][-1]['auc']:.4f} "
                                   f"{rows[m][side][-1]['fit_seconds']:.1f}s"
                                   + (f" (cpu {rows[m][side][-1]['cpu_seconds']:.1f}s)"
-                                     if rows[m][side][-1].get("cpu_seconds") is not None else "") for side in sides)
+                                     if rows[m][side][-1].get("cpu_seconds") is not None else "")
+                                  + _repeats_note(rows[m][side][-1]) for side in sides)
                 sys.stdout.write(f"  {m:<10} seed {seed}: {line}\n")
                 sys.stdout.flush()
         # the matmul roof and each model's FLOPs per training sample, same run (issue 29 item 1)
