@@ -39,27 +39,14 @@ _SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
 
 @functools.lru_cache(maxsize=1)
 def _entry_points() -> dict[str, ctypes._CFuncPtr] | None:
-    lib = kernels.load("bilinear_pairs")
-    if lib is None:
-        return None
-    p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
-    fns: dict[str, ctypes._CFuncPtr] = {}
-    for sfx in _SUFFIX.values():
-        fwd = getattr(lib, f"ctrkit_bilinear_shared_forward_{sfx}")
-        fwd.argtypes, fwd.restype = [p, p, p, p, i64, i, i, i], i
-        bwd = getattr(lib, f"ctrkit_bilinear_shared_backward_{sfx}")
-        bwd.argtypes, bwd.restype = [p, p, p, p, p, p, p, i64, i, i, i], i
-        fns[f"forward_{sfx}"], fns[f"backward_{sfx}"] = fwd, bwd
-    senet = kernels.load("senet_excite")
-    if senet is None:
-        return fns
-    for sfx in _SUFFIX.values():
-        fwd = getattr(senet, f"ctrkit_senet_forward_{sfx}")
-        fwd.argtypes, fwd.restype = [p, p, p, p, p, i64, i, i, i, i], i
-        bwd = getattr(senet, f"ctrkit_senet_backward_{sfx}")
-        bwd.argtypes, bwd.restype = [p, p, p, p, p, p, p, p, p, i64, i, i, i, i], i
-        fns[f"senet_forward_{sfx}"], fns[f"senet_backward_{sfx}"] = fwd, bwd
-    return fns
+    p, i, i64 = kernels.PTR, kernels.I32, kernels.I64
+    fns = kernels.bind("bilinear_pairs", {
+        "forward": ("ctrkit_bilinear_shared_forward", [p, p, p, p, i64, i, i, i], i),
+        "backward": ("ctrkit_bilinear_shared_backward", [p, p, p, p, p, p, p, i64, i, i, i], i)})
+    senet = None if fns is None else kernels.bind("senet_excite", {
+        "senet_forward": ("ctrkit_senet_forward", [p, p, p, p, p, i64, i, i, i, i], i),
+        "senet_backward": ("ctrkit_senet_backward", [p, p, p, p, p, p, p, p, p, i64, i, i, i, i], i)})
+    return fns if senet is None else {**fns, **senet}  # SENET's kernel is optional: the pairs' run without it
 
 
 def kernel_available() -> bool:
