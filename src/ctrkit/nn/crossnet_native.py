@@ -100,9 +100,7 @@ def native_low_rank_cross(x0: Tensor, kernels_: Sequence[tuple[Tensor, Tensor, T
     None where it does not apply."""
     params = [p for layer in kernels_ for p in layer]
     tensors = (x0, *params)
-    if (x0.dim() != 2 or x0.dtype not in _SUFFIX or any(t.device.type != "cpu" or t.dtype != x0.dtype for t in tensors)
-            or not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors)
-            or torch.is_autocast_enabled("cpu") or torch.compiler.is_compiling() or torch.compiler.is_exporting()
-            or not kernel_available()):
+    if (x0.dim() != 2 or not kernels.eager_cpu(*tensors) or not torch.is_grad_enabled()
+            or not any(t.requires_grad for t in tensors) or not kernel_available()):
         return None
     return _LowRankCross.apply(x0, *params)

@@ -28,9 +28,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import torch
+
 log = logging.getLogger(__name__)
 
-__all__ = ["BUILD_TIMEOUT_S", "I32", "I64", "PTR", "bind", "load"]
+__all__ = ["BUILD_TIMEOUT_S", "I32", "I64", "PTR", "bind", "eager_cpu", "load"]
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 BUILD_TIMEOUT_S = 180.0
@@ -63,6 +65,16 @@ def load(name: str, flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
         return None
     with _lock:
         return _load(name, tuple(flags))
+
+
+def eager_cpu(*tensors: torch.Tensor) -> bool:
+    """Whether a native autograd node may take ``tensors``: float32 / float64 CPU tensors of one dtype, outside
+    autocast, ``torch.compile`` and ``torch.export`` (which must see the plain ops)."""
+    t0 = tensors[0]
+    return (t0.dtype in (torch.float32, torch.float64)
+            and all(t.device.type == "cpu" and t.dtype == t0.dtype for t in tensors)
+            and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling()
+            and not torch.compiler.is_exporting())
 
 
 def bind(name: str, symbols: dict[str, tuple[str, list[Any], Any]], flags: tuple[str, ...] = ()

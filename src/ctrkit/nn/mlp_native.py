@@ -157,10 +157,9 @@ def relu_mlp(x: Tensor, linears: Sequence[torch.nn.Linear], relu: Sequence[bool]
     """The stack ``linears`` (each followed by a ReLU where ``relu`` says so) on ``x`` (B, K) as one node, or None
     where the node does not apply (the caller runs the layers itself)."""
     params = [p for lin in linears for p in (lin.weight, lin.bias)]
-    if (x.dim() != 2 or x.device.type != "cpu" or x.dtype not in _SUFFIX or not torch.is_grad_enabled()
-            or any(p is None or p.dtype != x.dtype or p.device.type != "cpu" for p in params)
+    if (x.dim() != 2 or not torch.is_grad_enabled() or any(p is None for p in params)
+            or not kernels.eager_cpu(x, *params)  # type: ignore[arg-type]
             or not (x.requires_grad or any(p.requires_grad for p in params))  # type: ignore[union-attr]
-            or torch.is_autocast_enabled("cpu") or torch.compiler.is_compiling() or torch.compiler.is_exporting()
             or not _pays(x.shape[0], linears, relu, x.element_size())):
         return None
     return _ReluMLP.apply(x, tuple(bool(r) for r in relu), *params)

@@ -70,8 +70,6 @@ def native_pair_dots(combined: Tensor, dense: Tensor | None) -> Tensor | None:
     """``[dense | pairs]`` (B, [D +] P) of ``combined`` (B, n, D) as the native node, or None where it does not
     apply (the caller runs the torch-op node)."""
     tensors = (combined,) if dense is None else (combined, dense)
-    if (combined.dtype not in _SUFFIX or any(t.device.type != "cpu" or t.dtype != combined.dtype for t in tensors)
-            or torch.is_autocast_enabled("cpu") or torch.compiler.is_compiling() or torch.compiler.is_exporting()
-            or not kernel_available()):
+    if not kernels.eager_cpu(*tensors) or not kernel_available():
         return None
     return _PairDotsNative.apply(combined, dense)
