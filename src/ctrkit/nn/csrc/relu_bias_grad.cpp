@@ -19,6 +19,20 @@ int64_t ceil_log2(int64_t x) {
   return p;
 }
 
+// Row r, columns [c0, c1): dz = y > 0 ? dy : 0 stored, and each value added to a[c - c0].
+template <typename T>
+inline void mask_add_row(T* dz, const T* dy, int64_t ld_dy, const T* y, int64_t cols, int64_t r, int64_t c0,
+                         int64_t c1, T* a) {
+  const T* src = dy + r * ld_dy;
+  const T* yr = y + r * cols;
+  T* dst = dz + r * cols;
+  for (int64_t c = c0; c < c1; ++c) {
+    const T v = yr[c] <= T(0) ? T(0) : src[c];
+    dst[c] = v;
+    a[c - c0] += v;
+  }
+}
+
 // One sweep over `steps` steps of `ilp` rows each (row = step * ilp + k goes to stream k), for the columns
 // [c0, c1): dz = y > 0 ? dy : 0 stored, and the cascade sums of every stream and column (ATen's multi_row_sum).
 // acc holds 4 levels x ilp streams x (c1 - c0) columns, zeroed by the caller; on return level 0 holds each sum.
@@ -28,16 +42,7 @@ void sweep(T* dz, const T* dy, int64_t ld_dy, const T* y, int64_t cols, int64_t 
   const int64_t w = c1 - c0, level_power = std::max<int64_t>(4, ceil_log2(steps) / 4);
   const int64_t level_step = int64_t(1) << level_power, level_mask = level_step - 1;
   auto level = [&](int j, int k) { return acc + (int64_t(j) * ilp + k) * w; };
-  auto add_row = [&](int64_t r, T* a) {
-    const T* src = dy + r * ld_dy + c0;
-    const T* yr = y + r * cols + c0;
-    T* dst = dz + r * cols + c0;
-    for (int64_t c = 0; c < w; ++c) {
-      const T v = yr[c] <= T(0) ? T(0) : src[c];
-      dst[c] = v;
-      a[c] += v;
-    }
-  };
+  auto add_row = [&](int64_t r, T* a) { mask_add_row(dz, dy, ld_dy, y, cols, r, c0, c1, a); };
   int64_t i = 0;
   while (i + level_step <= steps) {
     for (int64_t s = 0; s < level_step; ++s, ++i)
@@ -75,16 +80,8 @@ void columns(T* dz, const T* dy, int64_t ld_dy, const T* y, int64_t rows, int64_
   std::vector<T> acc(size_t(4 * ilp * w), T(0));
   sweep(dz, dy, ld_dy, y, cols, c0, c1, steps, ilp, acc.data());
   T* s0 = acc.data();
-  for (int64_t r = steps * ilp; r < rows; ++r) {  // the rows that fill no whole group of 4 (interleaved only)
-    const T* src = dy + r * ld_dy;
-    const T* yr = y + r * cols;
-    T* dst = dz + r * cols;
-    for (int64_t c = c0; c < c1; ++c) {
-      const T v = yr[c] <= T(0) ? T(0) : src[c];
-      dst[c] = v;
-      s0[c - c0] += v;
-    }
-  }
+  for (int64_t r = steps * ilp; r < rows; ++r)  // the rows that fill no whole group of 4 (interleaved only)
+    mask_add_row(dz, dy, ld_dy, y, cols, r, c0, c1, s0);
   for (int k = 1; k < ilp; ++k)
     for (int64_t c = 0; c < w; ++c) s0[c] += acc[size_t(k * w + c)];
   for (int64_t c = 0; c < w; ++c) db[c0 + c] = T(0) + s0[c];  // ATen stores into a zero-filled output
