@@ -127,11 +127,10 @@ def warm_average(trainer: Any, warm: WarmStart, cfg: Config, sharded: bool) -> l
     if mode == "fresh":
         return []
     if getattr(trainer, "average", None) is None:
-        does = (f"continues the weight average of {what(cfg)}" if mode == "keep" else
-                f"starts a weight average at the weights of {what(cfg)}")
+        does, hint = ((f"continues the weight average of {what(cfg)}", " (the checkpoint's value)") if mode == "keep"
+                      else (f"starts a weight average at the weights of {what(cfg)}", ""))
         raise ConfigError(f"train.warm_start_average={mode} {does}, and this run trains without one: set "
-                          f"train.ema_decay{' (the checkpoint' + chr(39) + 's value)' if mode == 'keep' else ''} or "
-                          "train.warm_start_average=fresh")
+                          f"train.ema_decay{hint} or train.warm_start_average=fresh")
     if mode == "start":
         trainer.average.start_at_weights()  # the model holds the warm-start weights (grown, shrunk if asked)
         log.info("%s: the weight average starts at the warm-start weights (train.warm_start_average: start)", what(cfg))
