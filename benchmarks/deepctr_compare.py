@@ -278,8 +278,8 @@ def median_fit(fits: list[dict[str, Any]], y: np.ndarray) -> dict[str, Any]:
         values = [f[key] for f in fits if f.get(key) is not None]
         if values:
             out[key], out[f"{key}_repeats"] = statistics.median(values), values
-    first = score(y, fits[0]["pred"])["auc"]
-    out["repeat_auc_max_difference"] = max(abs(score(y, f["pred"])["auc"] - first) for f in fits)
+    aucs = [score(y, f["pred"])["auc"] for f in fits]  # each fit scored once
+    out["repeat_auc_max_difference"] = max(abs(auc - aucs[0]) for auc in aucs)
     return out
 
 
