@@ -4,7 +4,7 @@
     python benchmarks/incremental_posthoc.py split   OUT [--dataset movielens]
     python benchmarks/incremental_posthoc.py average OUT [--dataset movielens] [--betas 0.3 0.5 0.7]
     python benchmarks/incremental_posthoc.py window  OUT [--dataset movielens] [--last-tuning-period 9]
-    python benchmarks/incremental_posthoc.py gap     OUT [OUT ...] [--dataset movielens]
+    python benchmarks/incremental_posthoc.py gap     OUT [OUT ...] [--retrain FULL [FULL ...]] [--dataset movielens]
     python benchmarks/incremental_posthoc.py rolling OUT_C0 OUT_C1 [...] --retrain OUT [--dataset movielens]
     python benchmarks/incremental_posthoc.py paired  OUT_BASE OUT_CAND [OUT_BASE OUT_CAND ...] [--dataset movielens]
 
@@ -142,18 +142,23 @@ def window(work: Path, last: int) -> None:
                                  f", next-period AUC {statistics.fmean(per[t][1] for t in ts):.4f}\n")
 
 
-def gap(works: list[Path]) -> None:
+def gap(works: list[Path], retrains: list[Path] | None = None) -> None:
     """Incremental minus retrain, per period t >= 1: validation AUC (each run's best) and next-period AUC, means with
     their standard errors over the periods (of every run given, e.g. one per seed), over all periods, the warm ones,
     and the warm ones by periods since the last refresh (a period without an ``inc{t}`` run is a ``--refresh-every``
-    refresh: its model is ``re{t}``, difference 0)."""
+    refresh: its model is ``re{t}``, difference 0). ``retrains``: per run, the ``--out`` of a full run whose retrain
+    arm it is measured against (a ``--tune`` run has ``re{t}`` on its refresh periods only); each refresh fit must
+    then score as that arm's fit of the period, or the reading stops."""
     rows = []
-    for work in works:
+    for work, full in zip(works, retrains or works):
         last = None  # the last refresh period (None: none yet)
-        for t in _periods(work, "re"):
-            inc, re = work / "runs" / f"inc{t}", work / "runs" / f"re{t}"
+        for t in _periods(full, "re"):
+            inc, re = work / "runs" / f"inc{t}", full / "runs" / f"re{t}"
             warm = (inc / "predictions.npz").exists()
-            a, b = _valid_and_next_auc(inc if warm else re), _valid_and_next_auc(re)
+            a, b = _valid_and_next_auc(inc if warm else work / "runs" / f"re{t}"), _valid_and_next_auc(re)
+            if not warm and a != b:
+                raise SystemExit(f"{work}: refresh period {t} scores {a}, the retrain arm of {full} {b}: "
+                                 "give the full run of the same seed and code")
             rows.append((warm, a[0] - b[0], a[1] - b[1], t - last if warm and last is not None else None))
             last = last if warm else t
     groups = [("all periods", rows), ("warm periods", [r for r in rows if r[0]])]
@@ -275,16 +280,21 @@ def main(argv: list[str] | None = None) -> int:
                                                       "e.g. one per seed, pooled)")
     ap.add_argument("--dataset", default="movielens", choices=["movielens", "taobao"])
     ap.add_argument("--betas", type=float, nargs="+", default=[0.3, 0.5, 0.7])
-    ap.add_argument("--retrain", type=Path, help="rolling: the --out directory of a full run (its retrain arm)")
+    ap.add_argument("--retrain", type=Path, nargs="+", help="rolling: the --out directory of a full run (its retrain "
+                    "arm); gap: one per OUT, in the same order (e.g. --tune runs against the full runs of their seeds)")
     ap.add_argument("--last-tuning-period", type=int, default=9, metavar="K", help="window: periods 1 .. K tune")
     a = ap.parse_args(argv)
-    if (a.what == "rolling") != (a.retrain is not None):
-        ap.error("--retrain goes with rolling, and rolling needs it (the --out directory of a full run)")
+    if a.what == "rolling" and len(a.retrain or []) != 1:
+        ap.error("rolling needs --retrain: the --out directory of one full run")
+    if a.retrain and a.what not in ("rolling", "gap"):
+        ap.error("--retrain goes with rolling or gap")
+    if a.what == "gap" and a.retrain and len(a.retrain) != len(a.out):
+        ap.error(f"gap --retrain takes one full run per OUT: {len(a.out)} OUT, {len(a.retrain)} --retrain")
     if a.what == "paired" and len(a.out) % 2:
         ap.error(f"paired reads (base, candidate) pairs of --out directories, got {len(a.out)}: {' '.join(map(str, a.out))}")
     if len(a.out) > 1 and a.what not in ("gap", "rolling", "paired"):
         ap.error(f"{a.what} reads one --out directory, got {len(a.out)}: {' '.join(map(str, a.out))}")
-    works = [o / a.dataset for o in [*a.out, *([a.retrain] if a.retrain else [])]]
+    works = [o / a.dataset for o in [*a.out, *(a.retrain or [])]]
     for w in works:
         if not (w / "runs").is_dir():
             ap.error(f"{w / 'runs'} does not exist: give the --out directory of a benchmarks/incremental.py run")
@@ -303,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     elif a.what == "window":
         window(work, a.last_tuning_period)
     elif a.what == "gap":
-        gap(works)
+        gap(works[:len(a.out)], works[len(a.out):] or None)
     else:
         split(work) if a.what == "split" else averaged(work, a.betas)
     return 0

@@ -326,6 +326,45 @@ def test_rolling_origin_choice_never_reads_its_own_block() -> None:
                 assert got[k] == int(np.argmax([np.mean([r[t] for t in seen]) for r in rec]))
 
 
+def test_posthoc_gap_against_full_runs_reads_tune_runs(tmp_path: Path, capsys) -> None:
+    """``gap TUNE --retrain FULL``: a ``--tune`` run (inc1, refresh re2, inc3) against a full run's retrain arm
+    (re1, re2, re3); the refresh period counts 0 when its fit scores as the full run's, and stops the reading when not."""
+    import json
+
+    from sklearn.metrics import roc_auc_score
+
+    rng = np.random.default_rng(1)
+    label = rng.integers(0, 2, 200)
+    scores = {name: label * 0.3 * rng.random() + rng.random(200) for name in ("inc1", "inc3", "re1", "re2", "re3")}
+
+    def run(out: str, name: str, valid: float, score: np.ndarray) -> None:
+        d = tmp_path / out / "movielens" / "runs" / name
+        d.mkdir(parents=True)
+        np.savez(d / "predictions.npz", label=label, score=score, group=np.zeros(200))
+        (d / "summary.json").write_text(json.dumps({"best": {"value": valid, "epoch": 0}}))
+
+    for t in (1, 2, 3):
+        run("full", f"re{t}", 0.70 + 0.01 * t, scores[f"re{t}"])
+    run("tune", "inc1", 0.705, scores["inc1"])
+    run("tune", "re2", 0.72, scores["re2"])
+    run("tune", "inc3", 0.725, scores["inc3"])
+    POST.main(["gap", str(tmp_path / "tune"), "--retrain", str(tmp_path / "full")])
+    out = capsys.readouterr().out.splitlines()
+    auc = {k: roc_auc_score(label, v) for k, v in scores.items()}
+    valid = [0.705 - 0.71, 0.0, 0.725 - 0.73]
+    nxt = [auc["inc1"] - auc["re1"], 0.0, auc["inc3"] - auc["re3"]]
+    se = np.std(valid, ddof=1) / 3 ** 0.5
+    assert out[0].startswith(f"incremental - retrain, all periods (3), valid AUC {np.mean(valid):+.4f} ± {se:.4f}, "
+                             f"next-period AUC {np.mean(nxt):+.4f}")
+    run("other", "inc1", 0.705, scores["inc1"])
+    run("other", "re2", 0.72, scores["re1"])  # not the full run's fit of period 2
+    run("other", "inc3", 0.725, scores["inc3"])
+    with pytest.raises(SystemExit, match="refresh period 2"):
+        POST.main(["gap", str(tmp_path / "other"), "--retrain", str(tmp_path / "full")])
+    with pytest.raises(SystemExit):  # one full run per OUT
+        POST.main(["gap", str(tmp_path / "tune"), str(tmp_path / "other"), "--retrain", str(tmp_path / "full")])
+
+
 def test_posthoc_rolling_scores_the_chosen_candidate_per_block(tmp_path: Path, capsys) -> None:
     """``incremental_posthoc.py rolling C0 C1 --retrain FULL``: refresh period 2 (no inc2 run) is the retrain fit in
     every candidate; blocks [1] and [3]; block [3] takes the candidate with the better next-period AUC at period 1;
