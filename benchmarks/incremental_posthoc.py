@@ -155,7 +155,11 @@ def gap(works: list[Path], retrains: list[Path] | None = None) -> None:
         for t in _periods(full, "re"):
             inc, re = work / "runs" / f"inc{t}", full / "runs" / f"re{t}"
             warm = (inc / "predictions.npz").exists()
-            a, b = _valid_and_next_auc(inc if warm else work / "runs" / f"re{t}"), _valid_and_next_auc(re)
+            refit = work / "runs" / f"re{t}"
+            if not warm and not (refit / "predictions.npz").exists():
+                raise SystemExit(f"{work}: period {t} has neither an inc{t} nor a re{t} run with predictions.npz: "
+                                 f"give a run over the same periods as {full}")
+            a, b = _valid_and_next_auc(inc if warm else refit), _valid_and_next_auc(re)
             if not warm and a != b:
                 raise SystemExit(f"{work}: refresh period {t} scores {a}, the retrain arm of {full} {b}: "
                                  "give the full run of the same seed and code")

@@ -346,7 +346,7 @@ def test_posthoc_gap_against_full_runs_reads_tune_runs(tmp_path: Path, capsys) -
     for t in (1, 2, 3):
         run("full", f"re{t}", 0.70 + 0.01 * t, scores[f"re{t}"])
     run("tune", "inc1", 0.705, scores["inc1"])
-    run("tune", "re2", 0.72, scores["re2"])
+    run("tune", "re2", 0.70 + 0.01 * 2, scores["re2"])
     run("tune", "inc3", 0.725, scores["inc3"])
     POST.main(["gap", str(tmp_path / "tune"), "--retrain", str(tmp_path / "full")])
     out = capsys.readouterr().out.splitlines()
@@ -363,6 +363,9 @@ def test_posthoc_gap_against_full_runs_reads_tune_runs(tmp_path: Path, capsys) -
         POST.main(["gap", str(tmp_path / "other"), "--retrain", str(tmp_path / "full")])
     with pytest.raises(SystemExit):  # one full run per OUT
         POST.main(["gap", str(tmp_path / "tune"), str(tmp_path / "other"), "--retrain", str(tmp_path / "full")])
+    run("short", "inc1", 0.705, scores["inc1"])  # periods 2 and 3 missing
+    with pytest.raises(SystemExit, match="period 2 has neither"):
+        POST.main(["gap", str(tmp_path / "short"), "--retrain", str(tmp_path / "full")])
 
 
 def test_posthoc_rolling_scores_the_chosen_candidate_per_block(tmp_path: Path, capsys) -> None:
