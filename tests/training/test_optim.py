@@ -126,11 +126,14 @@ def test_sparse_and_dense_gradients_agree(sparse_opt, l2):
 @pytest.mark.parametrize("layout", ["sparse", "dense"])
 @pytest.mark.parametrize("maximize", [False, True])
 @pytest.mark.parametrize("rows", [300, 30, 7])  # coalesced by torch's sort / by counting (24 ids a batch)
-def test_lazy_adam_is_torch_sparse_adam_bit_for_bit(rows, maximize, layout):
+def test_lazy_adam_is_torch_sparse_adam_bit_for_bit(rows, maximize, layout, monkeypatch):
     """LazyAdam's weights and moments equal torch.optim.SparseAdam's exactly, step after step, on batches with
     duplicate ids and untouched rows (both given the gradient coalesced once, as OptimizerSet does; LazyAdam
     also given it as a dense tensor, a small table's gradient, whose zero rows are the untouched ones); its
-    state dict loads into torch's optimizer and back."""
+    state dict loads into torch's optimizer and back. The dense gradient takes the torch path here: the native
+    kernel's sqrt is correctly rounded where ATen's may not be, so it is compared in tests/nn/test_embedding_update.py
+    (bit for bit with a correctly rounded sqrt, within rounding of ATen's)."""
+    monkeypatch.setenv("CTRKIT_NATIVE_KERNELS", "0")
     torch.manual_seed(4)
     a = Tiny(rows=rows)
     b = copy.deepcopy(a)

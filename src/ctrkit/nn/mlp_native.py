@@ -7,17 +7,13 @@ between them. Here, per layer in reverse:
 
     dZ  = dY ⊙ [Y > 0]          one native pass: written in place where dY is this node's own matmul output,
     db  = Σ_rows dZ              and the column sums taken on the same pass
-    dW  = dZ^T X                 the matmul autograd runs (``dZ.t().mm(X)``), or on one thread for an input width K
-                                 not a multiple of 16 the same product transposed, ``(X^T dZ)^T``
-    dX  = dZ W                   (``dZ.mm(W)``), or so for such K >= 64 ``(W^T dZ^T)^T`` (a column-major result);
-                                 skipped for the first layer when the input needs no gradient
+    dW  = dZ^T X                 the matmul autograd runs (``dZ.t().mm(X)``)
+    dX  = dZ W                   (``dZ.mm(W)``; for a column-major X ``(W^T dZ^T)^T``, as autograd's addmm backward
+                                 computes it then); skipped for the first layer when the input needs no gradient
 
-The transposed products run on one thread only. There MKL computes C^T = B^T A^T with the same sums as C = A B (bit
-for bit at every shape tried: B 100-4,096, K 13-367, N 64-512; and in the tests) and faster for odd widths: DLRM's top
-MLP input (K = 367, B 4,096) 12.4 -> 10.3 ms for dW and 11.8 -> 10.1 ms for dX, the bottom MLP's K = 13 0.85 -> 0.53
-ms for dW; no gain at K = 384 / 400 / 432 / 448. On two to four threads MKL splits some products' sums among the
-threads differently in the two orientations (dW at K = 13, N = 512 on two threads; more shapes on three and four),
-so the floats would differ from autograd's: there the node keeps autograd's orientation.
+Each product is autograd's call in autograd's orientation. Transposing them (C^T = B^T A^T) was faster for odd widths
+on one thread and gave the same floats on the CPU it was measured on, but not on an AMD EPYC (2026-11-27), where MKL
+sums the two orientations differently; so the node keeps autograd's orientation on every CPU.
 
 The forward is the plain one (``F.linear`` = addmm with the bias, then ``relu_`` in place), keeping every layer's
 input for the backward, as autograd does. Every value is the float the plain graph gives, bit for bit: the matmuls
@@ -132,24 +128,23 @@ class _ReluMLP(torch.autograd.Function):
         saved = ctx.saved_tensors
         acts, ws = saved[: L + 1], saved[L + 1 :]
         grads: list[Tensor | None] = [None] * (2 * L)
-        g, owned, threads = grad, False, torch.get_num_threads()
+        g, owned = grad, False
         for layer in reversed(range(L)):
             if ctx.relu[layer]:
                 dz, db = relu_bias_grad(g, acts[layer + 1], in_place=owned)
             else:
                 dz, db = g, g.sum(0)
             x, w = acts[layer], ws[layer]
-            odd = x.shape[1] % 16 != 0 and threads == 1  # K: rows of X not whole 64-byte lines; one thread only
-            if ctx.needs_input_grad[2 + 2 * layer]:  # (N, K); for odd K as (X^T dZ)^T: the same floats, faster
-                grads[2 * layer] = x.t().mm(dz).t() if odd else dz.t().mm(x)
+            if ctx.needs_input_grad[2 + 2 * layer]:  # (N, K)
+                grads[2 * layer] = dz.t().mm(x)
             grads[2 * layer + 1] = db if ctx.needs_input_grad[3 + 2 * layer] else None
             if layer == 0 and not ctx.needs_input_grad[0]:
                 g = None  # type: ignore[assignment]
                 break
-            # (B, K), this node's own buffer from here down; as (W^T dZ^T)^T (column-major) for odd K >= 64, and
-            # where X is column-major, as autograd's addmm backward computes it then
+            # (B, K), this node's own buffer from here down; where X is column-major as (W^T dZ^T)^T, as autograd's
+            # addmm backward computes it then
             colmajor = x.stride(0) == 1 and x.stride(1) == x.shape[0]
-            g, owned = (w.t().mm(dz.t()).t() if (odd and x.shape[1] >= 64) or colmajor else dz.mm(w)), True
+            g, owned = (w.t().mm(dz.t()).t() if colmajor else dz.mm(w)), True
         return (g, None, *grads)
 
 
