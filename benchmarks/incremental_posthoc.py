@@ -142,6 +142,16 @@ def window(work: Path, last: int) -> None:
                                  f", next-period AUC {statistics.fmean(per[t][1] for t in ts):.4f}\n")
 
 
+def _model_run(work: Path, t: int, like: Path) -> Path:
+    """The run of ``work`` that is its model of period t: its warm run ``inc{t}``, or where it has none its refit
+    ``re{t}``; neither (with predictions) stops the reading, naming ``like``, the run it is read against."""
+    for name in (f"inc{t}", f"re{t}"):
+        if (work / "runs" / name / "predictions.npz").exists():
+            return work / "runs" / name
+    raise SystemExit(f"{work}: period {t} has neither an inc{t} nor a re{t} run with predictions.npz: "
+                     f"give the --out directory of a run over the same periods as {like}")
+
+
 def gap(works: list[Path], retrains: list[Path] | None = None) -> None:
     """Incremental minus retrain, per period t >= 1: validation AUC (each run's best) and next-period AUC, means with
     their standard errors over the periods (of every run given, e.g. one per seed), over all periods, the warm ones,
@@ -153,13 +163,9 @@ def gap(works: list[Path], retrains: list[Path] | None = None) -> None:
     for work, full in zip(works, retrains or works):
         last = None  # the last refresh period (None: none yet)
         for t in _periods(full, "re"):
-            inc, re = work / "runs" / f"inc{t}", full / "runs" / f"re{t}"
-            warm = (inc / "predictions.npz").exists()
-            refit = work / "runs" / f"re{t}"
-            if not warm and not (refit / "predictions.npz").exists():
-                raise SystemExit(f"{work}: period {t} has neither an inc{t} nor a re{t} run with predictions.npz: "
-                                 f"give a run over the same periods as {full}")
-            a, b = _valid_and_next_auc(inc if warm else refit), _valid_and_next_auc(re)
+            model, re = _model_run(work, t, full), full / "runs" / f"re{t}"
+            warm = model.name.startswith("inc")
+            a, b = _valid_and_next_auc(model), _valid_and_next_auc(re)
             if not warm and a != b:
                 raise SystemExit(f"{work}: refresh period {t} scores {a}, the retrain arm of {full} {b}: "
                                  "give the full run of the same seed and code")
@@ -257,12 +263,7 @@ def paired(pairs: list[tuple[Path, Path]]) -> dict[str, object]:
         warm, pos = set(_periods(base, "inc")), 0
         for t in sorted(warm):
             pos = pos + 1 if t - 1 in warm else 1
-            runs = [base / "runs" / f"inc{t}", cand / "runs" / f"inc{t}"]
-            if not (runs[1] / "predictions.npz").exists():
-                runs[1] = cand / "runs" / f"re{t}"
-            if not (runs[1] / "predictions.npz").exists():
-                raise SystemExit(f"{cand}: period {t} has neither an inc{t} nor a re{t} run with predictions.npz: "
-                                 f"give the --out directory of a run over the same periods as {base}")
+            runs = [base / "runs" / f"inc{t}", _model_run(cand, t, base)]
             (bv, bn), (cv, cn) = (_valid_and_next_auc(r) for r in runs)
             epochs = [json.loads((r / "summary.json").read_text()).get("epochs_trained") for r in runs]
             rows.append((pos, cn - bn, cv - bv, epochs[1], epochs[0]))
